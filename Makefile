@@ -1,30 +1,44 @@
 # The two commands of the README, and the steps they are made of.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
 MESON_TEST  = meson test --print-errorlogs --num-processes 2
+CUDA_INCLUDE = -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
+LOGS = $(BUILD)/meson-logs/testlog.json $(ASAN_BUILD)/meson-logs/testlog-asan.json \
+       $(FUZZ_BUILD)/meson-logs/testlog.json
 
-.PHONY: check build build-asan test test-asan bootstrap clean
+.PHONY: check build build-asan test test-asan fuzz bootstrap clean
 
+# Every suite in the normal build, again under ASan+UBSan, then the fuzzers for a bounded time
+# when clang is there. The last line counts meson's results over all of them.
 check: bootstrap
-	@rm -f $(BUILD)/meson-logs/testlog.json $(ASAN_BUILD)/meson-logs/testlog-asan.json
-	@$(MAKE) --no-print-directory test test-asan; rc=$$?; \
-	  scripts/test-summary $(BUILD)/meson-logs/testlog.json \
-	    $(ASAN_BUILD)/meson-logs/testlog-asan.json; exit $$rc
+	@rm -f $(LOGS)
+	@rc=0; $(MAKE) --no-print-directory test || rc=1; \
+	  $(MAKE) --no-print-directory test-asan || rc=1; \
+	  if command -v clang >/dev/null; then $(MAKE) --no-print-directory fuzz || rc=1; \
+	  else echo "clang not found: fuzzing skipped"; fi; \
+	  scripts/test-summary $(LOGS); exit $$rc
 
 bootstrap:
 	@scripts/bootstrap
 
 $(BUILD)/build.ninja:
-	meson setup $(BUILD) -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
+	meson setup $(BUILD) $(CUDA_INCLUDE)
 
 $(ASAN_BUILD)/build.ninja:
-	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false \
-	  -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
+	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false $(CUDA_INCLUDE)
+
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Db_sanitize=address,undefined \
+	  -Db_lundef=false -Dtests=disabled $(CUDA_INCLUDE)
 
 build: $(BUILD)/build.ninja
+	meson setup --reconfigure $(BUILD) >/dev/null
 	ninja -C $(BUILD)
 
 build-asan: $(ASAN_BUILD)/build.ninja
+	meson setup --reconfigure $(ASAN_BUILD) >/dev/null
 	ninja -C $(ASAN_BUILD)
 
 test: build
@@ -33,5 +47,11 @@ test: build
 test-asan: build-asan
 	$(MESON_TEST) -C $(ASAN_BUILD) --setup=asan
 
+# libFuzzer on every parser's harness for FUZZ_SECONDS each, starting from the kept corpus.
+fuzz: $(FUZZ_BUILD)/build.ninja
+	meson configure $(FUZZ_BUILD) -Dfuzz_seconds=$(FUZZ_SECONDS)
+	ninja -C $(FUZZ_BUILD)
+	meson test -C $(FUZZ_BUILD) --suite fuzz --print-errorlogs --num-processes 1
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -101,7 +101,8 @@ int side_recv(int sock, Aqua__SideFrame **ret_frame, int *fds, size_t max_fds, s
         if (!frame)
                 goto malformed;
 
-        memcpy(fds, got, n_got * sizeof(int));
+        if (n_got > 0)
+                memcpy(fds, got, n_got * sizeof(int));
         *ret_n_fds = n_got;
         *ret_frame = frame;
         return 0;
