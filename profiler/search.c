@@ -88,13 +88,18 @@ static int measure(struct target *t, const struct request_pool *pool, const stru
         return rr < 0 ? rr : 0;
 }
 
-/* One request, alone: finds an unreachable or wrong endpoint before a long run does. */
+/*
+ * One request, alone: finds an unreachable or wrong endpoint before a long run
+ * does. The run's window is what a target may wait for it, beyond its drain.
+ */
+#define PREFLIGHT_WAIT 60.0
+
 static int preflight(struct target *t, const struct request_pool *pool,
                      const volatile sig_atomic_t *cancel, struct search *st)
 {
         double at = 0;
         const struct request *q = &pool->requests[0];
-        struct load load = {.arrival = &at, .request = &q, .n = 1, .duration = 1e-9};
+        struct load load = {.arrival = &at, .request = &q, .n = 1, .duration = PREFLIGHT_WAIT};
         _cleanup_(run_done) struct run run = {0};
         int r;
 
