@@ -106,7 +106,7 @@ static int load_pool(const struct profile_config *c, struct request_pool *ret)
 }
 
 static int write_outputs(const struct profile_config *c, const struct search_params *sp,
-                         const struct search *st)
+                         const struct search *st, int outcome)
 {
         _cleanup_free_ char *base = NULL, *profile = NULL, *summary = NULL, *csv = NULL,
                             *script = NULL, *image = NULL;
@@ -141,18 +141,22 @@ static int write_outputs(const struct profile_config *c, const struct search_par
                 printf("csv:     %s\n", csv);
         r = report_write_profile(profile, &info, st);
         if (r == REPORT_E_INCOMPLETE)
-                log_warning("No profile written: the search did not get far enough");
+                log_warning("No profile written: %s",
+                            st->found                        ? "the consumer's plan burst was not measured"
+                            : outcome == SEARCH_E_CANCELLED ? "the search stopped before finding a rate"
+                                                            : "no rate met the SLA");
         else if (r < 0)
                 ret = log_error_errno(r, "Failed to write %s: %m", profile);
         else
                 printf("profile: %s\n", profile);
         if (c->output.plot != PLOT_NONE && r >= 0 && ret == 0 && st->n_points > 0) {
-                r = report_plot(csv, script, image, c->model);
+                r = report_plot(csv, script, image, c->model, &sp->sla);
                 if (r == REPORT_E_NO_GNUPLOT)
                         log_warning("gnuplot is not installed: no plot drawn; the script is %s "
                                     "(install gnuplot-nox and run: gnuplot %s)", script, script);
                 else if (r < 0)
-                        log_warning_errno(r, "gnuplot failed on %s: %m", script);
+                        log_warning("gnuplot failed on %s (run gnuplot %s to see why)", script,
+                                    script);
                 else
                         printf("plot:    %s\n", image);
         }
@@ -322,7 +326,7 @@ int main(int argc, char **argv)
                 log_error_errno(r, "Search failed: %m");
         }
         print_result(&st);
-        if (st.n_points > 0 && write_outputs(&cfg, &sp, &st) < 0)
+        if (st.n_points > 0 && write_outputs(&cfg, &sp, &st, r) < 0)
                 return 1;
         return r == 0 ? 0 : r == SEARCH_E_CANCELLED ? 130 : 1;
 }

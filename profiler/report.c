@@ -240,6 +240,7 @@ static bool in_path(const char *prog)
 
 struct plot_ctx {
         const char *csv, *image, *title;
+        const struct sla *sla;
 };
 
 static void put_gp_string(FILE *f, const char *s)
@@ -272,19 +273,27 @@ static int fill_plot(FILE *f, const void *userdata)
         fputs("set ylabel 'TTFT (s)'\nplot ", f);
         put_gp_string(f, c->csv);
         fputs(" using 2:(search(7)) smooth unique with linespoints title 'TTFT p50', ''"
-              " using 2:(search(8)) smooth unique with linespoints title 'TTFT p99'\n", f);
+              " using 2:(search(8)) smooth unique with linespoints title 'TTFT p99'", f);
+        if (c->sla)
+                fprintf(f, ", %g with lines dashtype 2 title 'SLA (p%g)'", c->sla->ttft,
+                        c->sla->ttft_percentile);
+        fputs("\n", f);
         fputs("set ylabel 'TBT (ms)'\nplot ", f);
         put_gp_string(f, c->csv);
         fputs(" using 2:(search(9)*1000) smooth unique with linespoints title 'TBT p50', ''"
-              " using 2:(search(10)*1000) smooth unique with linespoints title 'TBT p99'\n", f);
+              " using 2:(search(10)*1000) smooth unique with linespoints title 'TBT p99'", f);
+        if (c->sla)
+                fprintf(f, ", %g with lines dashtype 2 title 'SLA (p%g)'", c->sla->tbt * 1e3,
+                        c->sla->tbt_percentile);
+        fputs("\n", f);
         fputs("unset multiplot\n", f);
         return 0;
 }
 
 int report_plot(const char *csv_path, const char *script_path, const char *image_path,
-                const char *title)
+                const char *title, const struct sla *sla)
 {
-        struct plot_ctx c = {csv_path, image_path, title};
+        struct plot_ctx c = {csv_path, image_path, title, sla};
         int r, status;
         pid_t pid;
 
@@ -298,9 +307,11 @@ int report_plot(const char *csv_path, const char *script_path, const char *image
                 return -errno;
         if (pid == 0) {
                 int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+                /* Its warnings (a one-point range, say) are noise; failure is reported by status. */
                 if (null >= 0) {
                         dup2(null, STDIN_FILENO);
                         dup2(null, STDOUT_FILENO);
+                        dup2(null, STDERR_FILENO);
                 }
                 execlp("gnuplot", "gnuplot", script_path, (char *)NULL);
                 _exit(127);

@@ -36,10 +36,11 @@ int report_write_csv(const char *path, const struct search *st);
 /*
  * TTFT and TBT against rate from the CSV at csv_path: writes the gnuplot script
  * at script_path and runs gnuplot on it to make image_path (.png or .svg by its
- * extension). REPORT_E_NO_GNUPLOT if gnuplot is not on PATH.
+ * extension), with the SLA's limits drawn when sla is not NULL.
+ * REPORT_E_NO_GNUPLOT if gnuplot is not on PATH.
  */
 int report_plot(const char *csv_path, const char *script_path, const char *image_path,
-                const char *title);
+                const char *title, const struct sla *sla);
 
 /* Write s as a double-quoted YAML scalar. */
 void yaml_put_string(FILE *f, const char *s);

@@ -168,14 +168,14 @@ Test(report, the_plot_is_drawn_or_its_absence_explained)
         int r;
 
         cr_assert_eq(report_write_csv(csv, &st), 0);
-        r = report_plot(csv, gp, png, "m's plot");
+        r = report_plot(csv, gp, png, "m's plot", &params.sla);
         cr_assert(r == 0 || r == REPORT_E_NO_GNUPLOT, "%d", r);
         cr_assert_eq(stat(gp, &sb), 0, "the script is always written");
         if (r == 0)
                 cr_assert(stat(png, &sb) == 0 && sb.st_size > 0);
 
         setenv("PATH", "/nonexistent", 1);
-        r = report_plot(csv, gp, png, "m");
+        r = report_plot(csv, gp, png, "m", NULL);
         if (old_path)
                 setenv("PATH", old_path, 1);
         cr_assert_eq(r, REPORT_E_NO_GNUPLOT);
