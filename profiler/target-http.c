@@ -249,7 +249,6 @@ static int xfer_start(struct http_target *t, CURLM *multi, struct curl_slist *hd
 static void xfer_finish(struct xfer *x, CURLcode code)
 {
         long status = 0;
-        _cleanup_free_ char *msg = NULL;
 
         curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
         if (code != CURLE_OK && !x->error)
