@@ -10,13 +10,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sse.h"
 #include "time-util.h"
 #include "util.h"
 
 const char *const http_api_names[] = {"completions", "chat", NULL};
 
-/* One SSE line larger than this is not a token event; the request fails. */
-#define HTTP_MAX_LINE     (1u << 20)
 #define HTTP_MAX_METRICS  (16u << 20)
 #define HTTP_POLL_MS      50
 #define HTTP_METRICS_GAP  0.5 /* seconds between samples of the metrics endpoint */
@@ -58,7 +57,7 @@ struct xfer {
         struct sample *s;
         uint64_t start_ns;
         char *body;
-        struct buf line;
+        struct sse sse;
         char *error; /* what went wrong inside the stream, if anything */
         char errbuf[CURL_ERROR_SIZE];
 };
@@ -82,75 +81,42 @@ static double elapsed(uint64_t start_ns)
 }
 
 /* One "data:" payload: a JSON chunk, or [DONE]. */
-static void xfer_event(struct xfer *x, const char *data)
+static int xfer_on_data(const char *payload, void *userdata)
 {
-        json_object *root, *choices, *c0, *field, *usage, *v;
-        bool token = false;
+        struct xfer *x = userdata;
+        struct sse_event ev;
 
-        if (strcmp(data, "[DONE]") == 0)
-                return;
-        root = json_tokener_parse(data);
-        if (!root) {
-                xfer_fail(x, "unparseable event from %s", x->t->url);
-                return;
+        if (sse_event_parse(payload, x->t->api == HTTP_API_CHAT ? SSE_API_CHAT
+                                                                : SSE_API_COMPLETIONS,
+                            &ev) < 0) {
+                xfer_fail(x, "unparseable event from %s: %.80s", x->t->url, payload);
+                return 0;
         }
-        if (json_object_object_get_ex(root, "error", &field)) {
-                xfer_fail(x, "%s returned an error: %s", x->t->url,
-                          json_object_to_json_string(field));
-                json_object_put(root);
-                return;
-        }
-        if (json_object_object_get_ex(root, "choices", &choices) &&
-            json_object_is_type(choices, json_type_array) &&
-            json_object_array_length(choices) > 0) {
-                c0 = json_object_array_get_idx(choices, 0);
-                if (x->t->api == HTTP_API_CHAT) {
-                        if (json_object_object_get_ex(c0, "delta", &field) &&
-                            json_object_object_get_ex(field, "content", &v) &&
-                            json_object_is_type(v, json_type_string) &&
-                            json_object_get_string_len(v) > 0)
-                                token = true;
-                } else if (json_object_object_get_ex(c0, "text", &v) &&
-                           json_object_is_type(v, json_type_string) &&
-                           json_object_get_string_len(v) > 0)
-                        token = true;
+        if (ev.error) {
+                xfer_fail(x, "%s returned an error: %.200s", x->t->url, ev.error);
+                free(ev.error);
+                return 0;
         }
         /* The server's own count beats our characters/4 estimate. */
-        if (json_object_object_get_ex(root, "usage", &usage) &&
-            json_object_object_get_ex(usage, "prompt_tokens", &v) &&
-            json_object_is_type(v, json_type_int) && json_object_get_int64(v) > 0)
-                x->s->prompt_tokens = (uint32_t)MIN(json_object_get_int64(v), UINT32_MAX);
-        json_object_put(root);
-
-        if (token && sample_add_token(x->s, elapsed(x->start_ns)) < 0)
-                xfer_fail(x, "out of memory");
+        if (ev.prompt_tokens > 0)
+                x->s->prompt_tokens = (uint32_t)MIN(ev.prompt_tokens, UINT32_MAX);
+        if (ev.token && sample_add_token(x->s, elapsed(x->start_ns)) < 0)
+                return -ENOMEM;
+        return 0;
 }
 
 static size_t xfer_write(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
         struct xfer *x = userdata;
         size_t n = size * nmemb;
+        int r;
 
-        for (size_t i = 0; i < n;) {
-                char *nl = memchr(ptr + i, '\n', n - i);
-                size_t len = nl ? (size_t)(nl - (ptr + i)) : n - i;
-
-                if (buf_append(&x->line, ptr + i, len, HTTP_MAX_LINE) < 0) {
-                        xfer_fail(x, "an event from %s is over %u bytes", x->t->url,
-                                  HTTP_MAX_LINE);
-                        return 0; /* aborts the transfer */
-                }
-                i += len;
-                if (!nl)
-                        break;
-                i++;
-                if (x->line.len > 0 && x->line.data[x->line.len - 1] == '\r')
-                        x->line.data[--x->line.len] = 0;
-                if (x->line.len >= 5 && strncmp(x->line.data, "data:", 5) == 0)
-                        xfer_event(x, x->line.data + 5 + strspn(x->line.data + 5, " "));
-                x->line.len = 0;
-        }
-        return n;
+        r = sse_feed(&x->sse, ptr, n, xfer_on_data, x);
+        if (r == -E2BIG)
+                xfer_fail(x, "an event from %s is over %u bytes", x->t->url, SSE_MAX_LINE);
+        else if (r < 0)
+                xfer_fail(x, "out of memory");
+        return r < 0 ? 0 : n; /* a short count aborts the transfer */
 }
 
 static char *make_body(const struct http_target *t, const struct request *q)
@@ -204,7 +170,7 @@ static void xfer_free(struct xfer *x)
         if (x->easy)
                 curl_easy_cleanup(x->easy);
         free(x->body);
-        free(x->line.data);
+        sse_done(&x->sse);
         free(x->error);
         free(x);
 }

@@ -96,24 +96,21 @@ static void json_putp(json_object **j)
                 json_object_put(*j);
 }
 
-int request_pool_load_sharegpt(const char *path, size_t max_requests,
-                               struct request_pool *ret_pool, char **ret_error)
+int request_pool_parse_sharegpt(const char *path, const char *data, size_t size,
+                                size_t max_requests, struct request_pool *ret_pool,
+                                char **ret_error)
 {
-        _cleanup_free_ char *data = NULL;
         _cleanup_(json_putp) json_object *root = NULL;
         _cleanup_(request_pool_done) struct request_pool pool = {0};
         json_tokener *tok;
-        size_t size, n;
-        int r;
+        size_t n;
 
-        r = read_file(path, &data, &size);
-        if (r < 0)
-                return r;
-
+        if (size > INT32_MAX)
+                return -E2BIG;
         tok = json_tokener_new_ex(JSON_TOKENER_DEFAULT_DEPTH);
         if (!tok)
                 return -ENOMEM;
-        root = json_tokener_parse_ex(tok, data, (int)MIN(size, (size_t)INT32_MAX));
+        root = json_tokener_parse_ex(tok, data, (int)size);
         if (!root || json_tokener_get_error(tok) != json_tokener_success) {
                 enum json_tokener_error e = json_tokener_get_error(tok);
                 size_t at = json_tokener_get_parse_end(tok);
@@ -182,6 +179,19 @@ int request_pool_load_sharegpt(const char *path, size_t max_requests,
         return 0;
 }
 
+int request_pool_load_sharegpt(const char *path, size_t max_requests,
+                               struct request_pool *ret_pool, char **ret_error)
+{
+        _cleanup_free_ char *data = NULL;
+        size_t size;
+        int r;
+
+        r = read_file(path, &data, &size);
+        if (r < 0)
+                return r;
+        return request_pool_parse_sharegpt(path, data, size, max_requests, ret_pool, ret_error);
+}
+
 static uint32_t draw_length(const struct length_spec *s, struct rng *rng)
 {
         double v;
@@ -233,18 +243,27 @@ void request_pool_done(struct request_pool *pool)
 int trace_load(const char *path, double **ret_times, size_t *ret_n, char **ret_error)
 {
         _cleanup_free_ char *data = NULL;
-        _cleanup_free_ double *times = NULL;
-        size_t size, n = 0, cap = 0, line = 0;
-        char *save = NULL;
+        size_t size;
         int r;
 
         r = read_file(path, &data, &size);
         if (r < 0)
                 return r;
-        for (char *l = strtok_r(data, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        return trace_parse(path, data, ret_times, ret_n, ret_error);
+}
+
+int trace_parse(const char *path, char *data, double **ret_times, size_t *ret_n,
+                char **ret_error)
+{
+        _cleanup_free_ double *times = NULL;
+        size_t n = 0, cap = 0, line = 0;
+        for (char *l = data, *next; l; l = next) {
                 char *end;
                 double t;
 
+                next = strchr(l, '\n');
+                if (next)
+                        *next++ = 0;
                 line++;
                 l += strspn(l, " \t\r");
                 if (*l == 0 || *l == '#')

@@ -70,6 +70,10 @@ double rng_uniform(struct rng *r); /* in (0, 1) */
  */
 int request_pool_load_sharegpt(const char *path, size_t max_requests,
                                struct request_pool *ret_pool, char **ret_error);
+/* The same on a buffer of size bytes; path names it in messages. */
+int request_pool_parse_sharegpt(const char *path, const char *data, size_t size,
+                                size_t max_requests, struct request_pool *ret_pool,
+                                char **ret_error);
 /* n requests whose lengths follow the two specs. */
 int request_pool_synthetic(const struct length_spec *prompt, const struct length_spec *output,
                            size_t n, uint64_t seed, struct request_pool *ret_pool);
@@ -77,6 +81,9 @@ void request_pool_done(struct request_pool *pool);
 
 /* Read a trace: one arrival time in seconds per line (# comments allowed), ascending. */
 int trace_load(const char *path, double **ret_times, size_t *ret_n, char **ret_error);
+/* The same on a NUL-terminated buffer, which it cuts up; path names it in messages. */
+int trace_parse(const char *path, char *data, double **ret_times, size_t *ret_n,
+                char **ret_error);
 
 /*
  * Arrivals at rate req/s for duration seconds, drawing requests from pool in a
