@@ -12,6 +12,12 @@
 #include "place.h"
 
 #define HEURISTIC_BUDGET 0.8 /* seconds */
+/*
+ * Role imbalance is hard to repair by swaps without upsetting memory (a producer for a
+ * consumer moves both), so the greedy fill weighs it more than the objective does.
+ */
+#define ROLE_FIRST 1.0
+#define MAX_RUNS 16
 
 struct state {
         const struct place_problem *p;
@@ -140,7 +146,7 @@ static int construct(struct state *st, unsigned long seed, char **ret_error)
                         db = p->w_balance * ((double)(st->bal[s] + t->balance) -
                                              st->target_bal * fill);
                         /* Prefer emptier servers on ties, so large groups still find room. */
-                        cost = dm * dm + db * db - 1e-9 * st->free_gpus[s];
+                        cost = dm * dm + ROLE_FIRST * db * db - 1e-9 * st->free_gpus[s];
                         if (cost < best) {
                                 best = cost;
                                 best_s = s;
@@ -181,15 +187,71 @@ static inline bool within(int64_t mem, int bal, int64_t cap_m, int cap_e)
         return (mem < 0 ? -mem : mem) <= cap_m && abs(bal) <= cap_e;
 }
 
-/* The best move or swap between s1 and any other server that keeps both caps. */
-static struct move best_move(const struct state *st, unsigned s1, int64_t cap_m, int cap_e)
+/*
+ * Partners worth trying for a worst server: on large clusters only the servers at the
+ * extremes of memory and role balance and those with the most free GPUs, so that one move
+ * costs a few thousand evaluations rather than one per model in the cluster.
+ */
+#define ALL_PARTNERS_UP_TO 64
+#define PARTNERS_PER_END   6
+
+static void keep_top(unsigned *top, double *key, unsigned *n, unsigned s, double k)
+{
+        unsigned i;
+
+        if (*n == PARTNERS_PER_END && k <= key[*n - 1])
+                return;
+        if (*n < PARTNERS_PER_END)
+                (*n)++;
+        for (i = *n - 1; i > 0 && key[i - 1] < k; i--) {
+                top[i] = top[i - 1];
+                key[i] = key[i - 1];
+        }
+        top[i] = s;
+        key[i] = k;
+}
+
+static unsigned partners(const struct state *st, unsigned *out)
+{
+        const struct place_problem *p = st->p;
+        unsigned top[5][PARTNERS_PER_END], n[5] = {0}, count = 0;
+        double key[5][PARTNERS_PER_END];
+
+        if (p->n_servers <= ALL_PARTNERS_UP_TO) {
+                for (unsigned s = 0; s < p->n_servers; s++)
+                        out[s] = s;
+                return p->n_servers;
+        }
+        for (unsigned s = 0; s < p->n_servers; s++) {
+                double m = (double)st->mem[s], b = st->bal[s];
+                keep_top(top[0], key[0], &n[0], s, m);
+                keep_top(top[1], key[1], &n[1], s, -m);
+                keep_top(top[2], key[2], &n[2], s, b);
+                keep_top(top[3], key[3], &n[3], s, -b);
+                keep_top(top[4], key[4], &n[4], s, st->free_gpus[s]);
+        }
+        for (unsigned l = 0; l < 5; l++)
+                for (unsigned i = 0; i < n[l]; i++) {
+                        bool dup = false;
+                        for (unsigned j = 0; j < count && !dup; j++)
+                                dup = out[j] == top[l][i];
+                        if (!dup)
+                                out[count++] = top[l][i];
+                }
+        return count;
+}
+
+/* The best move or swap between s1 and a partner server that keeps both caps. */
+static struct move best_move(const struct state *st, unsigned s1, const unsigned *partner,
+                             unsigned n_partners, int64_t cap_m, int cap_e)
 {
         const struct place_problem *p = st->p;
         struct move best = {.gain = 1e-12, .i = UINT32_MAX};
         double phi1 = phi(p, st->mem[s1], st->bal[s1]);
         const unsigned *m1 = &st->member[st->first[s1]];
 
-        for (unsigned s2 = 0; s2 < p->n_servers; s2++) {
+        for (unsigned k = 0; k < n_partners; k++) {
+                unsigned s2 = partner[k];
                 const unsigned *m2 = &st->member[st->first[s2]];
                 double before;
 
@@ -269,7 +331,7 @@ static void apply(struct state *st, const struct move *mv)
  * Improve the servers at either maximum first; when none of them can improve, smooth the
  * rest (which makes room for the next round), until nothing improves or time is up.
  */
-static void local_search(struct state *st, double deadline)
+static void local_search(struct state *st, unsigned *partner, double deadline)
 {
         const struct place_problem *p = st->p;
 
@@ -277,10 +339,12 @@ static void local_search(struct state *st, double deadline)
                 int64_t cap_m;
                 int cap_e;
                 bool moved = false;
+                unsigned n_partners;
 
                 if (place_now() > deadline)
                         return;
                 maxima(st, &cap_m, &cap_e);
+                n_partners = partners(st, partner);
                 for (int pass = 0; pass < 2 && !moved; pass++)
                         for (unsigned s = 0; s < p->n_servers; s++) {
                                 bool worst = (st->mem[s] < 0 ? -st->mem[s] : st->mem[s]) == cap_m ||
@@ -289,7 +353,7 @@ static void local_search(struct state *st, double deadline)
 
                                 if ((pass == 0) != worst)
                                         continue;
-                                mv = best_move(st, s, cap_m, cap_e);
+                                mv = best_move(st, s, partner, n_partners, cap_m, cap_e);
                                 if (mv.i == UINT32_MAX)
                                         continue;
                                 apply(st, &mv);
@@ -318,7 +382,7 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
                     struct place_assignment *a, char **ret_error)
 {
         struct state st = {.p = p};
-        _cleanup_free_ unsigned *trial = NULL;
+        _cleanup_free_ unsigned *trial = NULL, *partner = NULL;
         size_t gpus = 0;
         double start = place_now(), deadline, best = INFINITY;
         int64_t total_mem = 0;
@@ -338,7 +402,8 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
         }
         st.member = calloc(gpus, sizeof(unsigned));
         trial = calloc(p->n_models + 1, sizeof(unsigned));
-        if (!st.mem || !st.bal || !st.free_gpus || !st.first || !st.n_members || !st.member ||
+        partner = calloc(p->n_servers + 1, sizeof(unsigned));
+        if (!partner ||!st.mem || !st.bal || !st.free_gpus || !st.first || !st.n_members || !st.member ||
             !trial) {
                 state_done(&st);
                 return -ENOMEM;
@@ -366,7 +431,7 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
                 r = construct(&st, o->seed + run, ret_error);
                 if (r != 0)
                         break;
-                local_search(&st, deadline);
+                local_search(&st, partner, deadline);
                 r = place_assignment_measure(p, &got);
                 if (r < 0)
                         break;
@@ -375,8 +440,8 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
                         memcpy(a->server_of, trial, p->n_models * sizeof(unsigned));
                 }
                 double took = place_now() - t0;
-                /* Stop at the bound, after 16 runs, or when another run would take too long. */
-                if (best <= bound + 1e-9 || run >= 15 || place_now() + took > deadline)
+                /* Stop at the bound, after MAX_RUNS, or when another run would not fit. */
+                if (best <= bound + 1e-9 || run + 1 >= MAX_RUNS || place_now() + took > deadline)
                         break;
         }
         state_done(&st);

@@ -44,9 +44,13 @@ static unsigned pick_group(const struct place_kind *k, const struct server_work 
                 if (w->group_free[g] < tp)
                         continue;
                 gain = abs(w->group_bal[g] + bal) - abs(w->group_bal[g]);
-                /* Best fit on ties: leave big holes for big groups. */
+                /*
+                 * On ties, TP groups take the best fit (leaving big holes for big groups);
+                 * single GPUs the emptiest group, where a partner is still likely to come.
+                 */
                 if (best == UINT32_MAX || gain < best_gain ||
-                    (gain == best_gain && w->group_free[g] < best_free)) {
+                    (gain == best_gain &&
+                     (tp > 1 ? w->group_free[g] < best_free : w->group_free[g] > best_free))) {
                         best = g;
                         best_gain = gain;
                         best_free = w->group_free[g];
@@ -65,6 +69,38 @@ static int cmp_by_tp(const void *a, const void *b, void *arg)
         return x < y ? -1 : x > y;
 }
 
+/*
+ * After the TP groups (sorted first), alternate single-GPU producers and consumers, starting
+ * with the role the TP groups left short, so that each lands where the other role waits.
+ */
+static void interleave_singles(const struct place_problem *p, unsigned *members, unsigned n)
+{
+        unsigned first = 0, n_prod = 0, n_cons = 0, k;
+        int bal = 0;
+
+        while (first < n && p->models[members[first]].tp > 1) {
+                const struct place_model *m = &p->models[members[first]];
+                bal += m->role == PLACE_PRODUCER ? (int)m->tp : -(int)m->tp;
+                first++;
+        }
+        unsigned prod[PLACE_MAX_GPUS], cons[PLACE_MAX_GPUS];
+        for (k = first; k < n; k++) {
+                if (p->models[members[k]].role == PLACE_PRODUCER)
+                        prod[n_prod++] = members[k];
+                else
+                        cons[n_cons++] = members[k];
+        }
+        unsigned ip = 0, ic = 0;
+        bool want_producer = bal <= 0;
+        for (k = first; k < n; k++) {
+                if ((want_producer && ip < n_prod) || ic == n_cons)
+                        members[k] = prod[ip++];
+                else
+                        members[k] = cons[ic++];
+                want_producer = !want_producer;
+        }
+}
+
 static void lay_out_server(const struct place_problem *p, unsigned s, unsigned *members,
                            unsigned n_members, struct server_work *w, struct place_result *r)
 {
@@ -81,6 +117,7 @@ static void lay_out_server(const struct place_problem *p, unsigned s, unsigned *
         }
 
         qsort_r(members, n_members, sizeof(unsigned), cmp_by_tp, (void *)p);
+        interleave_singles(p, members, n_members);
         for (unsigned n = 0; n < n_members; n++) {
                 unsigned i = members[n];
                 const struct place_model *m = &p->models[i];
