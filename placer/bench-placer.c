@@ -148,7 +148,7 @@ int main(int argc, char **argv)
                 printf("# reference formulation (binary per model and server), 32 x 8, seed 1, "
                        "limit %.0f s\n",
                        ref_limit);
-                if (!p || run(p, PLACE_SOLVER_REFERENCE, ref_limit, &r) == 0) {
+                if (p && run(p, PLACE_SOLVER_REFERENCE, ref_limit, &r) == 0) {
                         printf("  objective %.4g bound %.4g gap %.4f seconds %.1f status %s; "
                                "exact optimum %.4g (incumbent/optimum %.3f)\n",
                                r.objective, r.bound, r.gap, r.seconds,
