@@ -157,7 +157,9 @@ int main(int argc, char **argv)
                         printf("BENCH place.reference_32x8_over_optimum %.4f\n",
                                r.objective / exact_32_obj[0]);
                         place_result_free(&r);
-                }
+                } else
+                        printf("  no placement within %.0f s (exact optimum %.4g)\n", ref_limit,
+                               exact_32_obj[0]);
         }
         /* The configuration formulation does not grow with the number of servers. */
         for (unsigned s = 128; s <= 1024; s *= 8) {
