@@ -1,0 +1,179 @@
+/*
+ * Placer benchmark: random clusters drawn from the reference placer's model sizes, solved by
+ * the exact search, the heuristic and (bounded) the reference formulation. Prints
+ * "BENCH name value <= target" lines; timings are never pass/fail tests.
+ */
+#include <getopt.h>
+#include <glpk.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "place.h"
+
+static const int producer_gib[] = {30, 20, 40, 35, 15};
+static const int consumer_gib[] = {20, 10, 30};
+
+static unsigned long rnd_next(unsigned long *x)
+{
+        *x = *x * 6364136223846793005UL + 1442695040888963407UL;
+        return *x >> 33;
+}
+
+/* S servers of 8 GPUs and 8 models per server, half producers and half consumers. */
+static struct place_problem *instance(unsigned servers, unsigned long seed)
+{
+        struct place_problem *p = place_problem_new();
+        unsigned long x = seed * 0x9E3779B97F4A7C15UL + 1;
+        char name[32];
+
+        if (!p || place_problem_add_kind(p, "hgx", 8, 0, servers, NULL, NULL, NULL) < 0)
+                goto fail;
+        for (unsigned i = 0; i < 8 * servers; i++) {
+                bool prod = i < 4 * servers;
+                int gib = prod ? producer_gib[rnd_next(&x) % 5] : consumer_gib[rnd_next(&x) % 3];
+
+                snprintf(name, sizeof(name), "m%u", i);
+                if (place_problem_add_model(p, name, prod ? PLACE_PRODUCER : PLACE_CONSUMER,
+                                            (prod ? gib : -gib) * 1024, 1, 0, NULL) < 0)
+                        goto fail;
+        }
+        if (place_problem_finish(p, NULL) != 0)
+                goto fail;
+        return p;
+fail:
+        place_problem_free(p);
+        return NULL;
+}
+
+static int run(struct place_problem *p, enum place_solver solver, double limit,
+               struct place_result *r)
+{
+        struct place_options o = PLACE_OPTIONS_DEFAULT;
+        _cleanup_free_ char *error = NULL;
+        int ret;
+
+        o.solver = solver;
+        o.time_limit = limit;
+        ret = place_solve(p, &o, r, &error);
+        if (ret != 0)
+                fprintf(stderr, "bench-placer: %s solve failed: %s\n", place_solver_names[solver],
+                        error ? error : "error");
+        return ret;
+}
+
+int main(int argc, char **argv)
+{
+        double ref_limit = 20.0;
+        bool reference = true;
+        int seeds = 3;
+        int c;
+
+        static const struct option options[] = {
+                {"reference-limit", required_argument, NULL, 'r'},
+                {"no-reference", no_argument, NULL, 'n'},
+                {"seeds", required_argument, NULL, 's'},
+                {},
+        };
+        while ((c = getopt_long(argc, argv, "r:ns:", options, NULL)) >= 0) {
+                switch (c) {
+                case 'r':
+                        ref_limit = atof(optarg);
+                        break;
+                case 'n':
+                        reference = false;
+                        break;
+                case 's':
+                        seeds = MAX(1, atoi(optarg));
+                        break;
+                default:
+                        fprintf(stderr, "usage: bench-placer [--reference-limit S] "
+                                        "[--no-reference] [--seeds N]\n");
+                        return 2;
+                }
+        }
+        glp_term_out(GLP_OFF);
+
+        /* The reference sweep: exact solves of 2 to 32 servers, several seeds each. */
+        printf("# exact: servers x 8 GPUs, seeds 1..%d\n", seeds);
+        printf("# %-8s %-5s %10s %10s %8s %9s %9s\n", "servers", "seed", "objective", "bound",
+               "gap", "seconds", "status");
+        double worst_32 = 0, worst_ratio = 0;
+        double exact_32_obj[64] = {0};
+        for (unsigned s = 2; s <= 32; s *= 2)
+                for (int seed = 1; seed <= seeds && seed <= 64; seed++) {
+                        _cleanup_(place_problem_freep) struct place_problem *p = instance(s, seed);
+                        struct place_result r = {};
+
+                        if (!p || run(p, PLACE_SOLVER_EXACT, 60.0, &r) != 0)
+                                return 1;
+                        printf("  %-8u %-5d %10.4g %10.4g %8.4f %9.3f %9s\n", s, seed,
+                               r.objective, r.bound, r.gap, r.seconds,
+                               place_status_names[r.status]);
+                        if (s == 32) {
+                                worst_32 = MAX(worst_32, r.status == PLACE_STATUS_OPTIMAL
+                                                                 ? r.seconds
+                                                                 : INFINITY);
+                                exact_32_obj[seed - 1] = r.objective;
+                        }
+                        place_result_free(&r);
+                }
+
+        printf("# heuristic: servers x 8 GPUs (gap to the averaging bound)\n");
+        printf("# %-8s %-5s %10s %10s %8s %9s\n", "servers", "seed", "objective", "bound", "gap",
+               "seconds");
+        double worst_1024 = 0;
+        for (unsigned s = 32; s <= 1024; s *= 2)
+                for (int seed = 1; seed <= seeds && seed <= 64; seed++) {
+                        _cleanup_(place_problem_freep) struct place_problem *p = instance(s, seed);
+                        struct place_result r = {};
+
+                        if (!p || run(p, PLACE_SOLVER_HEURISTIC, 60.0, &r) != 0)
+                                return 1;
+                        printf("  %-8u %-5d %10.4g %10.4g %8.4f %9.3f\n", s, seed, r.objective,
+                               r.bound, r.gap, r.seconds);
+                        if (s == 32 && exact_32_obj[seed - 1] > 0)
+                                worst_ratio = MAX(worst_ratio,
+                                                  r.objective / exact_32_obj[seed - 1]);
+                        if (s == 1024)
+                                worst_1024 = MAX(worst_1024, r.seconds);
+                        place_result_free(&r);
+                }
+
+        if (reference) {
+                _cleanup_(place_problem_freep) struct place_problem *p = instance(32, 1);
+                struct place_result r = {};
+
+                printf("# reference formulation (binary per model and server), 32 x 8, seed 1, "
+                       "limit %.0f s\n",
+                       ref_limit);
+                if (p && run(p, PLACE_SOLVER_REFERENCE, ref_limit, &r) == 0) {
+                        printf("  objective %.4g bound %.4g gap %.4f seconds %.1f status %s; "
+                               "exact optimum %.4g (incumbent/optimum %.3f)\n",
+                               r.objective, r.bound, r.gap, r.seconds,
+                               place_status_names[r.status], exact_32_obj[0],
+                               r.objective / exact_32_obj[0]);
+                        printf("BENCH place.reference_32x8_over_optimum %.4f\n",
+                               r.objective / exact_32_obj[0]);
+                        place_result_free(&r);
+                } else
+                        printf("  no placement within %.0f s (exact optimum %.4g)\n", ref_limit,
+                               exact_32_obj[0]);
+        }
+        /* The configuration formulation does not grow with the number of servers. */
+        for (unsigned s = 128; s <= 1024; s *= 8) {
+                _cleanup_(place_problem_freep) struct place_problem *p = instance(s, 1);
+                struct place_result r = {};
+
+                if (!p || run(p, PLACE_SOLVER_EXACT, 60.0, &r) != 0)
+                        return 1;
+                printf("# exact at %u x 8, seed 1: objective %.4g bound %.4g gap %.4f %.3f s %s\n",
+                       s, r.objective, r.bound, r.gap, r.seconds, place_status_names[r.status]);
+                place_result_free(&r);
+        }
+        printf("BENCH place.exact_32x8_s %.3f <= 10\n", worst_32);
+        printf("BENCH place.heuristic_gap %.4f <= 1.05\n", worst_ratio);
+        printf("BENCH place.heuristic_1024_s %.3f <= 1\n", worst_1024);
+        return 0;
+}

@@ -1,0 +1,215 @@
+/* The placer's input: YAML and profile loading, and a message naming the cause of every bad input. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "place.h"
+
+static struct place_problem *p;
+static char *error;
+
+static void teardown(void)
+{
+        p = place_problem_free(p);
+        free(error);
+        error = NULL;
+}
+
+TestSuite(problem, .fini = teardown);
+
+static int load(const char *yaml)
+{
+        return place_problem_load_buffer("in.yaml", yaml, strlen(yaml), "/tmp", &p, &error);
+}
+
+static void expect_error(const char *yaml, int code, const char *needle)
+{
+        int r = load(yaml);
+
+        cr_assert_eq(r, code, "got %d (%s)", r, error ? error : "no message");
+        cr_assert_not_null(error);
+        cr_assert(strstr(error, needle), "message \"%s\" lacks \"%s\"", error, needle);
+}
+
+Test(problem, loads_kinds_models_replicas_and_groups_interchangeable_models)
+{
+        cr_assert_eq(load("servers:\n"
+                          "  - {kind: hgx, count: 2, gpus: 8, gpu-memory: 80GiB}\n"
+                          "  - {kind: pcie, names: [a, b, c], gpus: 4, peer-groups: ['0-1', '2,3']}\n"
+                          "models:\n"
+                          "  - {name: v, role: producer, memory: 30GiB, count: 3}\n"
+                          "  - {name: l, role: consumer, memory: 20GiB, tp: 2}\n"
+                          "  - {name: w, role: producer, memory: 30GiB}\n"
+                          "weights: {memory: 2, balance: 0.5}\n"),
+                     0, "%s", error);
+        cr_assert_eq(p->n_kinds, 2);
+        cr_assert_eq(p->n_servers, 5);
+        cr_assert_str_eq(p->servers[1].name, "hgx-1");
+        cr_assert_str_eq(p->servers[4].name, "c");
+        cr_assert_eq(p->kinds[1].peer_group[1], 0);
+        cr_assert_eq(p->kinds[1].peer_group[2], 1);
+        cr_assert_eq(p->n_models, 5);
+        cr_assert_str_eq(p->models[2].name, "v-2");
+        cr_assert_eq(p->models[3].memory, -20 * 1024);
+        cr_assert_eq(p->models[3].tp, 2);
+        /* v-0..2 and w are one type; l another. */
+        cr_assert_eq(p->n_types, 2);
+        cr_assert_eq(p->models[0].type, p->models[4].type);
+        cr_assert_eq(p->types[p->models[0].type].count, 4);
+        cr_assert_eq(p->types[p->models[3].type].balance, -2);
+        cr_assert_float_eq(p->w_memory, 2.0, 1e-12);
+        cr_assert_float_eq(p->w_balance, 0.5, 1e-12);
+}
+
+Test(problem, reads_role_memory_and_tp_from_a_profile_file)
+{
+        char path[] = "/tmp/aqua-profile-XXXXXX";
+        int fd = mkstemp(path);
+        const char *prof = "name: llama\nrole: consumer\nmemory: 12GiB\ntp: 2\n";
+        char yaml[256];
+
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, prof, strlen(prof)), (ssize_t)strlen(prof));
+        close(fd);
+        snprintf(yaml, sizeof(yaml),
+                 "servers: [{count: 1, gpus: 4}]\nmodels: [{name: a, profile: %s}]\n",
+                 path + strlen("/tmp/"));
+        cr_assert_eq(load(yaml), 0, "%s", error);
+        cr_assert_eq(p->models[0].role, PLACE_CONSUMER);
+        cr_assert_eq(p->models[0].memory, -12 * 1024);
+        cr_assert_eq(p->models[0].tp, 2);
+        unlink(path);
+}
+
+Test(problem, a_missing_profile_names_the_model_and_file)
+{
+        expect_error("servers: [{count: 1, gpus: 4}]\nmodels: [{name: a, profile: nope.yaml}]\n",
+                     -ENOENT, "model 'a': cannot read profile /tmp/nope.yaml");
+}
+
+Test(problem, a_tp_group_larger_than_any_server_is_named)
+{
+        expect_error("servers: [{count: 4, gpus: 8}]\n"
+                     "models: [{name: huge, role: consumer, memory: 1GiB, tp: 16}]\n",
+                     PLACE_E_INFEASIBLE,
+                     "model 'huge' fits no server: its tensor-parallel group needs 16 GPUs");
+}
+
+Test(problem, a_model_needing_larger_gpus_than_exist_is_named)
+{
+        expect_error("servers: [{count: 1, gpus: 8, gpu-memory: 40GiB}]\n"
+                     "models: [{name: big, role: producer, memory: 1GiB, gpu-memory: 80GiB}]\n",
+                     PLACE_E_INFEASIBLE, "model 'big' fits no server: it needs GPUs with 80 GiB, and the largest GPUs have 40 GiB");
+}
+
+Test(problem, a_model_whose_gpu_and_tp_needs_meet_on_no_kind_is_named)
+{
+        expect_error("servers:\n"
+                     "  - {kind: a, count: 1, gpus: 8, gpu-memory: 40GiB}\n"
+                     "  - {kind: b, count: 1, gpus: 2, gpu-memory: 80GiB}\n"
+                     "models: [{name: m, role: producer, memory: 1GiB, gpu-memory: 80GiB, tp: 4}]\n",
+                     PLACE_E_INFEASIBLE, "no server kind has both 4 GPUs and 80 GiB per GPU");
+}
+
+Test(problem, more_gpus_needed_than_exist)
+{
+        expect_error("servers: [{count: 2, gpus: 4}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB, count: 9}]\n",
+                     PLACE_E_INFEASIBLE,
+                     "more GPUs needed than exist: the 9 models need 9 GPUs, the 2 servers have 8");
+}
+
+Test(problem, more_gpus_needed_than_the_kinds_a_model_set_may_use)
+{
+        expect_error("servers:\n"
+                     "  - {kind: small, count: 4, gpus: 8, gpu-memory: 40GiB}\n"
+                     "  - {kind: large, count: 1, gpus: 8, gpu-memory: 80GiB}\n"
+                     "models: [{name: m, role: producer, memory: 1GiB, count: 3, tp: 4,\n"
+                     "          gpu-memory: 80GiB}]\n",
+                     PLACE_E_INFEASIBLE,
+                     "the 3 models that run only on server kind 'large' need 12 GPUs, those "
+                     "servers have 8");
+}
+
+Test(problem, too_many_tp_groups_over_half_a_server)
+{
+        expect_error("servers: [{count: 2, gpus: 8}]\n"
+                     "models: [{name: m, role: consumer, memory: 1GiB, count: 3, tp: 5}]\n",
+                     PLACE_E_INFEASIBLE, "3 models have tensor-parallel groups larger than half");
+}
+
+Test(problem, inconsistent_input_is_named)
+{
+        expect_error("servers: [{count: 2, gpus: 8}]\n"
+                     "models: [{name: m, role: consumer, memory: 1GiB},\n"
+                     "         {name: m, role: producer, memory: 1GiB}]\n",
+                     -EINVAL, "model name 'm' appears twice");
+        teardown();
+        expect_error("servers: [{count: 2, names: [a, b, c], gpus: 8}]\nmodels: []\n", -EINVAL,
+                     "count is 2 but 3 names are given");
+        teardown();
+        expect_error("servers: [{gpus: 8}]\nmodels: []\n", -EINVAL,
+                     "give a count or a list of names");
+        teardown();
+        expect_error("servers: [{names: [a, a], gpus: 8}]\nmodels: []\n", -EINVAL,
+                     "server name 'a' appears twice");
+        teardown();
+        expect_error("servers: [{kind: x, count: 1, gpus: 8}, {kind: x, count: 1, gpus: 4}]\n"
+                     "models: []\n",
+                     -EINVAL, "server kind 'x' appears twice");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\nmodels: [{name: m, memory: 1GiB}]\n",
+                     -EINVAL, "models[0] ('m'): missing role");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\n"
+                     "models: [{name: m, role: lender, memory: 1GiB}]\n",
+                     -EINVAL, "role: expected producer or consumer, got \"lender\"");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\n"
+                     "models: [{name: m, role: producer, memory: lots}]\n",
+                     -EINVAL, "memory: expected a size such as 20GiB");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB, profile: x.yaml}]\n",
+                     -EINVAL, "give either a profile or role and memory");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB, colour: red}]\n",
+                     -EINVAL, "in.yaml:2:");
+        teardown();
+        expect_error("servers: [{count: 1, gpus: 8}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB}]\n"
+                     "weights: {memory: 0, balance: 0}\n",
+                     -EINVAL, "weights must be >= 0 and not both 0");
+}
+
+Test(problem, bad_peer_groups_are_named)
+{
+        expect_error("servers: [{kind: h, count: 1, gpus: 4, peer-groups: ['0-2', '2-3']}]\n"
+                     "models: []\n",
+                     -EINVAL, "server kind 'h': GPU 2 is in two peer groups");
+        teardown();
+        expect_error("servers: [{kind: h, count: 1, gpus: 4, peer-groups: ['0-4']}]\nmodels: []\n",
+                     -EINVAL, "names GPU 4, but its servers have GPUs 0 to 3");
+        teardown();
+        expect_error("servers: [{kind: h, count: 1, gpus: 4, peer-groups: ['x']}]\nmodels: []\n",
+                     -EINVAL, "expected GPU numbers such as");
+}
+
+Test(problem, a_role_and_memory_sign_that_disagree_are_refused)
+{
+        p = place_problem_new();
+        cr_assert_eq(place_problem_add_model(p, "m", PLACE_CONSUMER, 1024, 1, 0, &error), -EINVAL);
+        cr_assert(strstr(error, "model 'm': a consumer's memory must be needed"), "%s", error);
+}
+
+Test(problem, the_averaging_bound_uses_all_servers)
+{
+        cr_assert_eq(load("servers: [{count: 4, gpus: 2}]\n"
+                          "models: [{name: a, role: producer, memory: 10GiB, count: 3},\n"
+                          "         {name: b, role: consumer, memory: 2GiB}]\n"),
+                     0, "%s", error);
+        /* memory 28 GiB over 4 servers, balance 2 over 4 servers rounds up to 1. */
+        cr_assert_float_eq(place_simple_bound(p), 7.0 + 1.0, 1e-9);
+}
