@@ -19,7 +19,7 @@ struct topo_device {
         char *name;
         uint64_t memory;
         char *uuid;
-        int64_t pci_domain, pci_bus, pci_device;
+        char *pci_domain, *pci_bus, *pci_device; /* decimal or 0x hex, as PCI ids are written */
 };
 
 struct topo_link {
@@ -41,9 +41,9 @@ static const struct conf_field device_fields[] = {
         CONF_FIELD_SIZE(struct topo_device, memory, "memory", SIM_GRANULARITY, INT64_C(1) << 50,
                         CONF_REQUIRED),
         CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
-        CONF_FIELD_INT(struct topo_device, pci_domain, "pci-domain", 0, 0xffff, 0),
-        CONF_FIELD_INT(struct topo_device, pci_bus, "pci-bus", 0, 0xff, 0),
-        CONF_FIELD_INT(struct topo_device, pci_device, "pci-device", 0, 0x1f, 0),
+        CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
+        CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
+        CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
         CONF_FIELD_END,
 };
 static const struct conf_schema device_schema = {"device", device_fields};
@@ -149,6 +149,24 @@ static int load_env_devices(const char *spec, char **ret_error)
         return 0;
 }
 
+/* An absent id keeps the default already in *ret. */
+static int parse_pci(const char *path, size_t i, const char *key, const char *s, int64_t max,
+                     int *ret, char **ret_error)
+{
+        int64_t v;
+
+        if (!s)
+                return 0;
+        if (parse_int64(s, 0, &v) < 0 || v < 0 || v > max) {
+                if (asprintf(ret_error, "%s: devices[%zu].%s: expected 0..%#" PRIx64 ", got \"%s\"",
+                             path, i, key, max, s) < 0)
+                        *ret_error = NULL;
+                return -EINVAL;
+        }
+        *ret = (int)v;
+        return 0;
+}
+
 static int load_topology(const char *path, char **ret_error)
 {
         struct topo t = {.bandwidth = DEFAULT_BANDWIDTH};
@@ -170,10 +188,16 @@ static int load_topology(const char *path, char **ret_error)
                                 *ret_error = NULL;
                         goto out;
                 }
-                d->pci_domain = (int)td->pci_domain;
-                if (td->pci_bus)
-                        d->pci_bus = (int)td->pci_bus;
-                d->pci_device = (int)td->pci_device;
+                r = parse_pci(path, i, "pci-domain", td->pci_domain, 0xffff, &d->pci_domain,
+                              ret_error);
+                if (r >= 0)
+                        r = parse_pci(path, i, "pci-bus", td->pci_bus, 0xff, &d->pci_bus,
+                                      ret_error);
+                if (r >= 0)
+                        r = parse_pci(path, i, "pci-device", td->pci_device, 0x1f,
+                                      &d->pci_device, ret_error);
+                if (r < 0)
+                        goto out;
         }
         memset(sim.link_bandwidth, 0, sizeof(sim.link_bandwidth));
         for (int i = 0; t.all_linked && i < sim.n_devices; i++)
