@@ -126,6 +126,11 @@ Test(stream, event_timing_follows_the_documented_rules)
         CU_EXPECT(cuEventElapsedTime(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);
         CU_EXPECT(cuEventElapsedTime(&ms, start, never), CUDA_ERROR_INVALID_HANDLE);
         CU_EXPECT(cuEventCreate(&never, 0x100), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuEventDestroy(start));
+        CU_OK(cuEventDestroy(end));
+        CU_OK(cuEventDestroy(untimed));
+        CU_OK(cuEventDestroy(never));
+        CU_OK(cuStreamDestroy(s));
 }
 
 Test(stream, the_legacy_default_stream_waits_for_blocking_streams)
