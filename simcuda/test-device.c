@@ -125,7 +125,7 @@ Test(device, uuids_differ_between_devices)
 {
         CUuuid a, b;
 
-        CU_OK(cuInit(0));
+        NEED_TWO_DEVICES();
         CU_OK(cuDeviceGetUuid(&a, 0));
         CU_OK(cuDeviceGetUuid(&b, 1));
         cr_assert_neq(memcmp(&a, &b, sizeof(a)), 0);
@@ -138,7 +138,7 @@ Test(device, primary_context_becomes_current)
         unsigned flags;
         int active;
 
-        CU_OK(cuInit(0));
+        NEED_TWO_DEVICES();
         CU_OK(cuCtxGetCurrent(&cur));
         cr_assert_null(cur);
         CU_EXPECT(cuCtxGetDevice(&d), CUDA_ERROR_INVALID_CONTEXT);

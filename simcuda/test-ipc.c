@@ -61,7 +61,10 @@ static int recv_msg(int sock, int *ret_value, int *ret_fd)
                         _exit(10 + __LINE__ % 100); \
         } while (0)
 
-/* Child: import the fd, map it for device 1, read the parent's value, answer with its own. */
+/*
+ * Child: import the fd, map it for the other device (device 1; device 0 on a one-GPU machine),
+ * read the parent's value, answer with its own.
+ */
 static void importer(int sock)
 {
         CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
@@ -69,10 +72,12 @@ static void importer(int sock)
         CUmemGenericAllocationHandle h;
         CUcontext ctx;
         CUdeviceptr p;
-        int value, fd, answer = 0xbeef;
+        int value, fd, answer = 0xbeef, n;
 
         CHILD_OK(cuInit(0));
-        CHILD_OK(cuDevicePrimaryCtxRetain(&ctx, 1));
+        CHILD_OK(cuDeviceGetCount(&n));
+        acc.location.id = n > 1 ? 1 : 0;
+        CHILD_OK(cuDevicePrimaryCtxRetain(&ctx, acc.location.id));
         CHILD_OK(cuCtxSetCurrent(ctx));
         if (recv_msg(sock, &value, &fd) < 0 || fd < 0)
                 _exit(2);

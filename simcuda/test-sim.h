@@ -43,6 +43,16 @@ static inline bool on_real_gpu(void)
                         cr_skip_test("needs the simulator's configuration or layout"); \
         } while (0)
 
+/* Tests of two devices skip on a machine with one (a real single-GPU machine). */
+#define NEED_TWO_DEVICES()                                             \
+        do {                                                           \
+                int n_ = 0;                                            \
+                CU_OK(cuInit(0));                                      \
+                CU_OK(cuDeviceGetCount(&n_));                          \
+                if (n_ < 2)                                            \
+                        cr_skip_test("needs two devices, found %d", n_); \
+        } while (0)
+
 /* Each test runs in its own process; give it its own machine so tests never share memory. */
 static inline void sim_machine(const char *devices)
 {

@@ -271,6 +271,7 @@ Test(stream, peer_copies_move_between_devices)
         CUdeviceptr a, b;
         int v = 77, out = 0;
 
+        NEED_TWO_DEVICES();
         c0 = sim_start(0);
         CU_OK(cuMemAlloc(&a, 4096));
         CU_OK(cuDevicePrimaryCtxRetain(&c1, 1));
