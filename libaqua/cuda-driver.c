@@ -50,7 +50,8 @@ int cuda_driver_open(const char *path, struct cuda_driver **ret, char **ret_erro
                 free(d);
                 return -ENOMEM;
         }
-        d->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        /* Never unloaded: a driver that has started threads cannot be unmapped safely. */
+        d->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (!d->dl) {
                 set_error(ret_error,
                           "cannot load the CUDA driver %s: %s (set AQUA_CUDA_LIBRARY to its path, "

@@ -55,7 +55,7 @@ struct cuda_driver {
  */
 int cuda_driver_open(const char *path, struct cuda_driver **ret, char **ret_error);
 
-/* Unload; accepts NULL; returns NULL. */
+/* Free the table (the library itself stays mapped); accepts NULL; returns NULL. */
 struct cuda_driver *cuda_driver_close(struct cuda_driver *d);
 
 /*
