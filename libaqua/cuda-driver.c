@@ -29,8 +29,8 @@ static void *resolve(struct cuda_driver *d, __typeof__(cuGetProcAddress) *gpa, c
         CUdriverProcAddressQueryResult status;
         void *fn = NULL;
 
-        if (gpa && gpa(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) ==
-                           CUDA_SUCCESS &&
+        if (gpa &&
+            gpa(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
             fn)
                 return fn;
         return dlsym(d->dl, exported);
@@ -66,15 +66,15 @@ int cuda_driver_open(const char *path, struct cuda_driver **ret, char **ret_erro
         if (!get_version || get_version(&d->version) != CUDA_SUCCESS)
                 d->version = 0;
 
-#define RESOLVE_REQUIRED(name)                                                                 \
-        d->name = (__typeof__(d->name))resolve(d, gpa, #name, XSTR(name));                     \
-        if (!d->name) {                                                                        \
-                set_error(ret_error, "the CUDA driver %s lacks the entry point %s", path, #name); \
-                cuda_driver_close(d);                                                          \
-                return -ENOSYS;                                                                \
+#define RESOLVE_REQUIRED(name)                                                                     \
+        d->name = (__typeof__(d->name))resolve(d, gpa, #name, XSTR(name));                         \
+        if (!d->name) {                                                                            \
+                set_error(ret_error, "the CUDA driver %s lacks the entry point %s", path, #name);  \
+                cuda_driver_close(d);                                                              \
+                return -ENOSYS;                                                                    \
         }
-#define RESOLVE_OPTIONAL(name, min_version)                                                    \
-        if (d->version >= (min_version))                                                       \
+#define RESOLVE_OPTIONAL(name, min_version)                                                        \
+        if (d->version >= (min_version))                                                           \
                 d->name = (__typeof__(d->name))resolve(d, gpa, #name, XSTR(name));
         CUDA_DRIVER_REQUIRED(RESOLVE_REQUIRED)
         CUDA_DRIVER_OPTIONAL(RESOLVE_OPTIONAL)

@@ -11,6 +11,7 @@
  * the cuda.h we build with, then by the versioned symbol name cuda.h maps them to.
  * Fields keep cuda.h's mapping too: d->cuMemGetInfo(...) calls cuMemGetInfo_v2.
  */
+/* clang-format off */
 #define CUDA_DRIVER_REQUIRED(X)                                                                    \
         X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGet)       \
         X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem)              \
@@ -28,6 +29,7 @@
         X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate)              \
         X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)               \
         X(cuEventDestroy)
+/* clang-format on */
 
 /*
  * Optional entry points: NULL when the driver predates them. cuMemcpyBatchAsync's CUDA 13
@@ -39,7 +41,7 @@ struct cuda_driver {
         void *dl;
         char *path;  /* what was loaded */
         int version; /* cuDriverGetVersion, e.g. 13000 */
-#define CUDA_DRIVER_FIELD(name) __typeof__(name) *name;
+#define CUDA_DRIVER_FIELD(name)                  __typeof__(name) *name;
 #define CUDA_DRIVER_OPT_FIELD(name, min_version) __typeof__(name) *name;
         CUDA_DRIVER_REQUIRED(CUDA_DRIVER_FIELD)
         CUDA_DRIVER_OPTIONAL(CUDA_DRIVER_OPT_FIELD)

@@ -1,4 +1,5 @@
-/* The driver loader: one table from simcuda or a real driver, and errors that name what is missing. */
+/* The driver loader: one table from simcuda or a real driver, and errors that name what is missing.
+ */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -37,32 +37,32 @@ struct topo {
 };
 
 static const struct conf_field device_fields[] = {
-        CONF_FIELD_STRING(struct topo_device, name, "name", 0),
-        CONF_FIELD_SIZE(struct topo_device, memory, "memory", SIM_GRANULARITY, INT64_C(1) << 50,
-                        CONF_REQUIRED),
-        CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
-        CONF_FIELD_END,
+    CONF_FIELD_STRING(struct topo_device, name, "name", 0),
+    CONF_FIELD_SIZE(struct topo_device, memory, "memory", SIM_GRANULARITY, INT64_C(1) << 50,
+                    CONF_REQUIRED),
+    CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema device_schema = {"device", device_fields};
 
 static const struct conf_field link_fields[] = {
-        CONF_FIELD_INT(struct topo_link, a, "a", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
-        CONF_FIELD_INT(struct topo_link, b, "b", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
-        CONF_FIELD_SIZE(struct topo_link, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_INT(struct topo_link, a, "a", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
+    CONF_FIELD_INT(struct topo_link, b, "b", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
+    CONF_FIELD_SIZE(struct topo_link, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema link_schema = {"link", link_fields};
 
 static const struct conf_field topo_fields[] = {
-        CONF_FIELD_LIST(struct topo, devices, n_devices, "devices",
-                        CONF_ELEM_STRUCT(&device_schema), SIM_MAX_DEVICES, CONF_REQUIRED),
-        CONF_FIELD_LIST(struct topo, links, n_links, "links", CONF_ELEM_STRUCT(&link_schema), 0, 0),
-        CONF_FIELD_BOOL(struct topo, all_linked, "all-linked", 0),
-        CONF_FIELD_SIZE(struct topo, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_LIST(struct topo, devices, n_devices, "devices", CONF_ELEM_STRUCT(&device_schema),
+                    SIM_MAX_DEVICES, CONF_REQUIRED),
+    CONF_FIELD_LIST(struct topo, links, n_links, "links", CONF_ELEM_STRUCT(&link_schema), 0, 0),
+    CONF_FIELD_BOOL(struct topo, all_linked, "all-linked", 0),
+    CONF_FIELD_SIZE(struct topo, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema topo_schema = {"topology", topo_fields};
 
@@ -194,8 +194,8 @@ static int load_topology(const char *path, char **ret_error)
                         r = parse_pci(path, i, "pci-bus", td->pci_bus, 0xff, &d->pci_bus,
                                       ret_error);
                 if (r >= 0)
-                        r = parse_pci(path, i, "pci-device", td->pci_device, 0x1f,
-                                      &d->pci_device, ret_error);
+                        r = parse_pci(path, i, "pci-device", td->pci_device, 0x1f, &d->pci_device,
+                                      ret_error);
                 if (r < 0)
                         goto out;
         }
@@ -216,7 +216,7 @@ static int load_topology(const char *path, char **ret_error)
                         goto out;
                 }
                 sim.link_bandwidth[l->a][l->b] = sim.link_bandwidth[l->b][l->a] =
-                        l->bandwidth ? l->bandwidth : t.bandwidth;
+                    l->bandwidth ? l->bandwidth : t.bandwidth;
         }
         if (sim.n_devices == 0) {
                 r = -EINVAL;

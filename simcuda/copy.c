@@ -7,8 +7,7 @@
 
 #include "sim.h"
 
-static CUresult check_pair(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device,
-                           size_t n)
+static CUresult check_pair(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t n)
 {
         CUresult res = sim_vm_check(dst, n, true, dst_device);
 

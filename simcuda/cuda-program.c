@@ -6,15 +6,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(call)                                                                    \
-        do {                                                                           \
-                CUresult r_ = (call);                                                  \
-                if (r_ != CUDA_SUCCESS) {                                              \
-                        const char *n_ = "?";                                          \
-                        cuGetErrorName(r_, &n_);                                       \
-                        fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, n_); \
-                        return 1;                                                      \
-                }                                                                      \
+#define CHECK(call)                                                                                \
+        do {                                                                                       \
+                CUresult r_ = (call);                                                              \
+                if (r_ != CUDA_SUCCESS) {                                                          \
+                        const char *n_ = "?";                                                      \
+                        cuGetErrorName(r_, &n_);                                                   \
+                        fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, n_);  \
+                        return 1;                                                                  \
+                }                                                                                  \
         } while (0)
 
 int main(void)

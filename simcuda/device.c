@@ -6,9 +6,9 @@
 #include "sim.h"
 
 struct sim sim = {
-        .init_lock = PTHREAD_MUTEX_INITIALIZER,
-        .stream_lock = PTHREAD_MUTEX_INITIALIZER,
-        .progress = PTHREAD_COND_INITIALIZER,
+    .init_lock = PTHREAD_MUTEX_INITIALIZER,
+    .stream_lock = PTHREAD_MUTEX_INITIALIZER,
+    .progress = PTHREAD_COND_INITIALIZER,
 };
 
 static _Thread_local struct CUctx_st *current;
@@ -42,7 +42,8 @@ SIM_API cuInit(unsigned int Flags)
         }
         r = account_open(sim.machine);
         if (r < 0) {
-                fprintf(stderr, "simcuda: cannot open the memory accounting folder of machine %s: %s\n",
+                fprintf(stderr,
+                        "simcuda: cannot open the memory accounting folder of machine %s: %s\n",
                         sim.machine, strerror(-r));
                 failed = CUDA_ERROR_OPERATING_SYSTEM;
                 goto out;
@@ -232,8 +233,7 @@ SIM_API cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevi
         SIM_CHECK_INIT();
         if (!value)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!sim_device_valid(srcDevice) || !sim_device_valid(dstDevice) ||
-            srcDevice == dstDevice)
+        if (!sim_device_valid(srcDevice) || !sim_device_valid(dstDevice) || srcDevice == dstDevice)
                 return CUDA_ERROR_INVALID_DEVICE;
         linked = sim.link_bandwidth[srcDevice][dstDevice] != 0;
         switch (attrib) {

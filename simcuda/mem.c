@@ -158,8 +158,8 @@ SIM_API cuMemFree(CUdeviceptr dptr)
 
 SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-        const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
-                               CU_MEMHOSTALLOC_WRITECOMBINED;
+        const unsigned known =
+            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
         size_t mapped = page_round(bytesize);
         CUresult res;
         void *p;

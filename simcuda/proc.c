@@ -3,6 +3,7 @@
 
 #include "sim.h"
 
+/* clang-format off */
 #define E(code) {code, #code}
 static const struct {
         CUresult code;
@@ -111,26 +112,27 @@ static const struct {
         E(CUDA_ERROR_UNKNOWN),
 };
 #undef E
+/* clang-format on */
 
 /* The messages programs print most; other codes read as their name. */
 static const struct {
         CUresult code;
         const char *text;
 } error_strings[] = {
-        {CUDA_SUCCESS, "no error"},
-        {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
-        {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
-        {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
-        {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
-        {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
-        {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
-        {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
-        {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
-        {CUDA_ERROR_NOT_READY, "device not ready"},
-        {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
-        {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
-        {CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"},
-        {CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"},
+    {CUDA_SUCCESS, "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
+    {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"},
+    {CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"},
 };
 
 SIM_API cuGetErrorName(CUresult error, const char **pStr)
@@ -166,6 +168,7 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr)
  * the ABI implemented here, and the function (cuda.h's macros turn the name into the versioned
  * symbol, e.g. cuMemGetInfo into cuMemGetInfo_v2).
  */
+/* clang-format off */
 #define SIM_ENTRY_POINTS(X)                                                                        \
         X(cuInit, 2000) X(cuDriverGetVersion, 2020) X(cuGetErrorName, 6000)                        \
         X(cuGetErrorString, 6000) X(cuGetProcAddress, 12000) X(cuDeviceGet, 2000)                  \
@@ -191,9 +194,10 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr)
         X(cuStreamWaitEvent, 3020) X(cuLaunchHostFunc, 10000) X(cuEventCreate, 2000)               \
         X(cuEventRecord, 2000) X(cuEventQuery, 2000) X(cuEventSynchronize, 2000)                   \
         X(cuEventElapsedTime, 12080) X(cuEventDestroy, 4000)
+/* clang-format on */
 
-#define STR(x)  #x
-#define XSTR(x) STR(x)
+#define STR(x)               #x
+#define XSTR(x)              STR(x)
 #define ENTRY(name, version) {#name, XSTR(name), version, (void *)&name},
 
 static const struct {
@@ -206,8 +210,8 @@ static const struct {
 SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *symbolStatus)
 {
-        const cuuint64_t known = CU_GET_PROC_ADDRESS_LEGACY_STREAM |
-                                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+        const cuuint64_t known =
+            CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 
         if (!symbol || !pfn || (flags & ~known))
                 return CUDA_ERROR_INVALID_VALUE;

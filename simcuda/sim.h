@@ -1,4 +1,5 @@
-/* simcuda's internal state shared by its modules: devices, contexts, and the locks that guard them. */
+/* simcuda's internal state shared by its modules: devices, contexts, and the locks that guard them.
+ */
 #pragma once
 
 #include <cuda.h>
@@ -11,11 +12,11 @@
 /* Entry points of the Driver API carry default visibility; everything else stays hidden. */
 #define SIM_API __attribute__((visibility("default"))) CUresult CUDAAPI
 
-#define SIM_MAX_DEVICES  64
-#define SIM_GRANULARITY  (UINT64_C(2) << 20)
-#define SIM_VERSION      13000
+#define SIM_MAX_DEVICES 64
+#define SIM_GRANULARITY (UINT64_C(2) << 20)
+#define SIM_VERSION     13000
 /* Every backing file starts with one page describing the allocation; data follows it. */
-#define SIM_HEADER_SIZE  4096
+#define SIM_HEADER_SIZE 4096
 
 struct sim_device {
         char name[128];
@@ -30,7 +31,7 @@ struct CUctx_st {
         unsigned retains; /* primary context retain count */
         unsigned flags;
         struct CUstream_st *null_stream; /* created on first use */
-        struct CUstream_st *streams;     /* every live stream of this context, under sim.stream_lock */
+        struct CUstream_st *streams; /* every live stream of this context, under sim.stream_lock */
 };
 
 struct sim {
@@ -57,10 +58,10 @@ static inline bool sim_device_valid(CUdevice d)
 /* The calling thread's current context, or NULL. */
 struct CUctx_st *sim_current_ctx(void);
 
-#define SIM_CHECK_INIT()                                 \
-        do {                                             \
-                if (!sim.initialized)                    \
-                        return CUDA_ERROR_NOT_INITIALIZED; \
+#define SIM_CHECK_INIT()                                                                           \
+        do {                                                                                       \
+                if (!sim.initialized)                                                              \
+                        return CUDA_ERROR_NOT_INITIALIZED;                                         \
         } while (0)
 
 /* Config (config.c): fill sim.devices and sim.link_bandwidth from the environment. */

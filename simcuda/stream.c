@@ -263,7 +263,8 @@ static CUresult enqueue_locked(struct CUstream_st *s, struct op *op)
                         if (res != CUDA_SUCCESS)
                                 return res;
                 }
-        } else if (!(s->flags & CU_STREAM_NON_BLOCKING) && null && null->completed < null->enqueued) {
+        } else if (!(s->flags & CU_STREAM_NON_BLOCKING) && null &&
+                   null->completed < null->enqueued) {
                 res = push_wait_locked(s, null, null->enqueued);
                 if (res != CUDA_SUCCESS)
                         return res;
@@ -463,8 +464,8 @@ SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 
 SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
-        const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
-                               CU_EVENT_INTERPROCESS;
+        const unsigned known =
+            CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
         struct CUevent_st *e;
 
         SIM_CHECK_INIT();

@@ -98,8 +98,8 @@ Test(device, reports_the_features_aqua_needs)
         CU_OK(cuInit(0));
         CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
         cr_assert_eq(v, 1);
-        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                                   0));
+        CU_OK(cuDeviceGetAttribute(
+            &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
         cr_assert_eq(v, 1);
         CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0));
         cr_assert_eq(v, 1);

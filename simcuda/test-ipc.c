@@ -40,7 +40,9 @@ static int recv_msg(int sock, int *ret_value, int *ret_fd)
 {
         char control[CMSG_SPACE(sizeof(int))];
         struct iovec iov = {.iov_base = ret_value, .iov_len = sizeof(*ret_value)};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = control,
                              .msg_controllen = sizeof(control)};
         struct cmsghdr *c;
 
@@ -55,10 +57,10 @@ static int recv_msg(int sock, int *ret_value, int *ret_fd)
         return 0;
 }
 
-#define CHILD_OK(call)                            \
-        do {                                      \
-                if ((call) != CUDA_SUCCESS)       \
-                        _exit(10 + __LINE__ % 100); \
+#define CHILD_OK(call)                                                                             \
+        do {                                                                                       \
+                if ((call) != CUDA_SUCCESS)                                                        \
+                        _exit(10 + __LINE__ % 100);                                                \
         } while (0)
 
 /*
@@ -147,8 +149,8 @@ static void holder(int sock, size_t private_bytes, size_t shared_bytes)
         CHILD_OK(cuMemCreate(&a, private_bytes, &priv, 0));
         if (shared_bytes) {
                 CHILD_OK(cuMemCreate(&b, shared_bytes, &shared, 0));
-                CHILD_OK(cuMemExportToShareableHandle(&fd, b, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                                      0));
+                CHILD_OK(cuMemExportToShareableHandle(&fd, b,
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
         }
         if (send_msg(sock, 1, fd) < 0)
                 _exit(3);

@@ -14,18 +14,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CU_OK(call)                                                                  \
-        do {                                                                         \
-                CUresult _r = (call);                                                \
-                const char *_n = NULL;                                               \
-                cuGetErrorName(_r, &_n);                                             \
-                cr_assert_eq(_r, CUDA_SUCCESS, "%s = %d (%s)", #call, _r, _n ? _n : "?"); \
+#define CU_OK(call)                                                                                \
+        do {                                                                                       \
+                CUresult _r = (call);                                                              \
+                const char *_n = NULL;                                                             \
+                cuGetErrorName(_r, &_n);                                                           \
+                cr_assert_eq(_r, CUDA_SUCCESS, "%s = %d (%s)", #call, _r, _n ? _n : "?");          \
         } while (0)
 
-#define CU_EXPECT(call, code)                                                          \
-        do {                                                                           \
-                CUresult _r = (call);                                                  \
-                cr_assert_eq(_r, (code), "%s = %d, expected %s", #call, _r, #code);    \
+#define CU_EXPECT(call, code)                                                                      \
+        do {                                                                                       \
+                CUresult _r = (call);                                                              \
+                cr_assert_eq(_r, (code), "%s = %d, expected %s", #call, _r, #code);                \
         } while (0)
 
 #define GRAN (UINT64_C(2) << 20)
@@ -37,20 +37,20 @@ static inline bool on_real_gpu(void)
         return v && *v && strcmp(v, "0") != 0;
 }
 
-#define SIM_ONLY()                                                                 \
-        do {                                                                       \
-                if (on_real_gpu())                                                 \
-                        cr_skip_test("needs the simulator's configuration or layout"); \
+#define SIM_ONLY()                                                                                 \
+        do {                                                                                       \
+                if (on_real_gpu())                                                                 \
+                        cr_skip_test("needs the simulator's configuration or layout");             \
         } while (0)
 
 /* Tests of two devices skip on a machine with one (a real single-GPU machine). */
-#define NEED_TWO_DEVICES()                                             \
-        do {                                                           \
-                int n_ = 0;                                            \
-                CU_OK(cuInit(0));                                      \
-                CU_OK(cuDeviceGetCount(&n_));                          \
-                if (n_ < 2)                                            \
-                        cr_skip_test("needs two devices, found %d", n_); \
+#define NEED_TWO_DEVICES()                                                                         \
+        do {                                                                                       \
+                int n_ = 0;                                                                        \
+                CU_OK(cuInit(0));                                                                  \
+                CU_OK(cuDeviceGetCount(&n_));                                                      \
+                if (n_ < 2)                                                                        \
+                        cr_skip_test("needs two devices, found %d", n_);                           \
         } while (0)
 
 /* Each test runs in its own process; give it its own machine so tests never share memory. */
@@ -101,10 +101,10 @@ static inline CUcontext sim_start(int device)
 static inline CUmemAllocationProp device_prop(int device, bool exportable)
 {
         CUmemAllocationProp prop = {
-                .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
-                .requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-                                                   : CU_MEM_HANDLE_TYPE_NONE,
+            .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+            .requestedHandleTypes =
+                exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE,
         };
         return prop;
 }
@@ -112,8 +112,8 @@ static inline CUmemAllocationProp device_prop(int device, bool exportable)
 static inline void set_rw(CUdeviceptr p, size_t size, int device)
 {
         CUmemAccessDesc desc = {
-                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
-                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
 
         CU_OK(cuMemSetAccess(p, size, &desc, 1));

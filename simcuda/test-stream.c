@@ -207,8 +207,8 @@ Test(stream, batch_copies_move_scattered_blocks)
 Test(stream, batch_sources_read_during_the_call_may_be_reused_at_once)
 {
         CUmemcpyAttributes attrs[2] = {
-                {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL},
-                {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM},
+            {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL},
+            {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM},
         };
         size_t idx[2] = {0, 1}, sizes[2] = {sizeof(int), sizeof(int)};
         CUdeviceptr p, dsts[2], srcs[2];

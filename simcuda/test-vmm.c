@@ -1,4 +1,5 @@
-/* Virtual memory management on simcuda: mapping, access, lifetimes, and each misuse's error code. */
+/* Virtual memory management on simcuda: mapping, access, lifetimes, and each misuse's error code.
+ */
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -173,10 +174,10 @@ Test(vmm, peer_device_maps_memory_of_another)
 {
         CUmemGenericAllocationHandle h;
         CUmemAccessDesc acc[2] = {
-                {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
-                 .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
-                {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
-                 .flags = CU_MEM_ACCESS_FLAGS_PROT_READ},
+            {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+            {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+             .flags = CU_MEM_ACCESS_FLAGS_PROT_READ},
         };
         CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1};
         CUmemAllocationProp prop = device_prop(0, false);
@@ -217,7 +218,7 @@ Test(vmm, plain_host_allocations_cannot_be_exportable)
         CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                     .location = {.type = CU_MEM_LOCATION_TYPE_HOST},
                                     .requestedHandleTypes =
-                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
         CUmemGenericAllocationHandle h;
 
         sim_start(0);

@@ -172,7 +172,8 @@ static unsigned char max_access(const struct mapping *m)
 
 CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
 {
-        unsigned char need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+        unsigned char need =
+            write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
         struct reservation *r;
         CUresult res = CUDA_SUCCESS;
         bool found;
@@ -231,8 +232,8 @@ static CUresult prop_check(const CUmemAllocationProp *prop)
 CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64_t size,
                          int *ret_fd)
 {
-        struct header h = {.loc_type = loc_type, .loc_id = loc_id, .handle_types = handle_types,
-                           .size = size};
+        struct header h = {
+            .loc_type = loc_type, .loc_id = loc_id, .handle_types = handle_types, .size = size};
         _cleanup_close_ int fd = -1;
         int r;
 
@@ -354,8 +355,7 @@ SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 /* The fd shares the allocation's open file description, so it keeps the memory (and its
  * accounting record) alive in whichever process ends up holding it. */
 SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
-                                     CUmemAllocationHandleType handleType,
-                                     unsigned long long flags)
+                                     CUmemAllocationHandleType handleType, unsigned long long flags)
 {
         CUresult res = CUDA_SUCCESS;
         struct alloc *a;
@@ -433,8 +433,8 @@ SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUd
 
                 if (size + align < size)
                         return CUDA_ERROR_OUT_OF_MEMORY;
-                p = mmap(NULL, size + align, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
                 if (p == MAP_FAILED)
                         return CUDA_ERROR_OUT_OF_MEMORY;
                 raw = (uintptr_t)p;
