@@ -1,0 +1,357 @@
+/* Initialization, device queries and primary contexts. */
+#include <stdio.h>
+#include <string.h>
+
+#include "account.h"
+#include "sim.h"
+
+struct sim sim = {
+    .init_lock = PTHREAD_MUTEX_INITIALIZER,
+    .stream_lock = PTHREAD_MUTEX_INITIALIZER,
+    .progress = PTHREAD_COND_INITIALIZER,
+};
+
+static _Thread_local struct CUctx_st *current;
+
+struct CUctx_st *sim_current_ctx(void)
+{
+        return current;
+}
+
+/*
+ * A bad simulated machine is reported on stderr once, since a driver's only other channel,
+ * the error code, cannot say which variable is wrong.
+ */
+SIM_API cuInit(unsigned int Flags)
+{
+        static CUresult failed = CUDA_SUCCESS;
+        _cleanup_free_ char *error = NULL;
+        CUresult res = CUDA_SUCCESS;
+        int r;
+
+        if (Flags != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&sim.init_lock);
+        if (sim.initialized || failed)
+                goto out;
+        r = sim_config_load(&error);
+        if (r < 0) {
+                fprintf(stderr, "simcuda: %s\n", error ? error : strerror(-r));
+                failed = CUDA_ERROR_NO_DEVICE;
+                goto out;
+        }
+        r = account_open(sim.machine);
+        if (r < 0) {
+                fprintf(stderr,
+                        "simcuda: cannot open the memory accounting folder of machine %s: %s\n",
+                        sim.machine, strerror(-r));
+                failed = CUDA_ERROR_OPERATING_SYSTEM;
+                goto out;
+        }
+        for (int i = 0; i < sim.n_devices; i++) {
+                struct CUctx_st *ctx = calloc(1, sizeof(*ctx));
+
+                if (!ctx) {
+                        failed = CUDA_ERROR_OUT_OF_MEMORY;
+                        goto out;
+                }
+                ctx->device = i;
+                sim.devices[i].primary = ctx;
+        }
+        sim.initialized = true;
+out:
+        res = sim.initialized ? CUDA_SUCCESS : failed;
+        pthread_mutex_unlock(&sim.init_lock);
+        return res;
+}
+
+SIM_API cuDriverGetVersion(int *driverVersion)
+{
+        if (!driverVersion)
+                return CUDA_ERROR_INVALID_VALUE;
+        *driverVersion = SIM_VERSION;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGet(CUdevice *device, int ordinal)
+{
+        SIM_CHECK_INIT();
+        if (!device)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(ordinal))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *device = ordinal;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGetCount(int *count)
+{
+        SIM_CHECK_INIT();
+        if (!count)
+                return CUDA_ERROR_INVALID_VALUE;
+        *count = sim.n_devices;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+        SIM_CHECK_INIT();
+        if (!name || len <= 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        snprintf(name, (size_t)len, "%s", sim.devices[dev].name);
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+        SIM_CHECK_INIT();
+        if (!uuid)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *uuid = sim.devices[dev].uuid;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceTotalMem(size_t *bytes, CUdevice dev)
+{
+        SIM_CHECK_INIT();
+        if (!bytes)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *bytes = sim.devices[dev].memory;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+        const struct sim_device *d;
+
+        SIM_CHECK_INIT();
+        if (!pciBusId || len <= 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        d = &sim.devices[dev];
+        snprintf(pciBusId, (size_t)len, "%08x:%02x:%02x.0", d->pci_domain, d->pci_bus,
+                 d->pci_device);
+        return CUDA_SUCCESS;
+}
+
+/* A Hopper-like device with the VMM and IPC features aqua relies on; the rest reads 0. */
+SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+        const struct sim_device *d;
+        int v = 0;
+
+        SIM_CHECK_INIT();
+        if (!pi || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        d = &sim.devices[dev];
+        switch (attrib) {
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+                v = 1024;
+                break;
+        case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+                v = 32;
+                break;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+                v = 132;
+                break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+                v = 9;
+                break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:
+                v = CU_COMPUTEMODE_DEFAULT;
+                break;
+        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+                v = d->pci_bus;
+                break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+                v = d->pci_device;
+                break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+                v = d->pci_domain;
+                break;
+        case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+                v = 2;
+                break;
+        case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+                v = 5120;
+                break;
+        case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+        case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+        case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+                v = 1;
+                break;
+        default:
+                break;
+        }
+        *pi = v;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+        SIM_CHECK_INIT();
+        if (!canAccessPeer)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev) || !sim_device_valid(peerDev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *canAccessPeer = sim.link_bandwidth[dev][peerDev] != 0;
+        return CUDA_SUCCESS;
+}
+
+/* Rank 0 is the fastest link; slower links rank one higher per halving of bandwidth. */
+static int link_rank(CUdevice a, CUdevice b)
+{
+        uint64_t best = 0;
+        int rank = 0;
+
+        for (int i = 0; i < sim.n_devices; i++)
+                for (int j = 0; j < sim.n_devices; j++)
+                        best = MAX(best, sim.link_bandwidth[i][j]);
+        for (uint64_t bw = sim.link_bandwidth[a][b]; bw && bw * 2 <= best; bw *= 2)
+                rank++;
+        return rank;
+}
+
+SIM_API cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
+                                CUdevice dstDevice)
+{
+        bool linked;
+
+        SIM_CHECK_INIT();
+        if (!value)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(srcDevice) || !sim_device_valid(dstDevice) || srcDevice == dstDevice)
+                return CUDA_ERROR_INVALID_DEVICE;
+        linked = sim.link_bandwidth[srcDevice][dstDevice] != 0;
+        switch (attrib) {
+        case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+                *value = linked ? link_rank(srcDevice, dstDevice) : 0;
+                break;
+        case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+        case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+        case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+                *value = linked;
+                break;
+        case CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED:
+                *value = 0;
+                break;
+        default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+        struct CUctx_st *ctx;
+
+        SIM_CHECK_INIT();
+        if (!pctx)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        ctx = sim.devices[dev].primary;
+        pthread_mutex_lock(&sim.stream_lock);
+        ctx->retains++;
+        pthread_mutex_unlock(&sim.stream_lock);
+        *pctx = ctx;
+        return CUDA_SUCCESS;
+}
+
+/*
+ * The primary context object outlives its last release (its address stays a valid handle, as
+ * on the real driver, where a re-retain returns the same context).
+ */
+SIM_API cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+        struct CUctx_st *ctx;
+        CUresult res = CUDA_SUCCESS;
+
+        SIM_CHECK_INIT();
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        ctx = sim.devices[dev].primary;
+        pthread_mutex_lock(&sim.stream_lock);
+        if (ctx->retains == 0)
+                res = CUDA_ERROR_INVALID_CONTEXT;
+        else
+                ctx->retains--;
+        pthread_mutex_unlock(&sim.stream_lock);
+        return res;
+}
+
+SIM_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+        struct CUctx_st *ctx;
+
+        SIM_CHECK_INIT();
+        if (!flags || !active)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        ctx = sim.devices[dev].primary;
+        pthread_mutex_lock(&sim.stream_lock);
+        *flags = ctx->flags;
+        *active = ctx->retains > 0;
+        pthread_mutex_unlock(&sim.stream_lock);
+        return CUDA_SUCCESS;
+}
+
+static bool ctx_valid(const struct CUctx_st *ctx)
+{
+        for (int i = 0; i < sim.n_devices; i++)
+                if (sim.devices[i].primary == ctx)
+                        return true;
+        return false;
+}
+
+SIM_API cuCtxSetCurrent(CUcontext ctx)
+{
+        SIM_CHECK_INIT();
+        if (ctx && !ctx_valid(ctx))
+                return CUDA_ERROR_INVALID_CONTEXT;
+        current = ctx;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxGetCurrent(CUcontext *pctx)
+{
+        SIM_CHECK_INIT();
+        if (!pctx)
+                return CUDA_ERROR_INVALID_VALUE;
+        *pctx = current;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxGetDevice(CUdevice *device)
+{
+        SIM_CHECK_INIT();
+        if (!device)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!current)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        *device = current->device;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuCtxSynchronize(void)
+{
+        SIM_CHECK_INIT();
+        if (!current)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        sim_stream_drain(current, false);
+        return CUDA_SUCCESS;
+}

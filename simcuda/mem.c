@@ -1,0 +1,241 @@
+/* Linear allocations (cuMemAlloc, pinned host memory) and the machine-wide cuMemGetInfo. */
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "account.h"
+#include "sim.h"
+
+struct linear {
+        uintptr_t ptr;
+        size_t size;   /* as asked */
+        size_t mapped; /* rounded to pages */
+        bool host;
+};
+
+static pthread_mutex_t linear_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct linear *linears; /* sorted by ptr */
+static size_t n_linears;
+
+/* Index of the first range ending after p. */
+static size_t linear_lower(uintptr_t p)
+{
+        size_t lo = 0, hi = n_linears;
+
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+
+                if (linears[mid].ptr + linears[mid].size <= p)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}
+
+static CUresult linear_add(uintptr_t p, size_t size, size_t mapped, bool host)
+{
+        struct linear l = {.ptr = p, .size = size, .mapped = mapped, .host = host}, *a;
+        size_t at;
+
+        pthread_mutex_lock(&linear_lock);
+        a = realloc(linears, (n_linears + 1) * sizeof(*linears));
+        if (!a) {
+                pthread_mutex_unlock(&linear_lock);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        linears = a;
+        at = linear_lower(p);
+        memmove(&linears[at + 1], &linears[at], (n_linears - at) * sizeof(*linears));
+        linears[at] = l;
+        n_linears++;
+        pthread_mutex_unlock(&linear_lock);
+        return CUDA_SUCCESS;
+}
+
+/* Remove the range starting exactly at p of the given kind. */
+static bool linear_remove(uintptr_t p, bool host, struct linear *ret)
+{
+        bool found = false;
+        size_t at;
+
+        pthread_mutex_lock(&linear_lock);
+        at = linear_lower(p);
+        if (at < n_linears && linears[at].ptr == p && linears[at].host == host) {
+                *ret = linears[at];
+                memmove(&linears[at], &linears[at + 1], (n_linears - at - 1) * sizeof(*linears));
+                n_linears--;
+                found = true;
+        }
+        pthread_mutex_unlock(&linear_lock);
+        return found;
+}
+
+CUresult sim_linear_check(uintptr_t p, size_t n, bool *ret_found)
+{
+        CUresult res = CUDA_SUCCESS;
+        size_t at;
+
+        pthread_mutex_lock(&linear_lock);
+        at = linear_lower(p);
+        *ret_found = at < n_linears && linears[at].ptr <= p;
+        if (*ret_found && n > linears[at].ptr + linears[at].size - p)
+                res = CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_unlock(&linear_lock);
+        return res;
+}
+
+static size_t page_round(size_t n)
+{
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+        return n > SIZE_MAX - page ? 0 : ALIGN_UP(n, page);
+}
+
+SIM_API cuMemGetInfo(size_t *free, size_t *total)
+{
+        struct CUctx_st *ctx = sim_current_ctx();
+        uint64_t used, cap;
+
+        SIM_CHECK_INIT();
+        if (!free || !total)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        if (account_used(ctx->device, &used) < 0)
+                return CUDA_ERROR_OPERATING_SYSTEM;
+        cap = sim.devices[ctx->device].memory;
+        *free = used < cap ? cap - used : 0;
+        *total = cap;
+        return CUDA_SUCCESS;
+}
+
+/* Device memory from cuMemAlloc is a device backing file mapped read-write at once. */
+SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+        struct CUctx_st *ctx = sim_current_ctx();
+        size_t mapped = page_round(bytesize);
+        CUresult res;
+        void *p;
+        int fd;
+
+        SIM_CHECK_INIT();
+        if (!dptr || bytesize == 0 || mapped == 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        res = sim_backing_new(CU_MEM_LOCATION_TYPE_DEVICE, ctx->device, 0, mapped, &fd);
+        if (res != CUDA_SUCCESS)
+                return res;
+        p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, SIM_HEADER_SIZE);
+        /* The mapping holds the file (and its accounting record) from now on. */
+        safe_close(fd);
+        if (p == MAP_FAILED)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        res = linear_add((uintptr_t)p, bytesize, mapped, false);
+        if (res != CUDA_SUCCESS) {
+                munmap(p, mapped);
+                return res;
+        }
+        *dptr = (CUdeviceptr)p;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemFree(CUdeviceptr dptr)
+{
+        struct linear l;
+
+        SIM_CHECK_INIT();
+        if (!dptr)
+                return CUDA_SUCCESS;
+        /* Like cudaFree, wait for queued work that may still touch it. */
+        sim_stream_drain(NULL, false);
+        if (!linear_remove(dptr, false, &l))
+                return CUDA_ERROR_INVALID_VALUE;
+        munmap((void *)l.ptr, l.mapped);
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+        const unsigned known =
+            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+        size_t mapped = page_round(bytesize);
+        CUresult res;
+        void *p;
+
+        SIM_CHECK_INIT();
+        if (!pp || bytesize == 0 || mapped == 0 || (Flags & ~known))
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_current_ctx())
+                return CUDA_ERROR_INVALID_CONTEXT;
+        p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        res = linear_add((uintptr_t)p, bytesize, mapped, true);
+        if (res != CUDA_SUCCESS) {
+                munmap(p, mapped);
+                return res;
+        }
+        *pp = p;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemAllocHost(void **pp, size_t bytesize)
+{
+        return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+SIM_API cuMemFreeHost(void *p)
+{
+        struct linear l;
+
+        SIM_CHECK_INIT();
+        sim_stream_drain(NULL, false);
+        if (!p || !linear_remove((uintptr_t)p, true, &l))
+                return CUDA_ERROR_INVALID_VALUE;
+        munmap((void *)l.ptr, l.mapped);
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+        bool found;
+
+        SIM_CHECK_INIT();
+        if (!pdptr || Flags != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (sim_linear_check((uintptr_t)p, 1, &found) != CUDA_SUCCESS || !found)
+                return CUDA_ERROR_INVALID_VALUE;
+        *pdptr = (CUdeviceptr)p; /* unified addressing: the same address */
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+        uintptr_t base;
+        size_t size, at;
+        bool mapped, found;
+
+        SIM_CHECK_INIT();
+        if (sim_vm_range(dptr, &base, &size, &mapped)) {
+                if (!mapped)
+                        return CUDA_ERROR_NOT_FOUND;
+        } else {
+                pthread_mutex_lock(&linear_lock);
+                at = linear_lower(dptr);
+                found = at < n_linears && linears[at].ptr <= dptr && !linears[at].host;
+                if (found) {
+                        base = linears[at].ptr;
+                        size = linears[at].size;
+                }
+                pthread_mutex_unlock(&linear_lock);
+                if (!found)
+                        return CUDA_ERROR_NOT_FOUND;
+        }
+        if (pbase)
+                *pbase = base;
+        if (psize)
+                *psize = size;
+        return CUDA_SUCCESS;
+}

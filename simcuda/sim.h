@@ -1,0 +1,100 @@
+/* simcuda's internal state shared by its modules: devices, contexts, and the locks that guard them.
+ */
+#pragma once
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util.h"
+
+/* Entry points of the Driver API carry default visibility; everything else stays hidden. */
+#define SIM_API __attribute__((visibility("default"))) CUresult CUDAAPI
+
+#define SIM_MAX_DEVICES 64
+#define SIM_GRANULARITY (UINT64_C(2) << 20)
+#define SIM_VERSION     13000
+/* Every backing file starts with one page describing the allocation; data follows it. */
+#define SIM_HEADER_SIZE 4096
+
+struct sim_device {
+        char name[128];
+        uint64_t memory;
+        CUuuid uuid;
+        int pci_domain, pci_bus, pci_device;
+        struct CUctx_st *primary;
+};
+
+struct CUctx_st {
+        int device;
+        unsigned retains; /* primary context retain count */
+        unsigned flags;
+        struct CUstream_st *null_stream; /* created on first use */
+        struct CUstream_st *streams; /* every live stream of this context, under sim.stream_lock */
+};
+
+struct sim {
+        pthread_mutex_t init_lock;
+        bool initialized;
+        int n_devices;
+        struct sim_device devices[SIM_MAX_DEVICES];
+        /* Peer link bandwidth in bytes/s; 0 means no peer link between the pair. */
+        uint64_t link_bandwidth[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
+        char machine[128];
+
+        /* Streams, events and their queues: one lock, one condition for any progress. */
+        pthread_mutex_t stream_lock;
+        pthread_cond_t progress;
+};
+
+extern struct sim sim;
+
+static inline bool sim_device_valid(CUdevice d)
+{
+        return d >= 0 && d < sim.n_devices;
+}
+
+/* The calling thread's current context, or NULL. */
+struct CUctx_st *sim_current_ctx(void);
+
+#define SIM_CHECK_INIT()                                                                           \
+        do {                                                                                       \
+                if (!sim.initialized)                                                              \
+                        return CUDA_ERROR_NOT_INITIALIZED;                                         \
+        } while (0)
+
+/* Config (config.c): fill sim.devices and sim.link_bandwidth from the environment. */
+int sim_config_load(char **ret_error);
+
+/*
+ * Address space (vmm.c). sim_vm_check: may a copy touch [p, p+n)? Inside a reservation every
+ * byte must be mapped with access; cuMemAlloc'd and pinned host memory must hold the range;
+ * other addresses are pageable host memory, refused when must_be_device.
+ */
+CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device);
+/* The mapping holding p; false when p is outside every reservation. */
+bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped);
+/* A backing file for size bytes at a location (device memory is charged to the machine). */
+CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64_t size,
+                         int *ret_fd);
+
+/* Linear allocations (mem.c): cuMemAlloc and pinned host memory. *ret_found: p is in one. */
+CUresult sim_linear_check(uintptr_t p, size_t n, bool *ret_found);
+
+/* Streams (stream.c). */
+/* The stream a handle names; 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name ctx's default. */
+CUresult sim_stream_resolve(CUstream s, struct CUctx_st *ctx, struct CUstream_st **ret);
+/*
+ * Wait for the work queued so far on the streams of ctx (every context when NULL): all of them,
+ * or only the legacy default stream and the streams that synchronize with it.
+ */
+void sim_stream_drain(struct CUctx_st *ctx, bool only_blocking);
+struct sim_piece {
+        void *dst;
+        const void *src;
+        size_t size;
+};
+/* Queue copies on s; takes ownership of pieces (and staging, freed after the copy). */
+CUresult sim_stream_copy(struct CUstream_st *s, struct sim_piece *pieces, size_t n, void *staging);
+CUresult sim_stream_memset(struct CUstream_st *s, void *dst, unsigned char value, size_t n);

@@ -1,0 +1,620 @@
+/*
+ * Streams and events. Each stream is a queue run in order by its own worker thread, asynchronous
+ * to the caller; events mark a point in a stream's queue. One lock and one condition variable
+ * cover all of them: progress anywhere wakes every waiter, which rechecks its own condition.
+ */
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+
+#include "sim.h"
+
+enum op_type { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST };
+
+struct op {
+        struct op *next;
+        enum op_type type;
+        uint64_t seq;
+        union {
+                struct {
+                        struct sim_piece *pieces;
+                        size_t n;
+                        void *staging;
+                } copy;
+                struct {
+                        void *dst;
+                        size_t n;
+                        unsigned char value;
+                } set;
+                struct {
+                        struct CUevent_st *ev;
+                        uint64_t gen;
+                } record;
+                struct {
+                        struct CUstream_st *stream;
+                        uint64_t seq;
+                } wait;
+                struct {
+                        CUhostFn fn;
+                        void *data;
+                } host;
+        };
+};
+
+struct CUstream_st {
+        struct CUctx_st *ctx;
+        struct CUstream_st *next; /* in ctx->streams */
+        unsigned flags;
+        bool legacy; /* the context's default stream */
+        bool destroyed;
+        unsigned refs;
+        uint64_t enqueued, completed; /* op sequence numbers */
+        struct op *head, *tail;
+};
+
+struct CUevent_st {
+        unsigned flags;
+        unsigned refs;
+        struct CUstream_st *stream; /* where last recorded; NULL if never */
+        uint64_t seq;               /* complete once stream->completed reaches it */
+        uint64_t gen;               /* which record the pending stamp belongs to */
+        bool stamped;
+        struct timespec stamp;
+};
+
+#define LOCK()   pthread_mutex_lock(&sim.stream_lock)
+#define UNLOCK() pthread_mutex_unlock(&sim.stream_lock)
+#define WAIT()   pthread_cond_wait(&sim.progress, &sim.stream_lock)
+#define WAKE()   pthread_cond_broadcast(&sim.progress)
+
+static void stream_unref_locked(struct CUstream_st *s)
+{
+        if (--s->refs > 0)
+                return;
+        for (struct CUstream_st **p = &s->ctx->streams; *p; p = &(*p)->next)
+                if (*p == s) {
+                        *p = s->next;
+                        break;
+                }
+        free(s);
+}
+
+static void event_unref_locked(struct CUevent_st *e)
+{
+        if (--e->refs > 0)
+                return;
+        if (e->stream)
+                stream_unref_locked(e->stream);
+        free(e);
+}
+
+static void op_free_locked(struct op *op)
+{
+        switch (op->type) {
+        case OP_COPY:
+                free(op->copy.pieces);
+                free(op->copy.staging);
+                break;
+        case OP_RECORD:
+                event_unref_locked(op->record.ev);
+                break;
+        case OP_WAIT:
+                stream_unref_locked(op->wait.stream);
+                break;
+        default:
+                break;
+        }
+        free(op);
+}
+
+static void op_run(struct op *op)
+{
+        switch (op->type) {
+        case OP_COPY:
+                for (size_t i = 0; i < op->copy.n; i++)
+                        memmove(op->copy.pieces[i].dst, op->copy.pieces[i].src,
+                                op->copy.pieces[i].size);
+                break;
+        case OP_SET:
+                memset(op->set.dst, op->set.value, op->set.n);
+                break;
+        case OP_HOST:
+                op->host.fn(op->host.data);
+                break;
+        default:
+                break;
+        }
+}
+
+static void *worker(void *arg)
+{
+        struct CUstream_st *s = arg;
+
+        LOCK();
+        for (;;) {
+                struct op *op;
+
+                while (!s->head && !s->destroyed)
+                        WAIT();
+                op = s->head;
+                if (!op)
+                        break;
+                if (op->type == OP_WAIT) {
+                        while (op->wait.stream->completed < op->wait.seq)
+                                WAIT();
+                } else if (op->type == OP_RECORD) {
+                        struct CUevent_st *e = op->record.ev;
+
+                        if (e->gen == op->record.gen) {
+                                clock_gettime(CLOCK_MONOTONIC, &e->stamp);
+                                e->stamped = true;
+                        }
+                } else {
+                        UNLOCK();
+                        op_run(op);
+                        LOCK();
+                }
+                s->head = op->next;
+                if (!s->head)
+                        s->tail = NULL;
+                s->completed = op->seq;
+                op_free_locked(op);
+                WAKE();
+        }
+        stream_unref_locked(s);
+        UNLOCK();
+        return NULL;
+}
+
+/* A new stream with its worker; the caller holds one reference, the worker another. */
+static CUresult stream_new_locked(struct CUctx_st *ctx, unsigned flags, bool legacy,
+                                  struct CUstream_st **ret)
+{
+        struct CUstream_st *s = calloc(1, sizeof(*s));
+        sigset_t all, old;
+        pthread_attr_t attr;
+        pthread_t thread;
+        int r;
+
+        if (!s)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        s->ctx = ctx;
+        s->flags = flags;
+        s->legacy = legacy;
+        s->refs = 2;
+        /* Signals meant for the program go to its own threads, never to a stream worker. */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        r = pthread_create(&thread, &attr, worker, s);
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r != 0) {
+                free(s);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        s->next = ctx->streams;
+        ctx->streams = s;
+        *ret = s;
+        return CUDA_SUCCESS;
+}
+
+CUresult sim_stream_resolve(CUstream h, struct CUctx_st *ctx, struct CUstream_st **ret)
+{
+        CUresult res = CUDA_SUCCESS;
+
+        if (h && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD) {
+                *ret = h;
+                return CUDA_SUCCESS;
+        }
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        LOCK();
+        if (!ctx->null_stream)
+                res = stream_new_locked(ctx, 0, true, &ctx->null_stream);
+        if (res == CUDA_SUCCESS)
+                *ret = ctx->null_stream;
+        UNLOCK();
+        return res;
+}
+
+static void push_locked(struct CUstream_st *s, struct op *op)
+{
+        op->next = NULL;
+        op->seq = ++s->enqueued;
+        if (s->tail)
+                s->tail->next = op;
+        else
+                s->head = op;
+        s->tail = op;
+        WAKE();
+}
+
+static CUresult push_wait_locked(struct CUstream_st *s, struct CUstream_st *on, uint64_t seq)
+{
+        struct op *op = calloc(1, sizeof(*op));
+
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_WAIT;
+        op->wait.stream = on;
+        op->wait.seq = seq;
+        on->refs++;
+        push_locked(s, op);
+        return CUDA_SUCCESS;
+}
+
+/*
+ * Queue op on s, after what the legacy default stream semantics order it behind: work on the
+ * default stream waits for every blocking stream, and a blocking stream waits for the default one.
+ */
+static CUresult enqueue_locked(struct CUstream_st *s, struct op *op)
+{
+        struct CUstream_st *null = s->ctx->null_stream;
+        CUresult res;
+
+        if (s->legacy) {
+                for (struct CUstream_st *b = s->ctx->streams; b; b = b->next) {
+                        if (b == s || (b->flags & CU_STREAM_NON_BLOCKING) ||
+                            b->completed >= b->enqueued)
+                                continue;
+                        res = push_wait_locked(s, b, b->enqueued);
+                        if (res != CUDA_SUCCESS)
+                                return res;
+                }
+        } else if (!(s->flags & CU_STREAM_NON_BLOCKING) && null &&
+                   null->completed < null->enqueued) {
+                res = push_wait_locked(s, null, null->enqueued);
+                if (res != CUDA_SUCCESS)
+                        return res;
+        }
+        push_locked(s, op);
+        return CUDA_SUCCESS;
+}
+
+static CUresult enqueue(struct CUstream_st *s, struct op *op)
+{
+        CUresult res;
+
+        LOCK();
+        res = enqueue_locked(s, op);
+        UNLOCK();
+        if (res != CUDA_SUCCESS)
+                free(op);
+        return res;
+}
+
+CUresult sim_stream_copy(struct CUstream_st *s, struct sim_piece *pieces, size_t n, void *staging)
+{
+        struct op *op = calloc(1, sizeof(*op));
+
+        if (!op) {
+                free(pieces);
+                free(staging);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        op->type = OP_COPY;
+        op->copy.pieces = pieces;
+        op->copy.n = n;
+        op->copy.staging = staging;
+        return enqueue(s, op);
+}
+
+CUresult sim_stream_memset(struct CUstream_st *s, void *dst, unsigned char value, size_t n)
+{
+        struct op *op = calloc(1, sizeof(*op));
+
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_SET;
+        op->set.dst = dst;
+        op->set.value = value;
+        op->set.n = n;
+        return enqueue(s, op);
+}
+
+/* Wait until s has run everything queued on it up to seq, holding a reference meanwhile. */
+static void wait_stream_locked(struct CUstream_st *s, uint64_t seq)
+{
+        s->refs++;
+        while (s->completed < seq)
+                WAIT();
+        stream_unref_locked(s);
+}
+
+static bool drains(const struct CUstream_st *s, bool only_blocking)
+{
+        return !only_blocking || s->legacy || !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+void sim_stream_drain(struct CUctx_st *ctx, bool only_blocking)
+{
+        struct {
+                struct CUstream_st *s;
+                uint64_t seq;
+        } *todo = NULL;
+        size_t n = 0, cap = 0;
+
+        LOCK();
+        /* Snapshot first: the lists may change while this thread sleeps. */
+        for (int i = 0; i < sim.n_devices; i++) {
+                struct CUctx_st *c = sim.devices[i].primary;
+
+                if (ctx && c != ctx)
+                        continue;
+                for (struct CUstream_st *s = c->streams; s; s = s->next) {
+                        if (!drains(s, only_blocking) || s->completed >= s->enqueued)
+                                continue;
+                        if (n == cap) {
+                                size_t ncap = cap ? cap * 2 : 16;
+                                void *p = realloc(todo, ncap * sizeof(*todo));
+
+                                if (!p) { /* fall back to waiting on this one now */
+                                        wait_stream_locked(s, s->enqueued);
+                                        continue;
+                                }
+                                todo = p;
+                                cap = ncap;
+                        }
+                        todo[n].s = s;
+                        todo[n].seq = s->enqueued;
+                        s->refs++;
+                        n++;
+                }
+        }
+        for (size_t i = 0; i < n; i++) {
+                while (todo[i].s->completed < todo[i].seq)
+                        WAIT();
+                stream_unref_locked(todo[i].s);
+        }
+        UNLOCK();
+        free(todo);
+}
+
+SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+        struct CUctx_st *ctx = sim_current_ctx();
+        struct CUstream_st *s;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        LOCK();
+        res = stream_new_locked(ctx, Flags, false, &s);
+        if (res == CUDA_SUCCESS)
+                s->refs--; /* the handle's reference and the worker's are the same until destroy */
+        UNLOCK();
+        if (res == CUDA_SUCCESS)
+                *phStream = s;
+        return res;
+}
+
+/* Like the real driver, work already queued still runs; the stream goes away after it. */
+SIM_API cuStreamDestroy(CUstream hStream)
+{
+        SIM_CHECK_INIT();
+        if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+                return CUDA_ERROR_INVALID_HANDLE;
+        LOCK();
+        hStream->destroyed = true;
+        WAKE();
+        UNLOCK();
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuStreamSynchronize(CUstream hStream)
+{
+        struct CUstream_st *s;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        if (s->legacy) {
+                sim_stream_drain(s->ctx, true);
+                return CUDA_SUCCESS;
+        }
+        LOCK();
+        wait_stream_locked(s, s->enqueued);
+        UNLOCK();
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuStreamQuery(CUstream hStream)
+{
+        struct CUstream_st *s;
+        CUresult res;
+        bool idle;
+
+        SIM_CHECK_INIT();
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        LOCK();
+        idle = s->completed >= s->enqueued;
+        UNLOCK();
+        return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+        struct CUstream_st *s;
+        struct op *op;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!fn)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_HOST;
+        op->host.fn = fn;
+        op->host.data = userData;
+        return enqueue(s, op);
+}
+
+SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+        const unsigned known =
+            CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        struct CUevent_st *e;
+
+        SIM_CHECK_INIT();
+        if (!phEvent || (Flags & ~known) ||
+            ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_current_ctx())
+                return CUDA_ERROR_INVALID_CONTEXT;
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        e->flags = Flags;
+        e->refs = 1;
+        *phEvent = e;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuEventDestroy(CUevent hEvent)
+{
+        SIM_CHECK_INIT();
+        if (!hEvent)
+                return CUDA_ERROR_INVALID_HANDLE;
+        LOCK();
+        event_unref_locked(hEvent);
+        UNLOCK();
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+        struct CUstream_st *s;
+        struct op *op;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!hEvent)
+                return CUDA_ERROR_INVALID_HANDLE;
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_RECORD;
+        op->record.ev = hEvent;
+        LOCK();
+        op->record.gen = ++hEvent->gen;
+        res = enqueue_locked(s, op);
+        if (res == CUDA_SUCCESS) {
+                hEvent->refs++; /* held by the queued op */
+                s->refs++;
+                if (hEvent->stream)
+                        stream_unref_locked(hEvent->stream);
+                hEvent->stream = s;
+                hEvent->seq = op->seq;
+                hEvent->stamped = false;
+        }
+        UNLOCK();
+        if (res != CUDA_SUCCESS)
+                free(op);
+        return res;
+}
+
+static bool event_done_locked(const struct CUevent_st *e)
+{
+        return !e->stream || e->stream->completed >= e->seq;
+}
+
+SIM_API cuEventQuery(CUevent hEvent)
+{
+        bool done;
+
+        SIM_CHECK_INIT();
+        if (!hEvent)
+                return CUDA_ERROR_INVALID_HANDLE;
+        LOCK();
+        done = event_done_locked(hEvent);
+        UNLOCK();
+        return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_API cuEventSynchronize(CUevent hEvent)
+{
+        SIM_CHECK_INIT();
+        if (!hEvent)
+                return CUDA_ERROR_INVALID_HANDLE;
+        LOCK();
+        if (hEvent->stream)
+                wait_stream_locked(hEvent->stream, hEvent->seq);
+        UNLOCK();
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+        CUresult res = CUDA_SUCCESS;
+
+        SIM_CHECK_INIT();
+        if (!pMilliseconds)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!hStart || !hEnd)
+                return CUDA_ERROR_INVALID_HANDLE;
+        LOCK();
+        if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING || !hStart->stream ||
+            !hEnd->stream)
+                res = CUDA_ERROR_INVALID_HANDLE;
+        else if (!event_done_locked(hStart) || !event_done_locked(hEnd) || !hStart->stamped ||
+                 !hEnd->stamped)
+                res = CUDA_ERROR_NOT_READY;
+        else
+                *pMilliseconds = (float)((hEnd->stamp.tv_sec - hStart->stamp.tv_sec) * 1e3 +
+                                         (hEnd->stamp.tv_nsec - hStart->stamp.tv_nsec) / 1e6);
+        UNLOCK();
+        return res;
+}
+
+SIM_API cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+        struct CUstream_st *s;
+        struct op *op;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!hEvent)
+                return CUDA_ERROR_INVALID_HANDLE;
+        if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_WAIT;
+        LOCK();
+        if (!hEvent->stream || hEvent->stream == s || event_done_locked(hEvent)) {
+                /* Nothing to wait for: never recorded, already complete, or ordered already. */
+                UNLOCK();
+                free(op);
+                return CUDA_SUCCESS;
+        }
+        op->wait.stream = hEvent->stream;
+        op->wait.seq = hEvent->seq;
+        hEvent->stream->refs++;
+        res = enqueue_locked(s, op);
+        if (res != CUDA_SUCCESS)
+                stream_unref_locked(hEvent->stream);
+        UNLOCK();
+        if (res != CUDA_SUCCESS)
+                free(op);
+        return res;
+}

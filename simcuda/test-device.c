@@ -1,0 +1,202 @@
+/* simcuda devices, contexts and driver entry points: configuration, queries, and their errors. */
+#include "test-sim.h"
+
+static void setup(void)
+{
+        sim_machine("2x64MiB");
+}
+
+TestSuite(device, .init = setup, .fini = sim_machine_cleanup);
+
+Test(device, calls_before_cuInit_are_not_initialized)
+{
+        CUdevice d;
+        int n;
+
+        CU_EXPECT(cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+        CU_EXPECT(cuDeviceGet(&d, 0), CUDA_ERROR_NOT_INITIALIZED);
+        CU_OK(cuDriverGetVersion(&n));
+        cr_assert_geq(n, 12000);
+}
+
+Test(device, counts_and_sizes_come_from_AQUA_SIM_DEVICES)
+{
+        size_t total;
+        char name[64];
+        int n;
+
+        SIM_ONLY();
+        setenv("AQUA_SIM_DEVICES", "3x80GiB", 1);
+        CU_OK(cuInit(0));
+        CU_OK(cuDeviceGetCount(&n));
+        cr_assert_eq(n, 3);
+        CU_OK(cuDeviceTotalMem(&total, 2));
+        cr_assert_eq(total, UINT64_C(80) << 30);
+        CU_OK(cuDeviceGetName(name, sizeof(name), 0));
+        cr_assert_str_eq(name, "simcuda GPU");
+        CU_EXPECT(cuDeviceTotalMem(&total, 3), CUDA_ERROR_INVALID_DEVICE);
+}
+
+Test(device, a_malformed_AQUA_SIM_DEVICES_leaves_no_device)
+{
+        SIM_ONLY();
+        setenv("AQUA_SIM_DEVICES", "lots", 1);
+        CU_EXPECT(cuInit(0), CUDA_ERROR_NO_DEVICE);
+}
+
+Test(device, reads_a_yaml_topology)
+{
+        char path[] = "/tmp/simcuda-topo-XXXXXX";
+        int fd = mkstemp(path), v, peer;
+        const char *yaml = "devices:\n"
+                           "  - {name: H200 sim, memory: 141GiB,\n"
+                           "     uuid: GPU-00112233-4455-6677-8899-aabbccddeeff, pci-bus: 0x1b}\n"
+                           "  - {memory: 141GiB}\n"
+                           "  - {memory: 80GiB}\n"
+                           "links:\n"
+                           "  - {a: 0, b: 1, bandwidth: 450GB}\n"
+                           "  - {a: 1, b: 2, bandwidth: 100GB}\n";
+        CUuuid uuid;
+        char name[64], bus[32];
+
+        SIM_ONLY();
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, yaml, strlen(yaml)), (ssize_t)strlen(yaml));
+        close(fd);
+        setenv("AQUA_SIM_TOPOLOGY", path, 1);
+        CU_OK(cuInit(0));
+        unlink(path);
+
+        CU_OK(cuDeviceGetCount(&v));
+        cr_assert_eq(v, 3);
+        CU_OK(cuDeviceGetName(name, sizeof(name), 0));
+        cr_assert_str_eq(name, "H200 sim");
+        CU_OK(cuDeviceGetUuid(&uuid, 0));
+        cr_assert_eq((unsigned char)uuid.bytes[0], 0x00);
+        cr_assert_eq((unsigned char)uuid.bytes[15], 0xff);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0));
+        cr_assert_eq(v, 0x1b);
+        CU_OK(cuDeviceGetPCIBusId(bus, sizeof(bus), 0));
+        cr_assert_str_eq(bus, "00000000:1b:00.0");
+
+        CU_OK(cuDeviceCanAccessPeer(&peer, 0, 1));
+        cr_assert_eq(peer, 1);
+        CU_OK(cuDeviceCanAccessPeer(&peer, 0, 2));
+        cr_assert_eq(peer, 0);
+        CU_OK(cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, 0, 1));
+        cr_assert_eq(v, 0);
+        CU_OK(cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, 2, 1));
+        cr_assert_gt(v, 0, "a slower link ranks after the fastest");
+        CU_EXPECT(cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, 1, 1),
+                  CUDA_ERROR_INVALID_DEVICE);
+}
+
+Test(device, reports_the_features_aqua_needs)
+{
+        int v;
+
+        CU_OK(cuInit(0));
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+        cr_assert_eq(v, 1);
+        CU_OK(cuDeviceGetAttribute(
+            &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
+        cr_assert_eq(v, 1);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0));
+        cr_assert_eq(v, 1);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, 0));
+        cr_assert_eq(v, CU_COMPUTEMODE_DEFAULT);
+        CU_EXPECT(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(device, default_devices_are_all_peers)
+{
+        int n, peer;
+
+        SIM_ONLY();
+        unsetenv("AQUA_SIM_DEVICES");
+        CU_OK(cuInit(0));
+        CU_OK(cuDeviceGetCount(&n));
+        cr_assert_eq(n, 2);
+        CU_OK(cuDeviceCanAccessPeer(&peer, 1, 0));
+        cr_assert_eq(peer, 1);
+}
+
+Test(device, uuids_differ_between_devices)
+{
+        CUuuid a, b;
+
+        NEED_TWO_DEVICES();
+        CU_OK(cuDeviceGetUuid(&a, 0));
+        CU_OK(cuDeviceGetUuid(&b, 1));
+        cr_assert_neq(memcmp(&a, &b, sizeof(a)), 0);
+}
+
+Test(device, primary_context_becomes_current)
+{
+        CUcontext ctx, cur;
+        CUdevice d;
+        unsigned flags;
+        int active;
+
+        NEED_TWO_DEVICES();
+        CU_OK(cuCtxGetCurrent(&cur));
+        cr_assert_null(cur);
+        CU_EXPECT(cuCtxGetDevice(&d), CUDA_ERROR_INVALID_CONTEXT);
+        CU_OK(cuDevicePrimaryCtxRetain(&ctx, 1));
+        CU_OK(cuDevicePrimaryCtxGetState(1, &flags, &active));
+        cr_assert_eq(active, 1);
+        CU_OK(cuCtxSetCurrent(ctx));
+        CU_OK(cuCtxGetCurrent(&cur));
+        cr_assert_eq(cur, ctx);
+        CU_OK(cuCtxGetDevice(&d));
+        cr_assert_eq(d, 1);
+        CU_OK(cuCtxSynchronize());
+        CU_OK(cuCtxSetCurrent(NULL));
+        CU_OK(cuDevicePrimaryCtxRelease(1));
+}
+
+Test(device, calls_that_need_a_context_say_so)
+{
+        size_t free, total;
+        CUdeviceptr p;
+        CUstream s;
+        CUevent e;
+
+        CU_OK(cuInit(0));
+        CU_EXPECT(cuMemGetInfo(&free, &total), CUDA_ERROR_INVALID_CONTEXT);
+        CU_EXPECT(cuMemAlloc(&p, 4096), CUDA_ERROR_INVALID_CONTEXT);
+        CU_EXPECT(cuStreamCreate(&s, 0), CUDA_ERROR_INVALID_CONTEXT);
+        CU_EXPECT(cuEventCreate(&e, 0), CUDA_ERROR_INVALID_CONTEXT);
+        CU_EXPECT(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+Test(device, get_proc_address_resolves_the_versioned_entry_points)
+{
+        CUdriverProcAddressQueryResult status;
+        void *fn;
+
+        CU_OK(cuInit(0));
+        CU_OK(cuGetProcAddress("cuMemGetInfo", &fn, CUDA_VERSION, 0, &status));
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_SUCCESS);
+        cr_assert_not_null(fn);
+        /* The real driver may hand out internal addresses; simcuda returns its exports. */
+        if (!on_real_gpu())
+                cr_assert_eq(fn, (void *)&cuMemGetInfo);
+        CU_OK(cuGetProcAddress("cuMemcpyBatchAsync", &fn, CUDA_VERSION, 0, &status));
+        cr_assert_not_null(fn);
+        CU_EXPECT(cuGetProcAddress("cuNoSuchThing", &fn, CUDA_VERSION, 0, &status),
+                  CUDA_ERROR_NOT_FOUND);
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+        cr_assert_null(fn);
+}
+
+Test(device, names_errors)
+{
+        const char *s;
+
+        CU_OK(cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &s));
+        cr_assert_str_eq(s, "CUDA_ERROR_INVALID_VALUE");
+        CU_OK(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s));
+        cr_assert_str_eq(s, "out of memory");
+        CU_EXPECT(cuGetErrorName((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
+}

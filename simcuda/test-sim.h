@@ -1,0 +1,136 @@
+/*
+ * Shared set-up for the driver-level tests: a private simulated machine per test process, and
+ * helpers that work the same on simcuda and on a real driver (tests/gpu/run.sh sets
+ * AQUA_TEST_REAL_GPU=1 there; simulator-only tests skip themselves).
+ */
+#pragma once
+
+#include <criterion/criterion.h>
+#include <cuda.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CU_OK(call)                                                                                \
+        do {                                                                                       \
+                CUresult _r = (call);                                                              \
+                const char *_n = NULL;                                                             \
+                cuGetErrorName(_r, &_n);                                                           \
+                cr_assert_eq(_r, CUDA_SUCCESS, "%s = %d (%s)", #call, _r, _n ? _n : "?");          \
+        } while (0)
+
+#define CU_EXPECT(call, code)                                                                      \
+        do {                                                                                       \
+                CUresult _r = (call);                                                              \
+                cr_assert_eq(_r, (code), "%s = %d, expected %s", #call, _r, #code);                \
+        } while (0)
+
+#define GRAN (UINT64_C(2) << 20)
+
+static inline bool on_real_gpu(void)
+{
+        const char *v = getenv("AQUA_TEST_REAL_GPU");
+
+        return v && *v && strcmp(v, "0") != 0;
+}
+
+#define SIM_ONLY()                                                                                 \
+        do {                                                                                       \
+                if (on_real_gpu())                                                                 \
+                        cr_skip_test("needs the simulator's configuration or layout");             \
+        } while (0)
+
+/* Tests of two devices skip on a machine with one (a real single-GPU machine). */
+#define NEED_TWO_DEVICES()                                                                         \
+        do {                                                                                       \
+                int n_ = 0;                                                                        \
+                CU_OK(cuInit(0));                                                                  \
+                CU_OK(cuDeviceGetCount(&n_));                                                      \
+                if (n_ < 2)                                                                        \
+                        cr_skip_test("needs two devices, found %d", n_);                           \
+        } while (0)
+
+/* Each test runs in its own process; give it its own machine so tests never share memory. */
+static inline void sim_machine(const char *devices)
+{
+        char id[64];
+
+        snprintf(id, sizeof(id), "test-%d", (int)getpid());
+        setenv("AQUA_SIM_MACHINE", id, 1);
+        setenv("AQUA_SIM_DEVICES", devices, 1);
+        unsetenv("AQUA_SIM_TOPOLOGY");
+}
+
+/* Remove the machine's accounting folder (what a test leaves behind in /dev/shm). */
+static inline void sim_machine_cleanup(void)
+{
+        const char *base = getenv("AQUA_SIM_RUNTIME_DIR");
+        const char *id = getenv("AQUA_SIM_MACHINE");
+        char path[512];
+        DIR *d;
+        struct dirent *de;
+
+        if (!id)
+                return;
+        snprintf(path, sizeof(path), "%s/aqua-sim-%u-%s", base && *base ? base : "/dev/shm",
+                 (unsigned)getuid(), id);
+        d = opendir(path);
+        if (!d)
+                return;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        unlinkat(dirfd(d), de->d_name, 0);
+        closedir(d);
+        rmdir(path);
+}
+
+/* cuInit, then make device's primary context current. */
+static inline CUcontext sim_start(int device)
+{
+        CUcontext ctx;
+
+        CU_OK(cuInit(0));
+        CU_OK(cuDevicePrimaryCtxRetain(&ctx, device));
+        CU_OK(cuCtxSetCurrent(ctx));
+        return ctx;
+}
+
+static inline CUmemAllocationProp device_prop(int device, bool exportable)
+{
+        CUmemAllocationProp prop = {
+            .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+            .requestedHandleTypes =
+                exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE,
+        };
+        return prop;
+}
+
+static inline void set_rw(CUdeviceptr p, size_t size, int device)
+{
+        CUmemAccessDesc desc = {
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+
+        CU_OK(cuMemSetAccess(p, size, &desc, 1));
+}
+
+/* Reserve size bytes and map a fresh allocation of device there, read-write for device. */
+static inline CUdeviceptr map_new(int device, size_t size, CUmemGenericAllocationHandle *ret)
+{
+        CUmemAllocationProp prop = device_prop(device, true);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+
+        CU_OK(cuMemCreate(&h, size, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, size, 0, 0, 0));
+        CU_OK(cuMemMap(p, size, 0, h, 0));
+        set_rw(p, size, device);
+        if (ret)
+                *ret = h;
+        return p;
+}

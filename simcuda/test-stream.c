@@ -1,0 +1,287 @@
+/* Streams, events and batch copies: order, asynchrony, and the documented misuse errors. */
+#include <pthread.h>
+
+#include "test-sim.h"
+
+static void setup(void)
+{
+        sim_machine("2x64MiB");
+}
+
+TestSuite(stream, .init = setup, .fini = sim_machine_cleanup);
+
+/* A host function that holds its stream until the test opens the gate. */
+struct gate {
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool open;
+};
+
+static struct gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+
+static void CUDA_CB gate_wait(void *arg)
+{
+        struct gate *g = arg;
+
+        pthread_mutex_lock(&g->lock);
+        while (!g->open)
+                pthread_cond_wait(&g->cond, &g->lock);
+        pthread_mutex_unlock(&g->lock);
+}
+
+static void gate_open(struct gate *g)
+{
+        pthread_mutex_lock(&g->lock);
+        g->open = true;
+        pthread_cond_broadcast(&g->cond);
+        pthread_mutex_unlock(&g->lock);
+}
+
+static void *gate_opener(void *arg)
+{
+        gate_open(arg);
+        return NULL;
+}
+
+Test(stream, runs_in_order_after_the_call_returns)
+{
+        CUdeviceptr p;
+        CUstream s;
+        int one = 1, two = 2, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        CU_OK(cuMemcpyHtoDAsync(p, &one, sizeof(one), s));
+        CU_OK(cuMemcpyHtoDAsync(p, &two, sizeof(two), s));
+        CU_OK(cuMemcpyDtoHAsync(&out, p, sizeof(out), s));
+        CU_EXPECT(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        cr_assert_eq(out, 0, "nothing ran while the stream was held");
+        gate_open(&gate);
+        CU_OK(cuStreamSynchronize(s));
+        CU_OK(cuStreamQuery(s));
+        cr_assert_eq(out, 2, "the copies ran in the order they were queued");
+        CU_OK(cuStreamDestroy(s));
+        CU_OK(cuMemFree(p));
+}
+
+Test(stream, events_order_work_across_streams)
+{
+        CUdeviceptr p, q;
+        CUstream a, b;
+        CUevent e;
+        int v = 5, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuMemAlloc(&q, 4096));
+        CU_OK(cuMemsetD8(q, 0, 4096));
+        CU_OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuEventCreate(&e, CU_EVENT_DEFAULT));
+        CU_OK(cuLaunchHostFunc(a, gate_wait, &gate));
+        CU_OK(cuMemcpyHtoDAsync(p, &v, sizeof(v), a));
+        CU_OK(cuEventRecord(e, a));
+        CU_EXPECT(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        CU_OK(cuStreamWaitEvent(b, e, 0));
+        CU_OK(cuMemcpyDtoDAsync(q, p, sizeof(v), b));
+        CU_OK(cuMemcpyDtoHAsync(&out, q, sizeof(out), b));
+        CU_EXPECT(cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+        gate_open(&gate);
+        CU_OK(cuStreamSynchronize(b));
+        cr_assert_eq(out, 5, "b waited for the write a made before the event");
+        CU_OK(cuEventQuery(e));
+        CU_OK(cuEventDestroy(e));
+        CU_OK(cuStreamDestroy(a));
+        CU_OK(cuStreamDestroy(b));
+}
+
+Test(stream, event_timing_follows_the_documented_rules)
+{
+        CUevent start, end, untimed, never;
+        CUdeviceptr p;
+        CUstream s;
+        float ms = -1;
+        static char buf[1 << 20];
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, sizeof(buf)));
+        CU_OK(cuStreamCreate(&s, 0));
+        CU_OK(cuEventCreate(&start, 0));
+        CU_OK(cuEventCreate(&end, 0));
+        CU_OK(cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING));
+        CU_OK(cuEventCreate(&never, 0));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        CU_OK(cuEventRecord(start, s));
+        CU_OK(cuMemcpyHtoDAsync(p, buf, sizeof(buf), s));
+        CU_OK(cuEventRecord(end, s));
+        CU_OK(cuEventRecord(untimed, s));
+        CU_EXPECT(cuEventElapsedTime(&ms, start, end), CUDA_ERROR_NOT_READY);
+        gate_open(&gate);
+        CU_OK(cuEventSynchronize(end));
+        CU_OK(cuEventSynchronize(untimed));
+        CU_OK(cuEventElapsedTime(&ms, start, end));
+        cr_assert_geq(ms, 0.0f);
+        CU_EXPECT(cuEventElapsedTime(&ms, start, untimed), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventElapsedTime(&ms, start, never), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventCreate(&never, 0x100), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuEventDestroy(start));
+        CU_OK(cuEventDestroy(end));
+        CU_OK(cuEventDestroy(untimed));
+        CU_OK(cuEventDestroy(never));
+        CU_OK(cuStreamDestroy(s));
+}
+
+Test(stream, the_legacy_default_stream_waits_for_blocking_streams)
+{
+        CUdeviceptr p;
+        CUstream s;
+        pthread_t opener;
+        int v = 11, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuMemsetD8(p, 0, 4096));
+        CU_OK(cuStreamCreate(&s, 0));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        CU_OK(cuMemcpyHtoDAsync(p, &v, sizeof(v), s));
+        cr_assert_eq(pthread_create(&opener, NULL, gate_opener, &gate), 0);
+        /* A synchronous copy orders after all work of blocking streams. */
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 11);
+        pthread_join(opener, NULL);
+}
+
+Test(stream, queued_work_survives_stream_destruction)
+{
+        CUdeviceptr p;
+        CUstream s;
+        int v = 3, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        CU_OK(cuMemcpyHtoDAsync(p, &v, sizeof(v), s));
+        CU_OK(cuStreamDestroy(s));
+        gate_open(&gate);
+        CU_OK(cuCtxSynchronize());
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 3);
+}
+
+#define BLOCKS 64
+#define BLOCK  (16 << 10)
+
+/* Scatter BLOCKS host blocks into every other device block, then gather them back. */
+Test(stream, batch_copies_move_scattered_blocks)
+{
+        static char host[BLOCKS * BLOCK], back[BLOCKS * BLOCK];
+        CUdeviceptr dsts[BLOCKS], srcs[BLOCKS];
+        size_t sizes[BLOCKS], idx = 0;
+        CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        CUdeviceptr p;
+        CUstream s;
+
+        sim_start(0);
+        for (size_t i = 0; i < sizeof(host); i++)
+                host[i] = (char)(i * 31 + 7);
+        p = map_new(0, GRAN, NULL);
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        for (int i = 0; i < BLOCKS; i++) {
+                dsts[i] = p + (CUdeviceptr)(2 * i) * BLOCK;
+                srcs[i] = (CUdeviceptr)(host + i * BLOCK);
+                sizes[i] = BLOCK;
+        }
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, BLOCKS, &attr, &idx, 1, s));
+        for (int i = 0; i < BLOCKS; i++) {
+                dsts[i] = (CUdeviceptr)(back + i * BLOCK);
+                srcs[i] = p + (CUdeviceptr)(2 * i) * BLOCK;
+        }
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, BLOCKS, &attr, &idx, 1, s));
+        CU_OK(cuStreamSynchronize(s));
+        cr_assert_eq(memcmp(host, back, sizeof(host)), 0);
+}
+
+Test(stream, batch_sources_read_during_the_call_may_be_reused_at_once)
+{
+        CUmemcpyAttributes attrs[2] = {
+            {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL},
+            {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM},
+        };
+        size_t idx[2] = {0, 1}, sizes[2] = {sizeof(int), sizeof(int)};
+        CUdeviceptr p, dsts[2], srcs[2];
+        CUstream s;
+        int ephemeral = 1, later = 2, out[2] = {0};
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        dsts[0] = p;
+        dsts[1] = p + 64;
+        srcs[0] = (CUdeviceptr)&ephemeral;
+        srcs[1] = (CUdeviceptr)&later;
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, attrs, idx, 2, s));
+        ephemeral = 100; /* allowed: read during the call */
+        later = 200;     /* read in stream order, so the new value is what lands */
+        gate_open(&gate);
+        CU_OK(cuStreamSynchronize(s));
+        CU_OK(cuMemcpyDtoH(&out[0], p, sizeof(int)));
+        CU_OK(cuMemcpyDtoH(&out[1], p + 64, sizeof(int)));
+        cr_assert_eq(out[0], 1);
+        cr_assert_eq(out[1], 200);
+}
+
+Test(stream, batch_misuse_is_an_invalid_value)
+{
+        CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        CUmemcpyAttributes bad = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_INVALID};
+        size_t idx0 = 0, idx1 = 1, sizes[2] = {4, 4}, idx2[2] = {0, 0};
+        CUmemcpyAttributes two[2] = {attr, attr};
+        CUdeviceptr p, dsts[2], srcs[2];
+        CUstream s;
+        int v[2];
+
+        sim_start(0);
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        dsts[0] = p;
+        dsts[1] = p + 8;
+        srcs[0] = (CUdeviceptr)&v[0];
+        srcs[1] = (CUdeviceptr)&v[1];
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &idx0, 1, NULL),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &idx1, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &bad, &idx0, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, two, idx2, 2, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 0, &attr, &idx0, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &idx0, 1, s));
+        CU_OK(cuStreamSynchronize(s));
+}
+
+Test(stream, peer_copies_move_between_devices)
+{
+        CUcontext c0, c1;
+        CUdeviceptr a, b;
+        int v = 77, out = 0;
+
+        NEED_TWO_DEVICES();
+        c0 = sim_start(0);
+        CU_OK(cuMemAlloc(&a, 4096));
+        CU_OK(cuDevicePrimaryCtxRetain(&c1, 1));
+        CU_OK(cuCtxSetCurrent(c1));
+        CU_OK(cuMemAlloc(&b, 4096));
+        CU_OK(cuCtxSetCurrent(c0));
+        CU_OK(cuMemcpyHtoD(a, &v, sizeof(v)));
+        CU_OK(cuMemcpyPeer(b, c1, a, c0, sizeof(v)));
+        CU_OK(cuMemcpyPeerAsync(a + 64, c0, b, c1, sizeof(v), NULL));
+        CU_OK(cuCtxSynchronize());
+        CU_OK(cuMemcpyDtoH(&out, a + 64, sizeof(out)));
+        cr_assert_eq(out, 77);
+}

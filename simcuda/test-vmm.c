@@ -1,0 +1,407 @@
+/* Virtual memory management on simcuda: mapping, access, lifetimes, and each misuse's error code.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+#include "test-sim.h"
+
+static void setup(void)
+{
+        sim_machine("2x64MiB");
+}
+
+TestSuite(vmm, .init = setup, .fini = sim_machine_cleanup);
+
+/*
+ * Touch p and report whether it faulted. Our own handler (installed after ASan's) jumps back,
+ * so the fault is observed, not fatal.
+ */
+static sigjmp_buf fault_jump;
+
+static void on_fault(int sig)
+{
+        siglongjmp(fault_jump, 1);
+}
+
+static bool write_faults(CUdeviceptr p)
+{
+        struct sigaction sa = {.sa_handler = on_fault}, old_segv, old_bus;
+        volatile bool faulted = false;
+
+        sigaction(SIGSEGV, &sa, &old_segv);
+        sigaction(SIGBUS, &sa, &old_bus);
+        if (sigsetjmp(fault_jump, 1) == 0)
+                *(volatile int *)p = 1;
+        else
+                faulted = true;
+        sigaction(SIGSEGV, &old_segv, NULL);
+        sigaction(SIGBUS, &old_bus, NULL);
+        return faulted;
+}
+
+Test(vmm, granularity_is_2MiB)
+{
+        CUmemAllocationProp prop = device_prop(0, true);
+        size_t g;
+
+        sim_start(0);
+        CU_OK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        cr_assert_eq(g, GRAN);
+}
+
+Test(vmm, mapped_memory_holds_data_across_copies)
+{
+        CUdeviceptr p;
+        char in[64] = "through the device", out[64] = {0};
+
+        sim_start(0);
+        p = map_new(0, GRAN, NULL);
+        CU_OK(cuMemcpyHtoD(p + 100, in, sizeof(in)));
+        CU_OK(cuMemcpyDtoH(out, p + 100, sizeof(out)));
+        cr_assert_str_eq(out, in);
+}
+
+Test(vmm, device_pointers_are_host_addresses)
+{
+        CUdeviceptr p;
+
+        SIM_ONLY();
+        sim_start(0);
+        p = map_new(0, GRAN, NULL);
+        *(int *)p = 42;
+        cr_assert_eq(((int *)p)[0], 42);
+}
+
+Test(vmm, new_mappings_fault_until_access_is_set)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+
+        SIM_ONLY();
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, h, 0));
+        cr_assert(write_faults(p));
+        set_rw(p, GRAN, 0);
+        cr_assert(!write_faults(p));
+}
+
+Test(vmm, unmapped_access_faults)
+{
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+
+        SIM_ONLY();
+        sim_start(0);
+        p = map_new(0, GRAN, &h);
+        cr_assert(!write_faults(p));
+        CU_OK(cuMemUnmap(p, GRAN));
+        cr_assert(write_faults(p));
+}
+
+Test(vmm, memory_outlives_its_handle_while_mapped)
+{
+        CUmemGenericAllocationHandle h, again;
+        CUdeviceptr p;
+        int v = 7, out = 0;
+
+        sim_start(0);
+        p = map_new(0, GRAN, &h);
+        CU_OK(cuMemRelease(h));
+        CU_OK(cuMemcpyHtoD(p, &v, sizeof(v)));
+        CU_OK(cuMemRetainAllocationHandle(&again, (void *)(p + 4096)));
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 7);
+        CU_OK(cuMemUnmap(p, GRAN));
+        CU_OK(cuMemRelease(again));
+        CU_OK(cuMemAddressFree(p, GRAN));
+}
+
+Test(vmm, address_range_names_the_mapping)
+{
+        CUdeviceptr p, base;
+        size_t size;
+
+        sim_start(0);
+        p = map_new(0, 2 * GRAN, NULL);
+        CU_OK(cuMemGetAddressRange(&base, &size, p + 12345));
+        cr_assert_eq(base, p);
+        cr_assert_eq(size, 2 * GRAN);
+}
+
+Test(vmm, host_memory_maps_beside_device_memory_in_one_range)
+{
+        CUmemAllocationProp dev = device_prop(0, false);
+        CUmemAllocationProp host = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = 0}};
+        CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUmemGenericAllocationHandle hd, hh;
+        CUmemAllocationProp got;
+        CUdeviceptr p;
+        size_t free_before, free_after, total;
+        static char in[2 * GRAN], out[2 * GRAN];
+
+        sim_start(0);
+        CU_OK(cuMemGetInfo(&free_before, &total));
+        CU_OK(cuMemCreate(&hd, GRAN, &dev, 0));
+        CU_OK(cuMemCreate(&hh, GRAN, &host, 0));
+        CU_OK(cuMemGetAllocationPropertiesFromHandle(&got, hh));
+        cr_assert_eq(got.location.type, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+        CU_OK(cuMemGetInfo(&free_after, &total));
+        cr_assert_eq(free_before - free_after, GRAN, "only the device chunk counts on the device");
+
+        CU_OK(cuMemAddressReserve(&p, 2 * GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, hd, 0));
+        CU_OK(cuMemMap(p + GRAN, GRAN, 0, hh, 0));
+        CU_OK(cuMemSetAccess(p, 2 * GRAN, &acc, 1));
+        for (size_t i = 0; i < sizeof(in); i++)
+                in[i] = (char)(i * 7);
+        /* One copy crosses from device memory into host memory without noticing the seam. */
+        CU_OK(cuMemcpyHtoD(p, in, sizeof(in)));
+        CU_OK(cuMemcpyDtoH(out, p, sizeof(out)));
+        cr_assert_eq(memcmp(in, out, sizeof(in)), 0);
+        CU_OK(cuMemUnmap(p, 2 * GRAN));
+        CU_OK(cuMemRelease(hd));
+        CU_OK(cuMemRelease(hh));
+        CU_OK(cuMemAddressFree(p, 2 * GRAN));
+}
+
+Test(vmm, peer_device_maps_memory_of_another)
+{
+        CUmemGenericAllocationHandle h;
+        CUmemAccessDesc acc[2] = {
+            {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+            {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+             .flags = CU_MEM_ACCESS_FLAGS_PROT_READ},
+        };
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1};
+        CUmemAllocationProp prop = device_prop(0, false);
+        unsigned long long flags;
+        CUdeviceptr p;
+
+        NEED_TWO_DEVICES();
+        sim_start(1);
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, h, 0));
+        CU_OK(cuMemSetAccess(p, GRAN, acc, 2));
+        CU_OK(cuMemGetAccess(&flags, &loc, p));
+        cr_assert_eq(flags, CU_MEM_ACCESS_FLAGS_PROT_READ);
+}
+
+Test(vmm, allocation_sizes_must_be_multiples_of_the_granularity)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+
+        sim_start(0);
+        CU_EXPECT(cuMemCreate(&h, GRAN + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemCreate(&h, 0, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, creating_on_a_missing_device_is_an_invalid_device)
+{
+        CUmemAllocationProp prop = device_prop(7, false);
+        CUmemGenericAllocationHandle h;
+
+        sim_start(0);
+        CU_EXPECT(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
+}
+
+Test(vmm, plain_host_allocations_cannot_be_exportable)
+{
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_HOST},
+                                    .requestedHandleTypes =
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
+        CUmemGenericAllocationHandle h;
+
+        sim_start(0);
+        CU_EXPECT(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, mapping_over_a_mapped_range_is_refused)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle a, b;
+        CUdeviceptr p;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&a, 2 * GRAN, &prop, 0));
+        CU_OK(cuMemCreate(&b, GRAN, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, 2 * GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, 2 * GRAN, 0, a, 0));
+        CU_EXPECT(cuMemMap(p + GRAN, GRAN, 0, b, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, unaligned_maps_and_maps_past_the_allocation_are_refused)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, 4 * GRAN, 0, 0, 0));
+        CU_EXPECT(cuMemMap(p + 4096, GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemMap(p, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, unmapping_part_of_a_mapping_is_refused)
+{
+        CUdeviceptr p;
+
+        sim_start(0);
+        p = map_new(0, 2 * GRAN, NULL);
+        CU_EXPECT(cuMemUnmap(p, GRAN), CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuMemUnmap(p + GRAN, GRAN), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuMemUnmap(p, 2 * GRAN));
+}
+
+Test(vmm, setting_access_on_an_unmapped_range_is_refused)
+{
+        CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUdeviceptr p;
+
+        sim_start(0);
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_EXPECT(cuMemSetAccess(p, GRAN, &acc, 1), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, exporting_a_handle_made_without_fd_sharing_is_refused)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        int fd;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_EXPECT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                  CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, importing_a_closed_fd_is_refused)
+{
+        CUmemAllocationProp prop = device_prop(0, true);
+        CUmemGenericAllocationHandle h, imported;
+        int fd;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_OK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        close(fd);
+        CU_EXPECT(cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                  CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, importing_an_fd_that_is_not_device_memory_is_refused)
+{
+        CUmemGenericAllocationHandle imported;
+        int fd;
+
+        SIM_ONLY();
+        sim_start(0);
+        fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        CU_EXPECT(cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                  CUDA_ERROR_INVALID_VALUE);
+        close(fd);
+}
+
+Test(vmm, export_and_import_in_one_process_share_bytes)
+{
+        CUmemGenericAllocationHandle h, imported;
+        CUdeviceptr a, b;
+        int fd, v = 99, out = 0;
+
+        sim_start(0);
+        a = map_new(0, GRAN, &h);
+        CU_OK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        CU_OK(cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        close(fd);
+        CU_OK(cuMemAddressReserve(&b, GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(b, GRAN, 0, imported, 0));
+        set_rw(b, GRAN, 0);
+        CU_OK(cuMemcpyHtoD(a + 64, &v, sizeof(v)));
+        CU_OK(cuMemcpyDtoH(&out, b + 64, sizeof(out)));
+        cr_assert_eq(out, 99);
+}
+
+Test(vmm, releasing_an_unknown_handle_is_refused)
+{
+        SIM_ONLY(); /* undefined behaviour on the real driver */
+        sim_start(0);
+        CU_EXPECT(cuMemRelease(12345), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, copies_from_unmapped_device_addresses_are_refused)
+{
+        CUdeviceptr p;
+        char buf[16];
+
+        sim_start(0);
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_EXPECT(cuMemcpyDtoH(buf, p, sizeof(buf)), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(vmm, linear_allocations_count_and_free)
+{
+        size_t free0, free1, total;
+        CUdeviceptr p, base;
+        size_t size;
+
+        sim_start(0);
+        CU_OK(cuMemGetInfo(&free0, &total));
+        CU_OK(cuMemAlloc(&p, 3 * GRAN));
+        CU_OK(cuMemGetInfo(&free1, &total));
+        cr_assert_geq(free0 - free1, 3 * GRAN);
+        CU_OK(cuMemGetAddressRange(&base, &size, p + 5));
+        cr_assert_eq(base, p);
+        cr_assert_eq(size, 3 * GRAN);
+        CU_EXPECT(cuMemFree(p + 8), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuMemFree(p));
+        CU_OK(cuMemGetInfo(&free1, &total));
+        cr_assert_eq(free1, free0);
+}
+
+Test(vmm, pinned_host_memory_is_a_device_pointer)
+{
+        CUdeviceptr d, dev;
+        void *h;
+        char out[8] = {0};
+
+        sim_start(0);
+        CU_OK(cuMemHostAlloc(&h, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+        memcpy(h, "pinned", 7);
+        CU_OK(cuMemHostGetDevicePointer(&d, h, 0));
+        CU_OK(cuMemAlloc(&dev, 4096));
+        CU_OK(cuMemcpyDtoD(dev, d, 7));
+        CU_OK(cuMemcpyDtoH(out, dev, 7));
+        cr_assert_str_eq(out, "pinned");
+        CU_OK(cuMemFreeHost(h));
+        CU_OK(cuMemFree(dev));
+}
+
+Test(vmm, the_device_runs_out_of_memory)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        size_t free, total;
+
+        SIM_ONLY();
+        sim_start(0);
+        CU_OK(cuMemGetInfo(&free, &total));
+        cr_assert_eq(total, UINT64_C(64) << 20);
+        CU_OK(cuMemCreate(&h, total, &prop, 0));
+        CU_EXPECT(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        CU_OK(cuMemGetInfo(&free, &total));
+        cr_assert_eq(free, 0);
+}

@@ -1,0 +1,707 @@
+/*
+ * Virtual memory management: physical allocations are files (device memory in the machine's
+ * accounting folder, host memory in a memfd), address reservations are PROT_NONE ranges, and
+ * cuMemMap/cuMemSetAccess are mmap(MAP_FIXED)/mprotect inside them. Device pointers are host
+ * addresses, so mapped memory is usable directly and unmapped access faults.
+ */
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "account.h"
+#include "sim.h"
+
+#define HEADER_MAGIC "SIMCUDA1"
+#define HOST_SLOT    SIM_MAX_DEVICES /* access[] index for host locations */
+
+struct header {
+        char magic[8];
+        int32_t loc_type, loc_id;
+        uint32_t handle_types;
+        uint64_t size;
+};
+
+struct alloc {
+        uint64_t id; /* the CUmemGenericAllocationHandle */
+        int fd;
+        uint64_t size;
+        CUmemAllocationProp prop;
+        unsigned handles; /* cuMemCreate/Import/RetainAllocationHandle not yet released */
+        unsigned maps;
+};
+
+struct mapping {
+        uintptr_t ptr;
+        size_t size;
+        struct alloc *alloc;
+        unsigned char access[SIM_MAX_DEVICES + 1];
+};
+
+struct reservation {
+        uintptr_t base;
+        size_t size;
+        struct mapping *maps; /* sorted by ptr */
+        size_t n_maps;
+};
+
+static pthread_mutex_t vm_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc **allocs; /* sorted by id */
+static size_t n_allocs;
+static struct reservation *resv; /* sorted by base */
+static size_t n_resv;
+static uint64_t next_id = UINT64_C(0x51c0000001);
+
+/* Grow-and-insert for the sorted arrays below. */
+static int insert_at(void **array, size_t *n, size_t elem, size_t at, const void *item)
+{
+        char *a = realloc(*array, (*n + 1) * elem);
+
+        if (!a)
+                return -ENOMEM;
+        memmove(a + (at + 1) * elem, a + at * elem, (*n - at) * elem);
+        memcpy(a + at * elem, item, elem);
+        *array = a;
+        (*n)++;
+        return 0;
+}
+
+static void remove_at(void *array, size_t *n, size_t elem, size_t at)
+{
+        char *a = array;
+
+        memmove(a + at * elem, a + (at + 1) * elem, (*n - at - 1) * elem);
+        (*n)--;
+}
+
+static struct alloc *alloc_find(uint64_t id, size_t *ret_at)
+{
+        size_t lo = 0, hi = n_allocs;
+
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+
+                if (allocs[mid]->id < id)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (ret_at)
+                *ret_at = lo;
+        return lo < n_allocs && allocs[lo]->id == id ? allocs[lo] : NULL;
+}
+
+static void alloc_maybe_free_locked(struct alloc *a)
+{
+        size_t at;
+
+        if (a->handles > 0 || a->maps > 0)
+                return;
+        if (alloc_find(a->id, &at))
+                remove_at(allocs, &n_allocs, sizeof(*allocs), at);
+        safe_close(a->fd);
+        free(a);
+}
+
+/* The reservation holding [p, p+n), or NULL. */
+static struct reservation *resv_find(uintptr_t p, size_t n)
+{
+        size_t lo = 0, hi = n_resv;
+
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+
+                if (resv[mid].base + resv[mid].size <= p)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (lo == n_resv || p < resv[lo].base || n > resv[lo].base + resv[lo].size - p)
+                return NULL;
+        return &resv[lo];
+}
+
+/* Index of the first mapping of r that ends after p. */
+static size_t map_lower(const struct reservation *r, uintptr_t p)
+{
+        size_t lo = 0, hi = r->n_maps;
+
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+
+                if (r->maps[mid].ptr + r->maps[mid].size <= p)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}
+
+/*
+ * The run of mappings [first, first + *ret_count) that exactly tiles [p, p+n), or -1 when the
+ * range starts or ends inside a mapping or has a hole.
+ */
+static ssize_t map_run(const struct reservation *r, uintptr_t p, size_t n, size_t *ret_count)
+{
+        size_t i = map_lower(r, p), first = i;
+        uintptr_t at = p;
+
+        if (i == r->n_maps || r->maps[i].ptr != p)
+                return -1;
+        while (at < p + n) {
+                if (i == r->n_maps || r->maps[i].ptr != at)
+                        return -1;
+                at += r->maps[i].size;
+                i++;
+        }
+        if (at != p + n)
+                return -1;
+        *ret_count = i - first;
+        return (ssize_t)first;
+}
+
+static unsigned char max_access(const struct mapping *m)
+{
+        unsigned char best = 0;
+
+        for (size_t i = 0; i < ARRAY_SIZE(m->access); i++)
+                best = MAX(best, m->access[i]);
+        return best;
+}
+
+CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
+{
+        unsigned char need =
+            write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+        struct reservation *r;
+        CUresult res = CUDA_SUCCESS;
+        bool found;
+
+        if (n == 0)
+                return CUDA_SUCCESS;
+        if (p + n < p)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        r = resv_find(p, 1);
+        if (r) {
+                size_t i = map_lower(r, p);
+                uintptr_t at = p;
+
+                /* Every byte must lie in a mapping the copy engine may touch. */
+                for (; at < p + n; i++) {
+                        if (i == r->n_maps || r->maps[i].ptr > at ||
+                            (max_access(&r->maps[i]) & need) != need) {
+                                res = CUDA_ERROR_INVALID_VALUE;
+                                break;
+                        }
+                        at = r->maps[i].ptr + r->maps[i].size;
+                }
+        }
+        pthread_mutex_unlock(&vm_lock);
+        if (r)
+                return res;
+        res = sim_linear_check(p, n, &found);
+        if (!found && must_be_device)
+                return CUDA_ERROR_INVALID_VALUE;
+        return res;
+}
+
+/* Accepts the properties aqua and other VMM users pass; returns the code the driver documents. */
+static CUresult prop_check(const CUmemAllocationProp *prop)
+{
+        if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return CUDA_ERROR_NOT_SUPPORTED;
+        switch (prop->location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+                return sim_device_valid(prop->location.id) ? CUDA_SUCCESS
+                                                           : CUDA_ERROR_INVALID_DEVICE;
+        case CU_MEM_LOCATION_TYPE_HOST:
+                /* Documented: host allocations are not IPC capable. */
+                return prop->requestedHandleTypes ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+                /* One simulated NUMA node. */
+                return prop->location.id == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+}
+
+CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64_t size,
+                         int *ret_fd)
+{
+        struct header h = {
+            .loc_type = loc_type, .loc_id = loc_id, .handle_types = handle_types, .size = size};
+        _cleanup_close_ int fd = -1;
+        int r;
+
+        memcpy(h.magic, HEADER_MAGIC, sizeof(h.magic));
+        if (loc_type == CU_MEM_LOCATION_TYPE_DEVICE) {
+                r = account_create(loc_id, size, sim.devices[loc_id].memory, &fd);
+                if (r == -ENOSPC)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                if (r < 0)
+                        return CUDA_ERROR_OPERATING_SYSTEM;
+        } else {
+                fd = memfd_create("simcuda-host", MFD_CLOEXEC);
+                if (fd < 0)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                if (ftruncate(fd, SIM_HEADER_SIZE + size) < 0)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (pwrite(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
+                return CUDA_ERROR_OPERATING_SYSTEM;
+        *ret_fd = TAKE_FD(fd);
+        return CUDA_SUCCESS;
+}
+
+/* Register a backing fd as a new handle (taking the fd). */
+static CUresult alloc_add(int fd, uint64_t size, const CUmemAllocationProp *prop,
+                          CUmemGenericAllocationHandle *ret_id)
+{
+        struct alloc *a = calloc(1, sizeof(*a));
+        size_t at;
+
+        if (!a) {
+                safe_close(fd);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a->fd = fd;
+        a->size = size;
+        a->prop = *prop;
+        a->handles = 1;
+        pthread_mutex_lock(&vm_lock);
+        a->id = next_id++;
+        (void)alloc_find(a->id, &at);
+        if (insert_at((void **)&allocs, &n_allocs, sizeof(*allocs), at, &a) < 0) {
+                pthread_mutex_unlock(&vm_lock);
+                safe_close(fd);
+                free(a);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *ret_id = a->id;
+        pthread_mutex_unlock(&vm_lock);
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                      CUmemAllocationGranularity_flags option)
+{
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                             option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+                return CUDA_ERROR_INVALID_VALUE;
+        res = prop_check(prop);
+        if (res != CUDA_SUCCESS)
+                return res;
+        *granularity = SIM_GRANULARITY;
+        return CUDA_SUCCESS;
+}
+
+SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+        CUresult res;
+        int fd;
+
+        SIM_CHECK_INIT();
+        if (!handle || flags != 0 || size == 0 || size % SIM_GRANULARITY != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = prop_check(prop);
+        if (res != CUDA_SUCCESS)
+                return res;
+        res = sim_backing_new(prop->location.type, prop->location.id, prop->requestedHandleTypes,
+                              size, &fd);
+        if (res != CUDA_SUCCESS)
+                return res;
+        return alloc_add(fd, size, prop, handle);
+}
+
+SIM_API cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+        struct alloc *a;
+
+        SIM_CHECK_INIT();
+        pthread_mutex_lock(&vm_lock);
+        a = alloc_find(handle, NULL);
+        if (a) {
+                a->handles--;
+                alloc_maybe_free_locked(a);
+        }
+        pthread_mutex_unlock(&vm_lock);
+        return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                               CUmemGenericAllocationHandle handle)
+{
+        struct alloc *a;
+
+        SIM_CHECK_INIT();
+        if (!prop)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        a = alloc_find(handle, NULL);
+        if (a)
+                *prop = a->prop;
+        pthread_mutex_unlock(&vm_lock);
+        return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The fd shares the allocation's open file description, so it keeps the memory (and its
+ * accounting record) alive in whichever process ends up holding it. */
+SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                     CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+        CUresult res = CUDA_SUCCESS;
+        struct alloc *a;
+
+        SIM_CHECK_INIT();
+        if (!shareableHandle || flags != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return CUDA_ERROR_NOT_SUPPORTED;
+        pthread_mutex_lock(&vm_lock);
+        a = alloc_find(handle, NULL);
+        if (!a || !(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+                res = CUDA_ERROR_INVALID_VALUE;
+        } else {
+                int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+
+                if (fd < 0)
+                        res = CUDA_ERROR_OUT_OF_MEMORY;
+                else
+                        *(int *)shareableHandle = fd;
+        }
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+SIM_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                       CUmemAllocationHandleType shHandleType)
+{
+        int fd = (int)(intptr_t)osHandle;
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+        _cleanup_close_ int dup_fd = -1;
+        struct header h;
+        struct stat st;
+
+        SIM_CHECK_INIT();
+        if (!handle)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return CUDA_ERROR_NOT_SUPPORTED;
+        /* A closed fd, or one that is not simcuda memory, is not a shareable handle. */
+        if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+            pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+            memcmp(h.magic, HEADER_MAGIC, sizeof(h.magic)) != 0 ||
+            (uint64_t)st.st_size != SIM_HEADER_SIZE + h.size)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (h.loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !sim_device_valid(h.loc_id))
+                return CUDA_ERROR_INVALID_DEVICE;
+        dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (dup_fd < 0)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        prop.location.type = (CUmemLocationType)h.loc_type;
+        prop.location.id = h.loc_id;
+        prop.requestedHandleTypes = (CUmemAllocationHandleType)h.handle_types;
+        return alloc_add(TAKE_FD(dup_fd), h.size, &prop, handle);
+}
+
+SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                            unsigned long long flags)
+{
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        struct reservation r = {0};
+        size_t align, at;
+        void *p = MAP_FAILED;
+
+        SIM_CHECK_INIT();
+        if (!ptr || flags != 0 || size == 0 || size % page || addr % page ||
+            (alignment & (alignment - 1)))
+                return CUDA_ERROR_INVALID_VALUE;
+        align = MAX(alignment, (size_t)SIM_GRANULARITY);
+        if (addr && addr % align == 0)
+                p = mmap((void *)addr, size, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == MAP_FAILED) {
+                uintptr_t raw, aligned;
+
+                if (size + align < size)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
+                if (p == MAP_FAILED)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                raw = (uintptr_t)p;
+                aligned = ALIGN_UP(raw, (uintptr_t)align);
+                if (aligned > raw)
+                        munmap(p, aligned - raw);
+                if (raw + align > aligned)
+                        munmap((void *)(aligned + size), raw + align - aligned);
+                p = (void *)aligned;
+        }
+        r.base = (uintptr_t)p;
+        r.size = size;
+        pthread_mutex_lock(&vm_lock);
+        for (at = 0; at < n_resv && resv[at].base < r.base; at++)
+                ;
+        if (insert_at((void **)&resv, &n_resv, sizeof(*resv), at, &r) < 0) {
+                pthread_mutex_unlock(&vm_lock);
+                munmap(p, size);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        pthread_mutex_unlock(&vm_lock);
+        *ptr = r.base;
+        return CUDA_SUCCESS;
+}
+
+/* Refuses to free a reservation that still has mappings: unmap them first. */
+SIM_API cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+        struct reservation *r;
+        CUresult res = CUDA_SUCCESS;
+
+        SIM_CHECK_INIT();
+        pthread_mutex_lock(&vm_lock);
+        r = resv_find(ptr, 1);
+        if (!r || r->base != ptr || r->size != size || r->n_maps > 0) {
+                res = CUDA_ERROR_INVALID_VALUE;
+        } else {
+                munmap((void *)r->base, r->size);
+                free(r->maps);
+                remove_at(resv, &n_resv, sizeof(*resv), (size_t)(r - resv));
+        }
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                 unsigned long long flags)
+{
+        struct mapping m = {.ptr = ptr, .size = size};
+        CUresult res = CUDA_ERROR_INVALID_VALUE;
+        struct reservation *r;
+        struct alloc *a;
+        size_t i;
+
+        SIM_CHECK_INIT();
+        if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY || size % SIM_GRANULARITY ||
+            offset % SIM_GRANULARITY)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        a = alloc_find(handle, NULL);
+        r = resv_find(ptr, size);
+        if (!a || !r || offset > a->size || size > a->size - offset)
+                goto out;
+        i = map_lower(r, ptr);
+        if (i < r->n_maps && r->maps[i].ptr < ptr + size)
+                goto out; /* cuMemMap only maps over unmapped parts of a reservation */
+        /* New mappings start inaccessible, as on the real driver: cuMemSetAccess opens them. */
+        if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd,
+                 (off_t)(SIM_HEADER_SIZE + offset)) == MAP_FAILED) {
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+                goto out;
+        }
+        m.alloc = a;
+        if (insert_at((void **)&r->maps, &r->n_maps, sizeof(m), i, &m) < 0) {
+                mmap((void *)ptr, size, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+                goto out;
+        }
+        a->maps++;
+        res = CUDA_SUCCESS;
+out:
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+        CUresult res = CUDA_ERROR_INVALID_VALUE;
+        struct reservation *r;
+        size_t count;
+        ssize_t first;
+
+        SIM_CHECK_INIT();
+        if (size == 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        /* Synchronous like the real call: queued copies finish before the memory goes. */
+        sim_stream_drain(NULL, false);
+        pthread_mutex_lock(&vm_lock);
+        r = resv_find(ptr, size);
+        if (!r)
+                goto out;
+        first = map_run(r, ptr, size, &count);
+        if (first < 0)
+                goto out; /* a hole, or part of a mapping */
+        if (mmap((void *)ptr, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+                goto out;
+        }
+        for (size_t k = 0; k < count; k++) {
+                struct alloc *a = r->maps[first].alloc;
+
+                remove_at(r->maps, &r->n_maps, sizeof(*r->maps), (size_t)first);
+                a->maps--;
+                alloc_maybe_free_locked(a);
+        }
+        res = CUDA_SUCCESS;
+out:
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+static CUresult access_slot(const CUmemLocation *loc, const struct alloc *a, int *ret)
+{
+        int owner = a->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? a->prop.location.id : -1;
+
+        switch (loc->type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+                if (!sim_device_valid(loc->id))
+                        return CUDA_ERROR_INVALID_DEVICE;
+                if (owner >= 0 && owner != loc->id && !sim.link_bandwidth[owner][loc->id])
+                        return CUDA_ERROR_INVALID_DEVICE; /* no peer link to the owner */
+                *ret = loc->id;
+                return CUDA_SUCCESS;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+                /* Documented: host access only to memory that lives on the host. */
+                if (owner >= 0)
+                        return CUDA_ERROR_INVALID_VALUE;
+                *ret = HOST_SLOT;
+                return CUDA_SUCCESS;
+        default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+}
+
+SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+        CUresult res = CUDA_ERROR_INVALID_VALUE;
+        struct reservation *r;
+        size_t n_maps;
+        ssize_t first;
+
+        SIM_CHECK_INIT();
+        if (!desc || count == 0 || size == 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        for (size_t k = 0; k < count; k++)
+                if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+                    desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+                    desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                        return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        r = resv_find(ptr, size);
+        if (!r)
+                goto out;
+        first = map_run(r, ptr, size, &n_maps);
+        if (first < 0)
+                goto out; /* the range must be exactly whole mappings */
+        /* Validate everything before changing anything. */
+        for (size_t i = (size_t)first; i < (size_t)first + n_maps; i++)
+                for (size_t k = 0; k < count; k++) {
+                        int slot;
+
+                        res = access_slot(&desc[k].location, r->maps[i].alloc, &slot);
+                        if (res != CUDA_SUCCESS)
+                                goto out;
+                }
+        for (size_t i = (size_t)first; i < (size_t)first + n_maps; i++) {
+                struct mapping *m = &r->maps[i];
+                unsigned char best;
+                int prot;
+
+                for (size_t k = 0; k < count; k++) {
+                        int slot;
+
+                        (void)access_slot(&desc[k].location, m->alloc, &slot);
+                        m->access[slot] = (unsigned char)desc[k].flags;
+                }
+                best = max_access(m);
+                prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                       : best == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                                  : PROT_NONE;
+                if (mprotect((void *)m->ptr, m->size, prot) < 0) {
+                        res = CUDA_ERROR_OPERATING_SYSTEM;
+                        goto out;
+                }
+        }
+        res = CUDA_SUCCESS;
+out:
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+/* The mapping holding p, or NULL; caller holds vm_lock. */
+static struct mapping *mapping_at(uintptr_t p)
+{
+        struct reservation *r = resv_find(p, 1);
+        size_t i;
+
+        if (!r)
+                return NULL;
+        i = map_lower(r, p);
+        return i < r->n_maps && r->maps[i].ptr <= p ? &r->maps[i] : NULL;
+}
+
+SIM_API cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
+{
+        CUresult res = CUDA_ERROR_INVALID_VALUE;
+        struct mapping *m;
+        int slot;
+
+        SIM_CHECK_INIT();
+        if (!flags || !location)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        m = mapping_at(ptr);
+        if (m) {
+                res = access_slot(location, m->alloc, &slot);
+                if (res == CUDA_SUCCESS)
+                        *flags = m->access[slot];
+        }
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+SIM_API cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+        struct mapping *m;
+
+        SIM_CHECK_INIT();
+        if (!handle)
+                return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&vm_lock);
+        m = mapping_at((uintptr_t)addr);
+        if (m) {
+                m->alloc->handles++;
+                *handle = m->alloc->id;
+        }
+        pthread_mutex_unlock(&vm_lock);
+        return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* For a VMM address: the mapping holding it. Returns false when p is not in a reservation. */
+bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped)
+{
+        struct mapping *m;
+        bool in;
+
+        pthread_mutex_lock(&vm_lock);
+        in = resv_find(p, 1) != NULL;
+        m = in ? mapping_at(p) : NULL;
+        if (m) {
+                *ret_base = m->ptr;
+                *ret_size = m->size;
+        }
+        *ret_mapped = m != NULL;
+        pthread_mutex_unlock(&vm_lock);
+        return in;
+}

@@ -1,0 +1,73 @@
+#!/bin/bash
+# Run the driver-level tests (simcuda's Criterion suites, the cuda.h program, libaqua's driver
+# loader) against the REAL CUDA driver of a GPU machine, unchanged binaries built elsewhere.
+#
+#   tests/gpu/run.sh --bundle [BUILD]   here, after `ninja -C build`: gather the test binaries
+#                                       and the shared libraries they need (not libc, not
+#                                       libcuda) into BUILD/gpu-bundle (default build/)
+#   tests/gpu/run.sh [BUILD]            on the GPU machine, from the repository root, with
+#                                       BUILD/gpu-bundle carried: run everything there
+#
+# Nothing is built on the GPU machine. Simulator-only tests skip themselves (AQUA_TEST_REAL_GPU).
+set -u
+
+bundle_mode=0
+if [ "${1:-}" = "--bundle" ]; then
+        bundle_mode=1
+        shift
+fi
+build=${1:-build}
+bundle=$build/gpu-bundle
+tests="simcuda/test-simcuda-device simcuda/test-simcuda-vmm simcuda/test-simcuda-stream
+       simcuda/test-simcuda-ipc libaqua/test-cuda-driver"
+
+if [ $bundle_mode = 1 ]; then
+        rm -rf "$bundle"
+        mkdir -p "$bundle/bin" "$bundle/lib"
+        for t in $tests simcuda/cuda-program; do
+                cp "$build/$t" "$bundle/bin/" || exit 1
+        done
+        # The stub-linked build of the program, when the toolkit had a stub to link against.
+        [ -x "$build/simcuda/cuda-program-stub" ] && cp "$build/simcuda/cuda-program-stub" "$bundle/bin/"
+        for b in "$bundle"/bin/*; do
+                ldd "$b" | awk '$3 ~ /^\// {print $1, $3}'
+        done | sort -u | while read -r name path; do
+                case $name in
+                libc.so.*|libm.so.*|libresolv.so.*|libpthread.so.*|libdl.so.*|ld-linux*|libcuda.so.*) ;;
+                *) cp -L "$path" "$bundle/lib/" ;;
+                esac
+        done
+        du -sh "$bundle"
+        echo "carry: $bundle"
+        exit 0
+fi
+
+[ -d "$bundle/bin" ] || { echo "no $bundle: run tests/gpu/run.sh --bundle here first, then carry it" >&2; exit 2; }
+
+# The real driver: the one ldconfig knows; it goes first so that nothing else named
+# libcuda.so.1 (simcuda) can be picked up.
+driver=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ {print $NF; exit}')
+if [ -z "$driver" ]; then
+        echo "no libcuda.so.1 known to ldconfig on this machine" >&2
+        exit 2
+fi
+export LD_LIBRARY_PATH="$(dirname "$driver"):$PWD/$bundle/lib"
+export AQUA_TEST_REAL_GPU=1
+unset AQUA_CUDA_LIBRARY AQUA_SIM_DEVICES AQUA_SIM_TOPOLOGY AQUA_SIM_MACHINE
+echo "driver: $driver"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+
+fail=0
+for prog in cuda-program cuda-program-stub; do
+        [ -x "$bundle/bin/$prog" ] || continue
+        echo "== $prog (resolves $(ldd "$bundle/bin/$prog" | awk '/libcuda/ {print $3}'))"
+        timeout 60 "$bundle/bin/$prog" || fail=1
+done
+for t in $tests; do
+        name=$(basename "$t")
+        echo "== $name"
+        timeout 120 "$bundle/bin/$name" --tap=- --jobs=1 2>&1 | grep -E '^(not ok|ok|#)|Assertion|expected' || true
+        [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+done
+echo "== result: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+exit $fail
