@@ -1,0 +1,97 @@
+/*
+ * Where preempted requests' KV blocks go: a swap backend interface, the time
+ * model for each memory tier, and the host-memory backend that really copies.
+ */
+#pragma once
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kv_tier {
+        KV_TIER_PEER, /* a producer GPU's HBM, over NVLink */
+        KV_TIER_DRAM, /* host DRAM, over PCIe */
+        _KV_TIER_MAX,
+        _KV_TIER_INVALID = -EINVAL,
+};
+
+const char *kv_tier_to_string(enum kv_tier t);
+enum kv_tier kv_tier_from_string(const char *s);
+
+/*
+ * Simulated cost of one batched transfer on a tier: a fixed per-call cost plus
+ * bytes over bandwidth. Defaults from the measurements in the design notes:
+ * NVLink 4 ~370 GB/s per direction, PCIe Gen5 host DMA ~50 GB/s, ~3 us a call.
+ */
+struct kv_tier_cost {
+        double gbytes_per_s;
+        uint64_t call_ns;
+};
+
+void kv_tier_cost_defaults(struct kv_tier_cost cost[_KV_TIER_MAX]);
+uint64_t kv_tier_cost_ns(const struct kv_tier_cost *c, uint64_t bytes);
+
+/* FNV-1a over n blocks of block_bytes each, in order: what integrity checks compare. */
+uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes);
+
+/*
+ * A swap backend. ctx is the backend's own state. The engine hands it the
+ * local memory of a request's blocks as an array of pointers, so one call
+ * moves all of them (a batched copy), never one call per block.
+ *
+ * swap_out: copy n blocks of block_bytes away. On success *ret_slot names the
+ *   copy (owned by the backend until swap_in or discard) and *ret_tier says
+ *   where it went; the local blocks may be reused as soon as it returns.
+ *   -ENOSPC when the backend is full.
+ * swap_in: copy the slot's blocks into blocks (same n and block_bytes as at
+ *   swap_out) and release the slot. -EIO when the bytes no longer match what
+ *   was swapped out (the backend checks); the slot is released anyway.
+ * discard: release a slot without copying (its request went away). NULL-safe.
+ * tier_of: where the slot's bytes are now; a backend may move them between
+ *   tiers in poll().
+ * poll: the engine calls it once per iteration at a safe point (no copy of
+ *   its own in flight). Returns >= 0 or a negative errno. May be NULL.
+ * free: release the backend; every slot must have been swapped in or discarded.
+ */
+struct kv_swap_ops {
+        const char *name;
+        int (*swap_out)(void *ctx, void *const *blocks, size_t n, size_t block_bytes,
+                        void **ret_slot, enum kv_tier *ret_tier);
+        int (*swap_in)(void *ctx, void *slot, void *const *blocks, size_t n, size_t block_bytes);
+        void (*discard)(void *ctx, void *slot);
+        enum kv_tier (*tier_of)(void *ctx, void *slot);
+        int (*poll)(void *ctx);
+        void (*free)(void *ctx);
+};
+
+struct kv_swap {
+        const struct kv_swap_ops *ops;
+        void *ctx;
+};
+
+void kv_swap_free(struct kv_swap *s);
+
+/*
+ * The host-memory backend: every slot is a malloc'd copy plus its checksum.
+ * tier is the tier it stands in for in the time model (the bytes are always
+ * in host memory); capacity_bytes bounds what it holds at once (0: no bound).
+ */
+int kv_swap_host_new(enum kv_tier tier, uint64_t capacity_bytes, struct kv_swap *ret);
+
+/* What the host backend holds right now, for tests and reports. */
+struct kv_swap_host_stats {
+        size_t slots;
+        uint64_t bytes;
+        uint64_t checksum_failures;
+};
+int kv_swap_host_stats(const struct kv_swap *s, struct kv_swap_host_stats *ret);
+
+/*
+ * THE AQUA BACKEND GOES HERE. It will keep one growable aqua tensor for the
+ * swapped KV: slots are ranges of it, backed by leased peer HBM while the
+ * consumer holds a lease and by DRAM otherwise; swap_out/swap_in become
+ * aqua's batched copies; poll() calls aqua_poll() so a reclaim moves slots to
+ * DRAM (tier_of() then answers KV_TIER_DRAM). Until libaqua exists this
+ * returns -EOPNOTSUPP.
+ */
+int kv_swap_aqua_new(const char *endpoint, struct kv_swap *ret);

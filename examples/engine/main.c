@@ -1,0 +1,457 @@
+/* aqua-engine: replay a request trace through the simulated serving loop, FCFS and fair side by side. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "log.h"
+#include "parse-util.h"
+#include "time-util.h"
+#include "util.h"
+
+struct run_summary {
+        enum sched_kind sched;
+        enum kv_tier tier;
+        uint64_t ttft[3], tbt[3]; /* p50, p90, p99 */
+        double tokens_per_s, requests_per_s;
+        struct engine_result r;
+        uint64_t wall_ns;
+};
+
+static const double percentiles[3] = {50, 90, 99};
+
+static void help(void)
+{
+        printf("Usage: aqua-engine [OPTIONS]\n"
+               "\n"
+               "Replays a request trace through a simulated LLM-serving engine (continuous\n"
+               "batching, chunked prefill, KV memory in blocks) on a virtual clock: compute is\n"
+               "time per token, not a real model. Runs FCFS and the fair scheduler (decode slots\n"
+               "first; least prefill progress and fewest generated tokens first; time slices in\n"
+               "iterations) on the same trace. Preempted requests' KV blocks are really copied\n"
+               "to a host-memory swap backend and checked on the way back; the transfer time is\n"
+               "simulated for peer HBM over NVLink and for DRAM over PCIe. Prints TTFT and TBT\n"
+               "percentiles and throughput per run, and one 'SUMMARY key=value' line per run.\n"
+               "\n"
+               "Trace:\n"
+               "  --trace FILE            replay FILE (CSV arrival_s,prompt_tokens,output_tokens,\n"
+               "                          or .yaml with requests: [{arrival, prompt, output}])\n"
+               "  --generate FILE         write a generated trace to FILE ('-': stdout) and exit\n"
+               "  --requests N            generated requests (default 2000)\n"
+               "  --seed N                generator seed (default 1)\n"
+               "  --rate-on R, --rate-off R   arrivals/s in bursts and between them (30, 2)\n"
+               "  --on S, --off S         mean burst and quiet period lengths, seconds (4, 8)\n"
+               "Runs:\n"
+               "  --sched LIST            fcfs,fair (default both)\n"
+               "  --tier LIST             peer,dram (default both)\n"
+               "Engine model:\n"
+               "  --decode-slots N        decodes per iteration (64)\n"
+               "  --batch-tokens N        tokens per iteration (1024)\n"
+               "  --prefill-chunk N       prefill tokens of one request per iteration (512)\n"
+               "  --slice N               fair: iterations per time slice (16)\n"
+               "  --block-tokens N        tokens per KV block (16)\n"
+               "  --bytes-per-token SIZE  KV bytes per token (128KiB)\n"
+               "  --hbm SIZE              local HBM for KV (4GiB)\n"
+               "  --kv-sample SIZE        bytes of each token's KV really kept and copied (32)\n"
+               "  --iter-time DUR         fixed cost per iteration (8ms)\n"
+               "  --prefill-time DUR      per prefill token (40us)\n"
+               "  --decode-time DUR       per decoding sequence (300us)\n"
+               "  --peer-bw GBPS          peer HBM over NVLink, GB/s (370)\n"
+               "  --dram-bw GBPS          host DRAM over PCIe, GB/s (50)\n"
+               "  --call-cost DUR         fixed cost of one batched copy (3us)\n"
+               "Output:\n"
+               "  --realtime[=SPEED]      pace each run in real time, SPEED times faster (1)\n"
+               "  --quiet                 print only the SUMMARY lines\n"
+               "  -h, --help              show this help\n");
+}
+
+enum {
+        ARG_TRACE = 0x100, ARG_GENERATE, ARG_REQUESTS, ARG_SEED, ARG_RATE_ON, ARG_RATE_OFF,
+        ARG_ON, ARG_OFF, ARG_SCHED, ARG_TIER, ARG_DECODE_SLOTS, ARG_BATCH_TOKENS,
+        ARG_PREFILL_CHUNK, ARG_SLICE, ARG_BLOCK_TOKENS, ARG_BYTES_PER_TOKEN, ARG_HBM,
+        ARG_KV_SAMPLE, ARG_ITER_TIME, ARG_PREFILL_TIME, ARG_DECODE_TIME, ARG_PEER_BW,
+        ARG_DRAM_BW, ARG_CALL_COST, ARG_REALTIME, ARG_QUIET,
+};
+
+static const struct option options[] = {
+        {"trace", required_argument, NULL, ARG_TRACE},
+        {"generate", required_argument, NULL, ARG_GENERATE},
+        {"requests", required_argument, NULL, ARG_REQUESTS},
+        {"seed", required_argument, NULL, ARG_SEED},
+        {"rate-on", required_argument, NULL, ARG_RATE_ON},
+        {"rate-off", required_argument, NULL, ARG_RATE_OFF},
+        {"on", required_argument, NULL, ARG_ON},
+        {"off", required_argument, NULL, ARG_OFF},
+        {"sched", required_argument, NULL, ARG_SCHED},
+        {"tier", required_argument, NULL, ARG_TIER},
+        {"decode-slots", required_argument, NULL, ARG_DECODE_SLOTS},
+        {"batch-tokens", required_argument, NULL, ARG_BATCH_TOKENS},
+        {"prefill-chunk", required_argument, NULL, ARG_PREFILL_CHUNK},
+        {"slice", required_argument, NULL, ARG_SLICE},
+        {"block-tokens", required_argument, NULL, ARG_BLOCK_TOKENS},
+        {"bytes-per-token", required_argument, NULL, ARG_BYTES_PER_TOKEN},
+        {"hbm", required_argument, NULL, ARG_HBM},
+        {"kv-sample", required_argument, NULL, ARG_KV_SAMPLE},
+        {"iter-time", required_argument, NULL, ARG_ITER_TIME},
+        {"prefill-time", required_argument, NULL, ARG_PREFILL_TIME},
+        {"decode-time", required_argument, NULL, ARG_DECODE_TIME},
+        {"peer-bw", required_argument, NULL, ARG_PEER_BW},
+        {"dram-bw", required_argument, NULL, ARG_DRAM_BW},
+        {"call-cost", required_argument, NULL, ARG_CALL_COST},
+        {"realtime", optional_argument, NULL, ARG_REALTIME},
+        {"quiet", no_argument, NULL, ARG_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {},
+};
+
+struct args {
+        const char *trace, *generate;
+        struct trace_gen gen;
+        bool sched[_SCHED_MAX], tier[_KV_TIER_MAX];
+        struct engine_config cfg;
+        double realtime; /* 0: as fast as possible */
+        bool quiet;
+};
+
+static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret)
+{
+        int64_t v;
+        if (parse_int64(s, 10, &v) < 0 || v < min || v > UINT32_MAX)
+                return log_error_errno(EINVAL, "--%s: expected an integer >= %u, got \"%s\"", opt,
+                                       min, s);
+        *ret = (uint32_t)v;
+        return 0;
+}
+
+static int parse_positive(const char *opt, const char *s, double *ret)
+{
+        double v;
+        if (parse_double(s, &v) < 0 || !(v > 0))
+                return log_error_errno(EINVAL, "--%s: expected a number > 0, got \"%s\"", opt, s);
+        *ret = v;
+        return 0;
+}
+
+static int parse_dur(const char *opt, const char *s, uint64_t *ret)
+{
+        if (parse_duration(s, ret) < 0)
+                return log_error_errno(EINVAL, "--%s: expected a duration (\"40us\", \"8ms\"), got \"%s\"",
+                                       opt, s);
+        return 0;
+}
+
+static int parse_bytes(const char *opt, const char *s, uint64_t *ret)
+{
+        if (parse_size(s, ret) < 0 || *ret == 0)
+                return log_error_errno(EINVAL, "--%s: expected a size (\"128KiB\", \"4GiB\"), got \"%s\"",
+                                       opt, s);
+        return 0;
+}
+
+/* "fcfs,fair" into flags; from_string maps a name to its index or a negative value. */
+static int parse_list(const char *opt, const char *s, bool *flags, int n, int (*from)(const char *))
+{
+        _cleanup_free_ char *copy = strdup(s);
+        if (!copy)
+                return log_error_errno(ENOMEM, "Out of memory");
+        memset(flags, 0, n * sizeof(bool));
+        for (char *save = NULL, *w = strtok_r(copy, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+                int i = from(w);
+                if (i < 0 || i >= n)
+                        return log_error_errno(EINVAL, "--%s: unknown name \"%s\"", opt, w);
+                flags[i] = true;
+        }
+        return 0;
+}
+
+static int sched_index(const char *s)
+{
+        return sched_from_string(s);
+}
+
+static int tier_index(const char *s)
+{
+        return kv_tier_from_string(s);
+}
+
+static int parse_args(int argc, char **argv, struct args *a)
+{
+        uint64_t u;
+        uint32_t v;
+        double d;
+        int c, r = 0;
+
+        trace_gen_defaults(&a->gen);
+        engine_config_defaults(&a->cfg);
+        a->sched[SCHED_FCFS] = a->sched[SCHED_FAIR] = true;
+        a->tier[KV_TIER_PEER] = a->tier[KV_TIER_DRAM] = true;
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                const char *name = c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
+                switch (c) {
+                case 'h':
+                        help();
+                        return 1;
+                case ARG_TRACE: a->trace = optarg; break;
+                case ARG_GENERATE: a->generate = optarg; break;
+                case ARG_REQUESTS:
+                        r = parse_u32(name, optarg, 1, &v);
+                        a->gen.n = v;
+                        break;
+                case ARG_SEED:
+                        r = parse_int64(optarg, 0, (int64_t *)&a->gen.seed) < 0
+                                    ? log_error_errno(EINVAL, "--seed: expected an integer, got \"%s\"", optarg)
+                                    : 0;
+                        break;
+                case ARG_RATE_ON: r = parse_positive(name, optarg, &a->gen.rate_on); break;
+                case ARG_RATE_OFF: r = parse_positive(name, optarg, &a->gen.rate_off); break;
+                case ARG_ON: r = parse_positive(name, optarg, &a->gen.on_s); break;
+                case ARG_OFF: r = parse_positive(name, optarg, &a->gen.off_s); break;
+                case ARG_SCHED: r = parse_list(name, optarg, a->sched, _SCHED_MAX, sched_index); break;
+                case ARG_TIER: r = parse_list(name, optarg, a->tier, _KV_TIER_MAX, tier_index); break;
+                case ARG_DECODE_SLOTS: r = parse_u32(name, optarg, 1, &a->cfg.decode_slots); break;
+                case ARG_BATCH_TOKENS: r = parse_u32(name, optarg, 1, &a->cfg.max_batch_tokens); break;
+                case ARG_PREFILL_CHUNK: r = parse_u32(name, optarg, 1, &a->cfg.max_prefill_chunk); break;
+                case ARG_SLICE: r = parse_u32(name, optarg, 1, &a->cfg.slice_iters); break;
+                case ARG_BLOCK_TOKENS: r = parse_u32(name, optarg, 1, &a->cfg.block_tokens); break;
+                case ARG_BYTES_PER_TOKEN: r = parse_bytes(name, optarg, &a->cfg.bytes_per_token); break;
+                case ARG_HBM: r = parse_bytes(name, optarg, &a->cfg.hbm_bytes); break;
+                case ARG_KV_SAMPLE:
+                        r = parse_bytes(name, optarg, &u);
+                        if (r == 0 && (u % 8 != 0 || u > 4096))
+                                r = log_error_errno(EINVAL, "--kv-sample: must be a multiple of 8 up to 4096");
+                        a->cfg.kv_sample_bytes = (uint32_t)u;
+                        break;
+                case ARG_ITER_TIME: r = parse_dur(name, optarg, &a->cfg.iter_ns); break;
+                case ARG_PREFILL_TIME: r = parse_dur(name, optarg, &a->cfg.prefill_token_ns); break;
+                case ARG_DECODE_TIME: r = parse_dur(name, optarg, &a->cfg.decode_seq_ns); break;
+                case ARG_PEER_BW: r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_PEER].gbytes_per_s); break;
+                case ARG_DRAM_BW: r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_DRAM].gbytes_per_s); break;
+                case ARG_CALL_COST:
+                        r = parse_dur(name, optarg, &u);
+                        a->cfg.cost[KV_TIER_PEER].call_ns = a->cfg.cost[KV_TIER_DRAM].call_ns = u;
+                        break;
+                case ARG_REALTIME:
+                        a->realtime = 1.0;
+                        if (optarg) {
+                                r = parse_positive(name, optarg, &d);
+                                a->realtime = d;
+                        }
+                        break;
+                case ARG_QUIET: a->quiet = true; break;
+                default:
+                        return -EINVAL;
+                }
+                if (r < 0)
+                        return r;
+        }
+        if (optind < argc)
+                return log_error_errno(EINVAL, "unexpected argument \"%s\" (see --help)", argv[optind]);
+        return 0;
+}
+
+static double ms(uint64_t ns)
+{
+        return (double)ns / NSEC_PER_MSEC;
+}
+
+static int run_one(const struct args *a, const struct trace *t, enum sched_kind sched,
+                   enum kv_tier tier, struct run_summary *ret)
+{
+        _cleanup_(kv_swap_free) struct kv_swap swap = {};
+        struct engine_config cfg = a->cfg;
+        struct engine *e = NULL;
+        uint64_t start = now_mono_ns();
+        int r;
+
+        cfg.sched = sched;
+        r = kv_swap_host_new(tier, 0, &swap);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the host swap backend: %m");
+        r = engine_new(&cfg, &swap, &e);
+        if (r < 0)
+                return log_error_errno(r, "Invalid engine configuration: %m");
+        for (size_t i = 0; i < t->n && r >= 0; i++)
+                r = engine_add(e, &t->req[i], NULL);
+        if (r < 0) {
+                engine_free(e);
+                return log_error_errno(r, "Failed to queue requests: %m");
+        }
+        for (;;) {
+                r = engine_step(e);
+                if (r != 0)
+                        break;
+                if (a->realtime > 0) {
+                        uint64_t due = start + (uint64_t)((double)engine_now(e) / a->realtime);
+                        uint64_t now = now_mono_ns();
+                        if (due > now)
+                                sleep_ns(due - now);
+                }
+        }
+        if (r < 0) {
+                engine_free(e);
+                return log_error_errno(r, "Run %s/%s failed: %m", sched_to_string(sched),
+                                       kv_tier_to_string(tier));
+        }
+
+        /* Move the result out; the engine is gone after this. */
+        struct run_summary s = {.sched = sched, .tier = tier};
+        engine_take_result(e, &s.r);
+        engine_free(e);
+        for (int i = 0; i < 3; i++) {
+                if (stats_percentile(&s.r.ttft, percentiles[i], &s.ttft[i]) < 0)
+                        s.ttft[i] = 0;
+                if (stats_percentile(&s.r.tbt, percentiles[i], &s.tbt[i]) < 0)
+                        s.tbt[i] = 0;
+        }
+        uint64_t span = s.r.last_finish_ns - s.r.first_arrival_ns;
+        if (span > 0) {
+                s.tokens_per_s = (double)s.r.output_tokens * NSEC_PER_SEC / span;
+                s.requests_per_s = (double)s.r.requests_done * NSEC_PER_SEC / span;
+        }
+        s.wall_ns = now_mono_ns() - start;
+        *ret = s;
+        return 0;
+}
+
+static uint64_t sum_tiers(const uint64_t v[_KV_TIER_MAX])
+{
+        uint64_t s = 0;
+        for (int i = 0; i < _KV_TIER_MAX; i++)
+                s += v[i];
+        return s;
+}
+
+static void print_human(const struct run_summary *s)
+{
+        char out[32], in[32];
+        printf("%-5s %-5s %5" PRIu64 "/%-5" PRIu64 " %8.1f %8.1f %8.1f   %6.1f %6.1f %6.1f  %7.0f %7" PRIu64
+               " %10s %10s %8.1f\n",
+               sched_to_string(s->sched), kv_tier_to_string(s->tier), s->r.requests_done,
+               s->r.requests, ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]),
+               ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s, s->r.preemptions,
+               format_size(out, sizeof(out), sum_tiers(s->r.swap_out_bytes)),
+               format_size(in, sizeof(in), sum_tiers(s->r.swap_in_bytes)),
+               ms(sum_tiers(s->r.swap_ns)));
+}
+
+static void print_summary(const struct run_summary *s)
+{
+        printf("SUMMARY sched=%s tier=%s requests=%" PRIu64 " done=%" PRIu64 " rejected=%" PRIu64
+               " lost=%" PRIu64 " ttft_p50_ms=%.3f ttft_p90_ms=%.3f ttft_p99_ms=%.3f"
+               " tbt_p50_ms=%.3f tbt_p90_ms=%.3f tbt_p99_ms=%.3f tokens_per_s=%.1f"
+               " requests_per_s=%.3f output_tokens=%" PRIu64 " iterations=%" PRIu64
+               " preemptions=%" PRIu64 " swap_out_bytes=%" PRIu64 " swap_in_bytes=%" PRIu64
+               " swap_ms=%.3f integrity_errors=%" PRIu64 " wall_ms=%.1f\n",
+               sched_to_string(s->sched), kv_tier_to_string(s->tier), s->r.requests,
+               s->r.requests_done, s->r.rejected, s->r.requests - s->r.requests_done,
+               ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]), ms(s->tbt[1]),
+               ms(s->tbt[2]), s->tokens_per_s, s->requests_per_s, s->r.output_tokens,
+               s->r.iterations, s->r.preemptions, sum_tiers(s->r.swap_out_bytes),
+               sum_tiers(s->r.swap_in_bytes), ms(sum_tiers(s->r.swap_ns)), s->r.integrity_errors,
+               ms(s->wall_ns));
+}
+
+int main(int argc, char **argv)
+{
+        struct args a = {};
+        struct trace t = {};
+        struct run_summary runs[_SCHED_MAX * _KV_TIER_MAX];
+        size_t n_runs = 0;
+        int r;
+
+        log_setup("aqua-engine", LOG_LEVEL_INFO);
+        r = parse_args(argc, argv, &a);
+        if (r != 0)
+                return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+
+        if (a.trace) {
+                _cleanup_free_ char *error = NULL;
+                r = trace_load(a.trace, &t, &error);
+                if (r < 0) {
+                        log_error("%s", error ?: strerror(-r));
+                        return EXIT_FAILURE;
+                }
+        } else {
+                r = trace_generate(&a.gen, &t);
+                if (r < 0) {
+                        log_error_errno(r, "Invalid trace generator parameters: %m");
+                        return EXIT_FAILURE;
+                }
+        }
+
+        if (a.generate) {
+                FILE *f = strcmp(a.generate, "-") == 0 ? stdout : fopen(a.generate, "we");
+                if (!f) {
+                        log_error_errno(errno, "Failed to open %s: %m", a.generate);
+                        trace_clear(&t);
+                        return EXIT_FAILURE;
+                }
+                r = trace_write_csv(&t, f);
+                if (f != stdout && fclose(f) != 0 && r == 0)
+                        r = -errno;
+                if (r < 0)
+                        log_error_errno(r, "Failed to write %s: %m", a.generate);
+                else if (f != stdout)
+                        log_info("Wrote %zu requests to %s", t.n, a.generate);
+                trace_clear(&t);
+                return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        }
+
+        if (!a.quiet) {
+                char hbm[32], bpt[32];
+                uint64_t block = a.cfg.bytes_per_token * a.cfg.block_tokens;
+                uint64_t prompt = 0, output = 0;
+                for (size_t i = 0; i < t.n; i++) {
+                        prompt += t.req[i].prompt_tokens;
+                        output += t.req[i].output_tokens;
+                }
+                printf("Simulated serving on a virtual clock (compute is time per token, not a model).\n");
+                printf("Trace: %zu requests over %.1f s (%s), mean prompt %.0f, mean output %.0f tokens\n",
+                       t.n, (double)t.req[t.n - 1].arrival_ns / NSEC_PER_SEC,
+                       a.trace ?: "generated, on/off bursts", (double)prompt / t.n,
+                       (double)output / t.n);
+                printf("KV: %s local = %" PRIu64 " blocks of %u tokens x %s/token; %u decode slots, "
+                       "%u tokens per iteration, slice %u iterations\n",
+                       format_size(hbm, sizeof(hbm), a.cfg.hbm_bytes), a.cfg.hbm_bytes / block,
+                       a.cfg.block_tokens, format_size(bpt, sizeof(bpt), a.cfg.bytes_per_token),
+                       a.cfg.decode_slots, a.cfg.max_batch_tokens, a.cfg.slice_iters);
+                printf("Swap: host-memory backend (real copies, checksummed); time modelled for "
+                       "peer %.0f GB/s, dram %.0f GB/s\n\n",
+                       a.cfg.cost[KV_TIER_PEER].gbytes_per_s, a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+        }
+
+        for (int s = 0; s < _SCHED_MAX; s++)
+                for (int k = 0; k < _KV_TIER_MAX; k++) {
+                        if (!a.sched[s] || !a.tier[k])
+                                continue;
+                        r = run_one(&a, &t, s, k, &runs[n_runs]);
+                        if (r < 0)
+                                goto out;
+                        n_runs++;
+                }
+
+        if (!a.quiet) {
+                printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: p50    p90    p99"
+                       "    tok/s preempt  swapped-out  swapped-in  swap-ms\n");
+                for (size_t i = 0; i < n_runs; i++)
+                        print_human(&runs[i]);
+                printf("\n");
+        }
+        for (size_t i = 0; i < n_runs; i++)
+                print_summary(&runs[i]);
+        for (size_t i = 0; i < n_runs; i++)
+                if (runs[i].r.integrity_errors > 0 || runs[i].r.requests_done != runs[i].r.requests)
+                        r = -EIO;
+        if (r < 0)
+                log_error("Some runs lost requests or failed an integrity check (see SUMMARY lines)");
+out:
+        for (size_t i = 0; i < n_runs; i++) {
+                stats_clear(&runs[i].r.ttft);
+                stats_clear(&runs[i].r.tbt);
+        }
+        trace_clear(&t);
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
