@@ -448,9 +448,18 @@ static int plan(struct engine *e)
                         break;
         }
 
+        /*
+         * Fair: the slice belongs to those that got a place in this batch, so
+         * a member that found no slot does not take one from them later in the
+         * slice as its rank improves. FCFS keeps its running set as it is.
+         */
         e->any_selected = false;
-        for (size_t i = 0; i < e->n_live && !e->any_selected; i++)
-                e->any_selected = e->live[i]->selected;
+        for (size_t i = 0; i < e->n_live; i++) {
+                struct request *c = e->live[i];
+                if (fair && !c->in_batch)
+                        c->selected = false;
+                e->any_selected = e->any_selected || c->selected;
+        }
         return 0;
 }
 

@@ -42,15 +42,25 @@ uint64_t kv_tier_cost_ns(const struct kv_tier_cost *c, uint64_t bytes)
 
 uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes)
 {
-        uint64_t h = UINT64_C(0xcbf29ce484222325);
+        /*
+         * Word at a time (a multiply-rotate mix in the spirit of FNV/xxhash):
+         * integrity checks run on every swap, so a byte loop would dominate
+         * the whole simulation. Order-sensitive, so swapped blocks are caught.
+         */
+        uint64_t h = UINT64_C(0xcbf29ce484222325) ^ block_bytes;
         for (size_t i = 0; i < n; i++) {
                 const uint8_t *p = blocks[i];
-                for (size_t j = 0; j < block_bytes; j++) {
-                        h ^= p[j];
-                        h *= UINT64_C(0x100000001b3);
+                size_t j = 0;
+                for (; j + 8 <= block_bytes; j += 8) {
+                        uint64_t w;
+                        memcpy(&w, p + j, 8);
+                        h ^= w * UINT64_C(0x9e3779b97f4a7c15);
+                        h = ((h << 31) | (h >> 33)) * UINT64_C(0x100000001b3);
                 }
+                for (; j < block_bytes; j++)
+                        h = (h ^ p[j]) * UINT64_C(0x100000001b3);
         }
-        return h;
+        return h ^ (h >> 29);
 }
 
 void kv_swap_free(struct kv_swap *s)
@@ -171,6 +181,15 @@ int kv_swap_host_stats(const struct kv_swap *s, struct kv_swap_host_stats *ret)
         if (!s || s->ops != &host_ops)
                 return -EINVAL;
         *ret = ((const struct host_ctx *)s->ctx)->stats;
+        return 0;
+}
+
+int kv_swap_host_corrupt(struct kv_swap *s, void *slot, size_t offset)
+{
+        struct host_slot *h = slot;
+        if (!s || s->ops != &host_ops || !h || offset >= h->n * h->block_bytes)
+                return -EINVAL;
+        h->data[offset] ^= 0x01;
         return 0;
 }
 

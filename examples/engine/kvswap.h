@@ -31,7 +31,7 @@ struct kv_tier_cost {
 void kv_tier_cost_defaults(struct kv_tier_cost cost[_KV_TIER_MAX]);
 uint64_t kv_tier_cost_ns(const struct kv_tier_cost *c, uint64_t bytes);
 
-/* FNV-1a over n blocks of block_bytes each, in order: what integrity checks compare. */
+/* A 64-bit hash of n blocks of block_bytes each, in order: what integrity checks compare. */
 uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes);
 
 /*
@@ -85,6 +85,8 @@ struct kv_swap_host_stats {
         uint64_t checksum_failures;
 };
 int kv_swap_host_stats(const struct kv_swap *s, struct kv_swap_host_stats *ret);
+/* Fault injection for tests: flip one bit of a slot's kept copy. -EINVAL out of range. */
+int kv_swap_host_corrupt(struct kv_swap *s, void *slot, size_t offset);
 
 /*
  * THE AQUA BACKEND GOES HERE. It will keep one growable aqua tensor for the
