@@ -249,6 +249,12 @@ static int parse_args(int argc, char **argv, struct args *a)
         }
         if (optind < argc)
                 return log_error_errno(EINVAL, "unexpected argument \"%s\" (see --help)", argv[optind]);
+        uint64_t block = a->cfg.bytes_per_token * a->cfg.block_tokens;
+        if (a->cfg.hbm_bytes / block == 0) {
+                char b[32];
+                return log_error_errno(EINVAL, "--hbm: holds not even one KV block of %s (%u tokens)",
+                                       format_size(b, sizeof(b), block), a->cfg.block_tokens);
+        }
         return 0;
 }
 

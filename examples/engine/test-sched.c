@@ -320,3 +320,90 @@ Test(sched, fcfs_preemption_generates_every_token_exactly_once)
 {
         preemption_loses_nothing(SCHED_FCFS);
 }
+
+/*
+ * A backend that damages what it hands back, to show the checks can fail:
+ * either before the host backend's own checksum (swap_in then says -EIO) or
+ * after it (only the engine's check of every token's KV at the end sees it).
+ */
+struct damaging {
+        struct kv_swap inner;
+        bool after_check;
+};
+
+static int dmg_swap_out(void *ctx, void *const *blocks, size_t n, size_t bb, void **ret_slot,
+                        enum kv_tier *ret_tier)
+{
+        struct damaging *d = ctx;
+        int r = d->inner.ops->swap_out(d->inner.ctx, blocks, n, bb, ret_slot, ret_tier);
+        if (r == 0 && !d->after_check)
+                cr_assert_eq(kv_swap_host_corrupt(&d->inner, *ret_slot, n * bb - 1), 0);
+        return r;
+}
+
+static int dmg_swap_in(void *ctx, void *slot, void *const *blocks, size_t n, size_t bb)
+{
+        struct damaging *d = ctx;
+        int r = d->inner.ops->swap_in(d->inner.ctx, slot, blocks, n, bb);
+        if (r == 0 && d->after_check)
+                ((uint8_t *)blocks[0])[0] ^= 0x80;
+        return r;
+}
+
+static void dmg_discard(void *ctx, void *slot)
+{
+        struct damaging *d = ctx;
+        d->inner.ops->discard(d->inner.ctx, slot);
+}
+
+static enum kv_tier dmg_tier_of(void *ctx, void *slot)
+{
+        return KV_TIER_DRAM;
+}
+
+static void dmg_free(void *ctx)
+{
+}
+
+static const struct kv_swap_ops damaging_ops = {
+        .name = "damaging",
+        .swap_out = dmg_swap_out,
+        .swap_in = dmg_swap_in,
+        .discard = dmg_discard,
+        .tier_of = dmg_tier_of,
+        .free = dmg_free,
+};
+
+static void damaged_run(bool after_check)
+{
+        struct damaging d = {.after_check = after_check};
+        struct kv_swap swap = {&damaging_ops, &d};
+        struct engine_config c;
+        struct engine *e;
+
+        cr_assert_eq(kv_swap_host_new(KV_TIER_DRAM, 0, &d.inner), 0);
+        engine_config_defaults(&c);
+        c.sched = SCHED_FCFS;
+        c.bytes_per_token = 1024;
+        c.hbm_bytes = 4 * 16 * 1024;
+        c.kv_sample_bytes = 16;
+        cr_assert_eq(engine_new(&c, &swap, &e), 0);
+        struct trace_request a = {0, 16, 40}, b = {1, 16, 40};
+        cr_assert_eq(engine_add(e, &a, NULL), 0);
+        cr_assert_eq(engine_add(e, &b, NULL), 0);
+        cr_assert_eq(engine_run(e), 0);
+        cr_assert_gt(engine_result(e)->preemptions, 0);
+        cr_assert_gt(engine_result(e)->integrity_errors, 0);
+        engine_free(e);
+        kv_swap_free(&d.inner);
+}
+
+Test(sched, damaged_swapped_kv_is_caught_by_the_backend_checksum)
+{
+        damaged_run(false);
+}
+
+Test(sched, damaged_kv_that_passed_the_backend_is_caught_at_completion)
+{
+        damaged_run(true);
+}

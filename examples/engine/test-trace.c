@@ -144,6 +144,14 @@ Test(trace, load_picks_the_format_by_extension_and_names_the_file)
         cr_assert_str_eq(missing, "/nonexistent/trace.csv: No such file or directory");
 }
 
+Test(trace, the_shipped_yaml_example_loads)
+{
+        _cleanup_free_ char *error = NULL;
+        cr_assert_eq(trace_load("trace-example.yaml", &t, &error), 0, "%s", error);
+        cr_assert_eq(t.n, 5);
+        cr_assert_eq(t.req[4].arrival_ns, 1500 * NSEC_PER_MSEC);
+}
+
 Test(trace, generated_traces_repeat_for_a_seed_and_round_trip_through_csv)
 {
         struct trace_gen g;
