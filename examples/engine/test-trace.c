@@ -139,6 +139,18 @@ Test(trace, load_picks_the_format_by_extension_and_names_the_file)
         cr_assert_str_eq(error, want);
         unlink(path);
 
+        char csv_path[] = "/tmp/aqua-trace-XXXXXX.csv";
+        fd = mkstemps(csv_path, 4);
+        cr_assert_geq(fd, 0);
+        text = "0.25,3,4"; /* no final newline: the last line still counts */
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        _cleanup_free_ char *csv_error = NULL;
+        cr_assert_eq(trace_load(csv_path, &t, &csv_error), 0, "%s", csv_error);
+        cr_assert_eq(t.n, 1);
+        cr_assert_eq(t.req[0].output_tokens, 4);
+        unlink(csv_path);
+
         _cleanup_free_ char *missing = NULL;
         cr_assert_eq(trace_load("/nonexistent/trace.csv", &t, &missing), -ENOENT);
         cr_assert_str_eq(missing, "/nonexistent/trace.csv: No such file or directory");

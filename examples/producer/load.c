@@ -69,11 +69,14 @@ int load_parse_csv(const char *name, const char *data, size_t size, struct load_
         bool seen = false;
         int r = 0;
 
-        copy = strndup(data, size);
+        /* The input need not be NUL-terminated: copy it before splitting it in place. */
+        if (memchr(data, 0, size))
+                return fail(ret_error, -EINVAL, "%s: contains a NUL byte", name);
+        copy = malloc(size + 1);
         if (!copy)
                 return -ENOMEM;
-        if (strlen(copy) != size)
-                return fail(ret_error, -EINVAL, "%s: contains a NUL byte", name);
+        memcpy(copy, data, size);
+        copy[size] = 0;
 
         for (char *next = copy; next;) {
                 char *line = next, *nl = strchr(line, '\n');
