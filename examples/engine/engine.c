@@ -17,7 +17,7 @@
 #include "util.h"
 
 enum plan_outcome {
-        PLAN_NO_ROOM = 0,   /* no budget or slot left in this iteration */
+        PLAN_NO_ROOM = 0, /* no budget or slot left in this iteration */
         PLAN_OK = 1,
         PLAN_NO_MEMORY = 2, /* not enough KV memory, even after the evictions allowed */
 };
@@ -61,18 +61,18 @@ void engine_config_defaults(struct engine_config *c)
          * weights and the activations, iteration costs of that size of model.
          */
         *c = (struct engine_config){
-                .sched = SCHED_FAIR,
-                .decode_slots = 64,
-                .max_batch_tokens = 1024,
-                .max_prefill_chunk = 512,
-                .slice_iters = 16,
-                .block_tokens = 16,
-                .bytes_per_token = 128 << 10,
-                .hbm_bytes = UINT64_C(4) << 30,
-                .kv_sample_bytes = 32,
-                .iter_ns = 8 * NSEC_PER_MSEC,
-                .prefill_token_ns = 40 * NSEC_PER_USEC,
-                .decode_seq_ns = 300 * NSEC_PER_USEC,
+            .sched = SCHED_FAIR,
+            .decode_slots = 64,
+            .max_batch_tokens = 1024,
+            .max_prefill_chunk = 512,
+            .slice_iters = 16,
+            .block_tokens = 16,
+            .bytes_per_token = 128 << 10,
+            .hbm_bytes = UINT64_C(4) << 30,
+            .kv_sample_bytes = 32,
+            .iter_ns = 8 * NSEC_PER_MSEC,
+            .prefill_token_ns = 40 * NSEC_PER_USEC,
+            .decode_seq_ns = 300 * NSEC_PER_USEC,
         };
         kv_tier_cost_defaults(c->cost);
 }
@@ -113,12 +113,14 @@ int engine_new(const struct engine_config *c, struct kv_swap *swap, struct engin
         e->free_blocks = calloc(n_blocks, sizeof(*e->free_blocks));
         e->scratch = calloc(n_blocks, sizeof(*e->scratch));
         e->batch = calloc(n_blocks + c->decode_slots + c->max_batch_tokens, sizeof(*e->batch));
-        e->batch_req = calloc(n_blocks + c->decode_slots + c->max_batch_tokens, sizeof(*e->batch_req));
+        e->batch_req =
+            calloc(n_blocks + c->decode_slots + c->max_batch_tokens, sizeof(*e->batch_req));
         if (!e->pool || !e->free_blocks || !e->scratch || !e->batch || !e->batch_req) {
                 engine_free(e);
                 return -ENOMEM;
         }
-        /* Stack order so the lowest block ids go out first: makes runs easy to follow in a debugger. */
+        /* Stack order so the lowest block ids go out first: makes runs easy to follow in a
+         * debugger. */
         for (uint32_t i = 0; i < e->n_blocks; i++)
                 e->free_blocks[i] = e->n_blocks - 1 - i;
         e->n_free = e->n_blocks;
@@ -152,8 +154,7 @@ struct engine *engine_free(struct engine *e)
 
 int engine_add(struct engine *e, const struct trace_request *t, uint32_t *ret_id)
 {
-        if (!e || !t || t->prompt_tokens == 0 || t->output_tokens == 0 ||
-            e->n_all >= UINT32_MAX)
+        if (!e || !t || t->prompt_tokens == 0 || t->output_tokens == 0 || e->n_all >= UINT32_MAX)
                 return -EINVAL;
         if (e->n_all > 0 && t->arrival_ns < e->all[e->n_all - 1]->arrival_ns)
                 return -EINVAL;
@@ -224,8 +225,9 @@ static bool kv_intact(struct engine *e, const struct request *r)
 {
         uint32_t n = request_kv_tokens(r);
         for (uint32_t p = 0; p < n; p++) {
-                const uint8_t *m = (const uint8_t *)block_mem(e, r->blocks[p / e->cfg.block_tokens]) +
-                                   (size_t)(p % e->cfg.block_tokens) * e->token_bytes;
+                const uint8_t *m =
+                    (const uint8_t *)block_mem(e, r->blocks[p / e->cfg.block_tokens]) +
+                    (size_t)(p % e->cfg.block_tokens) * e->token_bytes;
                 for (size_t w = 0; w < e->token_bytes / 8; w++) {
                         uint64_t v = kv_word(r->id, p, w), got;
                         memcpy(&got, m + w * 8, 8);
@@ -407,7 +409,8 @@ static int plan(struct engine *e)
                         e->live[i]->rank = i;
 
         /* The fair scheduler re-ranks everyone once per time slice, counted in iterations. */
-        bool boundary = fair && (!e->any_selected || e->iter - e->last_reselect >= e->cfg.slice_iters);
+        bool boundary =
+            fair && (!e->any_selected || e->iter - e->last_reselect >= e->cfg.slice_iters);
         if (boundary) {
                 for (size_t i = 0; i < e->n_live; i++)
                         e->live[i]->selected = false;
@@ -436,7 +439,8 @@ static int plan(struct engine *e)
                                 c->selected = false;
                 }
 
-        /* Then newcomers in rank order. FCFS stops at the first that does not fit (no overtaking). */
+        /* Then newcomers in rank order. FCFS stops at the first that does not fit (no overtaking).
+         */
         for (size_t i = 0; i < e->n_live && budget > 0; i++) {
                 struct request *c = e->live[i];
                 if (c->selected || c->in_batch)
@@ -558,7 +562,8 @@ int engine_step(struct engine *e)
         r = plan(e);
         if (r < 0)
                 return r;
-        /* An empty plan only happens when a slice ends with nobody selected; two in a row is a bug. */
+        /* An empty plan only happens when a slice ends with nobody selected; two in a row is a bug.
+         */
         if (e->n_batch == 0 && ++e->empty_iters > 2)
                 return -EDEADLK;
         if (e->n_batch > 0)

@@ -14,8 +14,8 @@
 
 /* Positive outcomes. */
 enum {
-        ENGINE_DONE = 1,      /* engine_step(): nothing left to run or to arrive */
-        ENGINE_E_TOO_LARGE,   /* engine_add(): the request could never fit in local KV memory */
+        ENGINE_DONE = 1,    /* engine_step(): nothing left to run or to arrive */
+        ENGINE_E_TOO_LARGE, /* engine_add(): the request could never fit in local KV memory */
 };
 
 struct engine_config {
@@ -27,17 +27,18 @@ struct engine_config {
         uint32_t block_tokens;      /* tokens per KV block */
         uint64_t bytes_per_token;   /* KV bytes per token, for memory and transfer sizes */
         uint64_t hbm_bytes;         /* local HBM for KV */
-        uint32_t kv_sample_bytes;   /* bytes of each token's KV really kept and copied (multiple of 8) */
-        uint64_t iter_ns;           /* fixed cost of an iteration */
-        uint64_t prefill_token_ns;  /* per prefill token */
-        uint64_t decode_seq_ns;     /* per decoding sequence */
+        uint32_t
+            kv_sample_bytes; /* bytes of each token's KV really kept and copied (multiple of 8) */
+        uint64_t iter_ns;    /* fixed cost of an iteration */
+        uint64_t prefill_token_ns; /* per prefill token */
+        uint64_t decode_seq_ns;    /* per decoding sequence */
         struct kv_tier_cost cost[_KV_TIER_MAX];
 };
 
 void engine_config_defaults(struct engine_config *c);
 
 struct engine_result {
-        struct stats ttft, tbt; /* samples, ns */
+        struct stats ttft, tbt;           /* samples, ns */
         uint64_t requests, requests_done; /* queued by engine_add(), finished */
         uint64_t rejected;                /* refused by engine_add() as too large */
         uint64_t prompt_tokens, output_tokens;
@@ -46,7 +47,8 @@ struct engine_result {
         uint64_t preemptions;
         uint64_t swap_out_bytes[_KV_TIER_MAX], swap_in_bytes[_KV_TIER_MAX];
         uint64_t swap_ns[_KV_TIER_MAX]; /* simulated transfer time */
-        uint64_t integrity_errors;      /* swap-ins that failed their checksum, requests whose KV was wrong */
+        uint64_t
+            integrity_errors; /* swap-ins that failed their checksum, requests whose KV was wrong */
 };
 
 /* One planned entry of the last iteration, for tests and traces. */

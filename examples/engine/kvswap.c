@@ -9,8 +9,8 @@
 #include "util.h"
 
 static const char *const tier_names[_KV_TIER_MAX] = {
-        [KV_TIER_PEER] = "peer",
-        [KV_TIER_DRAM] = "dram",
+    [KV_TIER_PEER] = "peer",
+    [KV_TIER_DRAM] = "dram",
 };
 
 const char *kv_tier_to_string(enum kv_tier t)
@@ -154,13 +154,13 @@ static void host_free(void *ctx)
 }
 
 static const struct kv_swap_ops host_ops = {
-        .name = "host",
-        .swap_out = host_swap_out,
-        .swap_in = host_swap_in,
-        .discard = host_discard,
-        .tier_of = host_tier_of,
-        .poll = NULL,
-        .free = host_free,
+    .name = "host",
+    .swap_out = host_swap_out,
+    .swap_in = host_swap_in,
+    .discard = host_discard,
+    .tier_of = host_tier_of,
+    .poll = NULL,
+    .free = host_free,
 };
 
 int kv_swap_host_new(enum kv_tier tier, uint64_t capacity_bytes, struct kv_swap *ret)

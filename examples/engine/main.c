@@ -1,4 +1,5 @@
-/* aqua-engine: replay a request trace through the simulated serving loop, FCFS and fair side by side. */
+/* aqua-engine: replay a request trace through the simulated serving loop, FCFS and fair side by
+ * side. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -68,42 +69,63 @@ static void help(void)
 }
 
 enum {
-        ARG_TRACE = 0x100, ARG_GENERATE, ARG_REQUESTS, ARG_SEED, ARG_RATE_ON, ARG_RATE_OFF,
-        ARG_ON, ARG_OFF, ARG_SCHED, ARG_TIER, ARG_DECODE_SLOTS, ARG_BATCH_TOKENS,
-        ARG_PREFILL_CHUNK, ARG_SLICE, ARG_BLOCK_TOKENS, ARG_BYTES_PER_TOKEN, ARG_HBM,
-        ARG_KV_SAMPLE, ARG_ITER_TIME, ARG_PREFILL_TIME, ARG_DECODE_TIME, ARG_PEER_BW,
-        ARG_DRAM_BW, ARG_CALL_COST, ARG_REALTIME, ARG_QUIET,
+        ARG_TRACE = 0x100,
+        ARG_GENERATE,
+        ARG_REQUESTS,
+        ARG_SEED,
+        ARG_RATE_ON,
+        ARG_RATE_OFF,
+        ARG_ON,
+        ARG_OFF,
+        ARG_SCHED,
+        ARG_TIER,
+        ARG_DECODE_SLOTS,
+        ARG_BATCH_TOKENS,
+        ARG_PREFILL_CHUNK,
+        ARG_SLICE,
+        ARG_BLOCK_TOKENS,
+        ARG_BYTES_PER_TOKEN,
+        ARG_HBM,
+        ARG_KV_SAMPLE,
+        ARG_ITER_TIME,
+        ARG_PREFILL_TIME,
+        ARG_DECODE_TIME,
+        ARG_PEER_BW,
+        ARG_DRAM_BW,
+        ARG_CALL_COST,
+        ARG_REALTIME,
+        ARG_QUIET,
 };
 
 static const struct option options[] = {
-        {"trace", required_argument, NULL, ARG_TRACE},
-        {"generate", required_argument, NULL, ARG_GENERATE},
-        {"requests", required_argument, NULL, ARG_REQUESTS},
-        {"seed", required_argument, NULL, ARG_SEED},
-        {"rate-on", required_argument, NULL, ARG_RATE_ON},
-        {"rate-off", required_argument, NULL, ARG_RATE_OFF},
-        {"on", required_argument, NULL, ARG_ON},
-        {"off", required_argument, NULL, ARG_OFF},
-        {"sched", required_argument, NULL, ARG_SCHED},
-        {"tier", required_argument, NULL, ARG_TIER},
-        {"decode-slots", required_argument, NULL, ARG_DECODE_SLOTS},
-        {"batch-tokens", required_argument, NULL, ARG_BATCH_TOKENS},
-        {"prefill-chunk", required_argument, NULL, ARG_PREFILL_CHUNK},
-        {"slice", required_argument, NULL, ARG_SLICE},
-        {"block-tokens", required_argument, NULL, ARG_BLOCK_TOKENS},
-        {"bytes-per-token", required_argument, NULL, ARG_BYTES_PER_TOKEN},
-        {"hbm", required_argument, NULL, ARG_HBM},
-        {"kv-sample", required_argument, NULL, ARG_KV_SAMPLE},
-        {"iter-time", required_argument, NULL, ARG_ITER_TIME},
-        {"prefill-time", required_argument, NULL, ARG_PREFILL_TIME},
-        {"decode-time", required_argument, NULL, ARG_DECODE_TIME},
-        {"peer-bw", required_argument, NULL, ARG_PEER_BW},
-        {"dram-bw", required_argument, NULL, ARG_DRAM_BW},
-        {"call-cost", required_argument, NULL, ARG_CALL_COST},
-        {"realtime", optional_argument, NULL, ARG_REALTIME},
-        {"quiet", no_argument, NULL, ARG_QUIET},
-        {"help", no_argument, NULL, 'h'},
-        {},
+    {"trace", required_argument, NULL, ARG_TRACE},
+    {"generate", required_argument, NULL, ARG_GENERATE},
+    {"requests", required_argument, NULL, ARG_REQUESTS},
+    {"seed", required_argument, NULL, ARG_SEED},
+    {"rate-on", required_argument, NULL, ARG_RATE_ON},
+    {"rate-off", required_argument, NULL, ARG_RATE_OFF},
+    {"on", required_argument, NULL, ARG_ON},
+    {"off", required_argument, NULL, ARG_OFF},
+    {"sched", required_argument, NULL, ARG_SCHED},
+    {"tier", required_argument, NULL, ARG_TIER},
+    {"decode-slots", required_argument, NULL, ARG_DECODE_SLOTS},
+    {"batch-tokens", required_argument, NULL, ARG_BATCH_TOKENS},
+    {"prefill-chunk", required_argument, NULL, ARG_PREFILL_CHUNK},
+    {"slice", required_argument, NULL, ARG_SLICE},
+    {"block-tokens", required_argument, NULL, ARG_BLOCK_TOKENS},
+    {"bytes-per-token", required_argument, NULL, ARG_BYTES_PER_TOKEN},
+    {"hbm", required_argument, NULL, ARG_HBM},
+    {"kv-sample", required_argument, NULL, ARG_KV_SAMPLE},
+    {"iter-time", required_argument, NULL, ARG_ITER_TIME},
+    {"prefill-time", required_argument, NULL, ARG_PREFILL_TIME},
+    {"decode-time", required_argument, NULL, ARG_DECODE_TIME},
+    {"peer-bw", required_argument, NULL, ARG_PEER_BW},
+    {"dram-bw", required_argument, NULL, ARG_DRAM_BW},
+    {"call-cost", required_argument, NULL, ARG_CALL_COST},
+    {"realtime", optional_argument, NULL, ARG_REALTIME},
+    {"quiet", no_argument, NULL, ARG_QUIET},
+    {"help", no_argument, NULL, 'h'},
+    {},
 };
 
 struct args {
@@ -137,16 +159,16 @@ static int parse_positive(const char *opt, const char *s, double *ret)
 static int parse_dur(const char *opt, const char *s, uint64_t *ret)
 {
         if (parse_duration(s, ret) < 0)
-                return log_error_errno(EINVAL, "--%s: expected a duration (\"40us\", \"8ms\"), got \"%s\"",
-                                       opt, s);
+                return log_error_errno(
+                    EINVAL, "--%s: expected a duration (\"40us\", \"8ms\"), got \"%s\"", opt, s);
         return 0;
 }
 
 static int parse_bytes(const char *opt, const char *s, uint64_t *ret)
 {
         if (parse_size(s, ret) < 0 || *ret == 0)
-                return log_error_errno(EINVAL, "--%s: expected a size (\"128KiB\", \"4GiB\"), got \"%s\"",
-                                       opt, s);
+                return log_error_errno(
+                    EINVAL, "--%s: expected a size (\"128KiB\", \"4GiB\"), got \"%s\"", opt, s);
         return 0;
 }
 
@@ -157,7 +179,8 @@ static int parse_list(const char *opt, const char *s, bool *flags, int n, int (*
         if (!copy)
                 return log_error_errno(ENOMEM, "Out of memory");
         memset(flags, 0, n * sizeof(bool));
-        for (char *save = NULL, *w = strtok_r(copy, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        for (char *save = NULL, *w = strtok_r(copy, ",", &save); w;
+             w = strtok_r(NULL, ",", &save)) {
                 int i = from(w);
                 if (i < 0 || i >= n)
                         return log_error_errno(EINVAL, "--%s: unknown name \"%s\"", opt, w);
@@ -189,46 +212,89 @@ static int parse_args(int argc, char **argv, struct args *a)
         a->tier[KV_TIER_PEER] = a->tier[KV_TIER_DRAM] = true;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                const char *name = c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
+                const char *name =
+                    c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
                 switch (c) {
                 case 'h':
                         help();
                         return 1;
-                case ARG_TRACE: a->trace = optarg; break;
-                case ARG_GENERATE: a->generate = optarg; break;
+                case ARG_TRACE:
+                        a->trace = optarg;
+                        break;
+                case ARG_GENERATE:
+                        a->generate = optarg;
+                        break;
                 case ARG_REQUESTS:
                         r = parse_u32(name, optarg, 1, &v);
                         a->gen.n = v;
                         break;
                 case ARG_SEED:
                         r = parse_int64(optarg, 0, (int64_t *)&a->gen.seed) < 0
-                                    ? log_error_errno(EINVAL, "--seed: expected an integer, got \"%s\"", optarg)
-                                    : 0;
+                                ? log_error_errno(EINVAL, "--seed: expected an integer, got \"%s\"",
+                                                  optarg)
+                                : 0;
                         break;
-                case ARG_RATE_ON: r = parse_positive(name, optarg, &a->gen.rate_on); break;
-                case ARG_RATE_OFF: r = parse_positive(name, optarg, &a->gen.rate_off); break;
-                case ARG_ON: r = parse_positive(name, optarg, &a->gen.on_s); break;
-                case ARG_OFF: r = parse_positive(name, optarg, &a->gen.off_s); break;
-                case ARG_SCHED: r = parse_list(name, optarg, a->sched, _SCHED_MAX, sched_index); break;
-                case ARG_TIER: r = parse_list(name, optarg, a->tier, _KV_TIER_MAX, tier_index); break;
-                case ARG_DECODE_SLOTS: r = parse_u32(name, optarg, 1, &a->cfg.decode_slots); break;
-                case ARG_BATCH_TOKENS: r = parse_u32(name, optarg, 1, &a->cfg.max_batch_tokens); break;
-                case ARG_PREFILL_CHUNK: r = parse_u32(name, optarg, 1, &a->cfg.max_prefill_chunk); break;
-                case ARG_SLICE: r = parse_u32(name, optarg, 1, &a->cfg.slice_iters); break;
-                case ARG_BLOCK_TOKENS: r = parse_u32(name, optarg, 1, &a->cfg.block_tokens); break;
-                case ARG_BYTES_PER_TOKEN: r = parse_bytes(name, optarg, &a->cfg.bytes_per_token); break;
-                case ARG_HBM: r = parse_bytes(name, optarg, &a->cfg.hbm_bytes); break;
+                case ARG_RATE_ON:
+                        r = parse_positive(name, optarg, &a->gen.rate_on);
+                        break;
+                case ARG_RATE_OFF:
+                        r = parse_positive(name, optarg, &a->gen.rate_off);
+                        break;
+                case ARG_ON:
+                        r = parse_positive(name, optarg, &a->gen.on_s);
+                        break;
+                case ARG_OFF:
+                        r = parse_positive(name, optarg, &a->gen.off_s);
+                        break;
+                case ARG_SCHED:
+                        r = parse_list(name, optarg, a->sched, _SCHED_MAX, sched_index);
+                        break;
+                case ARG_TIER:
+                        r = parse_list(name, optarg, a->tier, _KV_TIER_MAX, tier_index);
+                        break;
+                case ARG_DECODE_SLOTS:
+                        r = parse_u32(name, optarg, 1, &a->cfg.decode_slots);
+                        break;
+                case ARG_BATCH_TOKENS:
+                        r = parse_u32(name, optarg, 1, &a->cfg.max_batch_tokens);
+                        break;
+                case ARG_PREFILL_CHUNK:
+                        r = parse_u32(name, optarg, 1, &a->cfg.max_prefill_chunk);
+                        break;
+                case ARG_SLICE:
+                        r = parse_u32(name, optarg, 1, &a->cfg.slice_iters);
+                        break;
+                case ARG_BLOCK_TOKENS:
+                        r = parse_u32(name, optarg, 1, &a->cfg.block_tokens);
+                        break;
+                case ARG_BYTES_PER_TOKEN:
+                        r = parse_bytes(name, optarg, &a->cfg.bytes_per_token);
+                        break;
+                case ARG_HBM:
+                        r = parse_bytes(name, optarg, &a->cfg.hbm_bytes);
+                        break;
                 case ARG_KV_SAMPLE:
                         r = parse_bytes(name, optarg, &u);
                         if (r == 0 && (u % 8 != 0 || u > 4096))
-                                r = log_error_errno(EINVAL, "--kv-sample: must be a multiple of 8 up to 4096");
+                                r = log_error_errno(
+                                    EINVAL, "--kv-sample: must be a multiple of 8 up to 4096");
                         a->cfg.kv_sample_bytes = (uint32_t)u;
                         break;
-                case ARG_ITER_TIME: r = parse_dur(name, optarg, &a->cfg.iter_ns); break;
-                case ARG_PREFILL_TIME: r = parse_dur(name, optarg, &a->cfg.prefill_token_ns); break;
-                case ARG_DECODE_TIME: r = parse_dur(name, optarg, &a->cfg.decode_seq_ns); break;
-                case ARG_PEER_BW: r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_PEER].gbytes_per_s); break;
-                case ARG_DRAM_BW: r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_DRAM].gbytes_per_s); break;
+                case ARG_ITER_TIME:
+                        r = parse_dur(name, optarg, &a->cfg.iter_ns);
+                        break;
+                case ARG_PREFILL_TIME:
+                        r = parse_dur(name, optarg, &a->cfg.prefill_token_ns);
+                        break;
+                case ARG_DECODE_TIME:
+                        r = parse_dur(name, optarg, &a->cfg.decode_seq_ns);
+                        break;
+                case ARG_PEER_BW:
+                        r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_PEER].gbytes_per_s);
+                        break;
+                case ARG_DRAM_BW:
+                        r = parse_positive(name, optarg, &a->cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+                        break;
                 case ARG_CALL_COST:
                         r = parse_dur(name, optarg, &u);
                         a->cfg.cost[KV_TIER_PEER].call_ns = a->cfg.cost[KV_TIER_DRAM].call_ns = u;
@@ -240,7 +306,9 @@ static int parse_args(int argc, char **argv, struct args *a)
                                 a->realtime = d;
                         }
                         break;
-                case ARG_QUIET: a->quiet = true; break;
+                case ARG_QUIET:
+                        a->quiet = true;
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -248,11 +316,13 @@ static int parse_args(int argc, char **argv, struct args *a)
                         return r;
         }
         if (optind < argc)
-                return log_error_errno(EINVAL, "unexpected argument \"%s\" (see --help)", argv[optind]);
+                return log_error_errno(EINVAL, "unexpected argument \"%s\" (see --help)",
+                                       argv[optind]);
         uint64_t block = a->cfg.bytes_per_token * a->cfg.block_tokens;
         if (a->cfg.hbm_bytes / block == 0) {
                 char b[32];
-                return log_error_errno(EINVAL, "--hbm: holds not even one KV block of %s (%u tokens)",
+                return log_error_errno(EINVAL,
+                                       "--hbm: holds not even one KV block of %s (%u tokens)",
                                        format_size(b, sizeof(b), block), a->cfg.block_tokens);
         }
         return 0;
@@ -333,8 +403,8 @@ static uint64_t sum_tiers(const uint64_t v[_KV_TIER_MAX])
 static void print_human(const struct run_summary *s)
 {
         char out[32], in[32];
-        printf("%-5s %-5s %5" PRIu64 "/%-5" PRIu64 " %8.1f %8.1f %8.1f   %6.1f %6.1f %6.1f  %7.0f %7" PRIu64
-               " %10s %10s %8.1f\n",
+        printf("%-5s %-5s %5" PRIu64 "/%-5" PRIu64
+               " %8.1f %8.1f %8.1f   %6.1f %6.1f %6.1f  %7.0f %7" PRIu64 " %10s %10s %8.1f\n",
                sched_to_string(s->sched), kv_tier_to_string(s->tier), s->r.requests_done,
                s->r.requests, ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]),
                ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s, s->r.preemptions,
@@ -414,19 +484,23 @@ int main(int argc, char **argv)
                         prompt += t.req[i].prompt_tokens;
                         output += t.req[i].output_tokens;
                 }
-                printf("Simulated serving on a virtual clock (compute is time per token, not a model).\n");
-                printf("Trace: %zu requests over %.1f s (%s), mean prompt %.0f, mean output %.0f tokens\n",
+                printf("Simulated serving on a virtual clock (compute is time per token, not a "
+                       "model).\n");
+                printf("Trace: %zu requests over %.1f s (%s), mean prompt %.0f, mean output %.0f "
+                       "tokens\n",
                        t.n, (double)t.req[t.n - 1].arrival_ns / NSEC_PER_SEC,
                        a.trace ?: "generated, on/off bursts", (double)prompt / t.n,
                        (double)output / t.n);
-                printf("KV: %s local = %" PRIu64 " blocks of %u tokens x %s/token; %u decode slots, "
+                printf("KV: %s local = %" PRIu64
+                       " blocks of %u tokens x %s/token; %u decode slots, "
                        "%u tokens per iteration, slice %u iterations\n",
                        format_size(hbm, sizeof(hbm), a.cfg.hbm_bytes), a.cfg.hbm_bytes / block,
                        a.cfg.block_tokens, format_size(bpt, sizeof(bpt), a.cfg.bytes_per_token),
                        a.cfg.decode_slots, a.cfg.max_batch_tokens, a.cfg.slice_iters);
                 printf("Swap: host-memory backend (real copies, checksummed); time modelled for "
                        "peer %.0f GB/s, dram %.0f GB/s\n\n",
-                       a.cfg.cost[KV_TIER_PEER].gbytes_per_s, a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+                       a.cfg.cost[KV_TIER_PEER].gbytes_per_s,
+                       a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
         }
 
         for (int s = 0; s < _SCHED_MAX; s++)
@@ -440,7 +514,8 @@ int main(int argc, char **argv)
                 }
 
         if (!a.quiet) {
-                printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: p50    p90    p99"
+                printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: p50    "
+                       "p90    p99"
                        "    tok/s preempt  swapped-out  swapped-in  swap-ms\n");
                 for (size_t i = 0; i < n_runs; i++)
                         print_human(&runs[i]);
@@ -452,7 +527,8 @@ int main(int argc, char **argv)
                 if (runs[i].r.integrity_errors > 0 || runs[i].r.requests_done != runs[i].r.requests)
                         r = -EIO;
         if (r < 0)
-                log_error("Some runs lost requests or failed an integrity check (see SUMMARY lines)");
+                log_error(
+                    "Some runs lost requests or failed an integrity check (see SUMMARY lines)");
 out:
         for (size_t i = 0; i < n_runs; i++) {
                 stats_clear(&runs[i].r.ttft);

@@ -9,8 +9,8 @@
 #include "sched.h"
 
 static const char *const sched_names[_SCHED_MAX] = {
-        [SCHED_FCFS] = "fcfs",
-        [SCHED_FAIR] = "fair",
+    [SCHED_FCFS] = "fcfs",
+    [SCHED_FAIR] = "fair",
 };
 
 const char *sched_to_string(enum sched_kind k)

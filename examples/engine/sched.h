@@ -29,7 +29,8 @@ struct request {
         uint32_t prompt, output;
 
         uint32_t prefilled; /* prompt tokens whose KV exists */
-        uint32_t generated; /* output tokens produced; the first comes with the last prefill chunk */
+        uint32_t
+            generated; /* output tokens produced; the first comes with the last prefill chunk */
 
         /* KV: resident in local blocks, or swapped out to one slot of the swap backend. */
         uint32_t *blocks;

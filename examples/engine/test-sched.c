@@ -1,4 +1,5 @@
-/* The schedulers: ordering rules, batch formation, time slices, and preemption that loses nothing. */
+/* The schedulers: ordering rules, batch formation, time slices, and preemption that loses nothing.
+ */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -10,8 +11,12 @@
 static struct request req(uint32_t id, uint64_t arrival, uint32_t prompt, uint32_t prefilled,
                           uint32_t generated)
 {
-        return (struct request){.id = id, .arrival_ns = arrival, .prompt = prompt,
-                                .output = 100, .prefilled = prefilled, .generated = generated};
+        return (struct request){.id = id,
+                                .arrival_ns = arrival,
+                                .prompt = prompt,
+                                .output = 100,
+                                .prefilled = prefilled,
+                                .generated = generated};
 }
 
 static void check_order(enum sched_kind k, struct request *r, size_t n, const uint32_t *want)
@@ -21,7 +26,8 @@ static void check_order(enum sched_kind k, struct request *r, size_t n, const ui
                 v[n - 1 - i] = &r[i]; /* start reversed so the sort has work to do */
         sched_rank(k, v, n);
         for (size_t i = 0; i < n; i++) {
-                cr_assert_eq(v[i]->id, want[i], "position %zu: got %u, want %u", i, v[i]->id, want[i]);
+                cr_assert_eq(v[i]->id, want[i], "position %zu: got %u, want %u", i, v[i]->id,
+                             want[i]);
                 cr_assert_eq(v[i]->rank, i);
         }
 }
@@ -29,10 +35,10 @@ static void check_order(enum sched_kind k, struct request *r, size_t n, const ui
 Test(sched, fcfs_orders_by_arrival_whatever_the_progress)
 {
         struct request r[] = {
-                req(0, 300, 50, 50, 40),
-                req(1, 100, 50, 10, 0),
-                req(2, 200, 50, 50, 1),
-                req(3, 100, 50, 0, 0),
+            req(0, 300, 50, 50, 40),
+            req(1, 100, 50, 10, 0),
+            req(2, 200, 50, 50, 1),
+            req(3, 100, 50, 0, 0),
         };
         check_order(SCHED_FCFS, r, ARRAY_SIZE(r), (uint32_t[]){1, 3, 2, 0});
 }
@@ -40,9 +46,9 @@ Test(sched, fcfs_orders_by_arrival_whatever_the_progress)
 Test(sched, fair_puts_every_decode_before_any_prefill)
 {
         struct request r[] = {
-                req(0, 100, 50, 0, 0),   /* prefill, no progress, earliest */
-                req(1, 900, 50, 50, 80), /* decode, much served, latest */
-                req(2, 500, 50, 49, 0),  /* prefill, almost done */
+            req(0, 100, 50, 0, 0),   /* prefill, no progress, earliest */
+            req(1, 900, 50, 50, 80), /* decode, much served, latest */
+            req(2, 500, 50, 49, 0),  /* prefill, almost done */
         };
         check_order(SCHED_FAIR, r, ARRAY_SIZE(r), (uint32_t[]){1, 0, 2});
 }
@@ -50,10 +56,8 @@ Test(sched, fair_puts_every_decode_before_any_prefill)
 Test(sched, fair_serves_the_least_prefill_progress_first)
 {
         struct request r[] = {
-                req(0, 100, 500, 256, 0),
-                req(1, 200, 500, 0, 0),
-                req(2, 300, 500, 64, 0),
-                req(3, 50, 500, 64, 0), /* same progress as 2, earlier: first of the two */
+            req(0, 100, 500, 256, 0), req(1, 200, 500, 0, 0), req(2, 300, 500, 64, 0),
+            req(3, 50, 500, 64, 0), /* same progress as 2, earlier: first of the two */
         };
         check_order(SCHED_FAIR, r, ARRAY_SIZE(r), (uint32_t[]){1, 3, 2, 0});
 }
@@ -61,10 +65,10 @@ Test(sched, fair_serves_the_least_prefill_progress_first)
 Test(sched, fair_serves_the_fewest_generated_tokens_first)
 {
         struct request r[] = {
-                req(0, 100, 50, 50, 30),
-                req(1, 200, 50, 50, 2),
-                req(2, 300, 50, 50, 17),
-                req(3, 400, 50, 50, 2),
+            req(0, 100, 50, 50, 30),
+            req(1, 200, 50, 50, 2),
+            req(2, 300, 50, 50, 17),
+            req(3, 400, 50, 50, 2),
         };
         check_order(SCHED_FAIR, r, ARRAY_SIZE(r), (uint32_t[]){1, 3, 2, 0});
 }
@@ -121,16 +125,17 @@ static void step_expect(struct fixture *f, size_t n, const uint32_t (*want)[2])
         const struct engine_item *b = engine_last_batch(f->e, &got_n);
         cr_assert_eq(got_n, n, "batch has %zu items, want %zu", got_n, n);
         for (size_t i = 0; i < n; i++) {
-                cr_assert_eq(b[i].id, want[i][0], "item %zu: id %u, want %u", i, b[i].id, want[i][0]);
-                cr_assert_eq(b[i].tokens, want[i][1], "item %zu: %u tokens, want %u", i, b[i].tokens,
-                             want[i][1]);
+                cr_assert_eq(b[i].id, want[i][0], "item %zu: id %u, want %u", i, b[i].id,
+                             want[i][0]);
+                cr_assert_eq(b[i].tokens, want[i][1], "item %zu: %u tokens, want %u", i,
+                             b[i].tokens, want[i][1]);
         }
 }
 
-#define STEP(f, ...)                                                             \
-        do {                                                                     \
-                const uint32_t w_[][2] = {__VA_ARGS__};                          \
-                step_expect(f, ARRAY_SIZE(w_), w_);                              \
+#define STEP(f, ...)                                                                               \
+        do {                                                                                       \
+                const uint32_t w_[][2] = {__VA_ARGS__};                                            \
+                step_expect(f, ARRAY_SIZE(w_), w_);                                                \
         } while (0)
 
 Test(sched, fair_chunks_go_to_the_prompt_with_least_progress)
@@ -180,9 +185,9 @@ Test(sched, fair_keeps_the_running_set_for_a_whole_slice)
         add(&f, 0, 16, 20);
         STEP(&f, {0, 16}, {1, 16}); /* iteration 0 opens the first slice */
         for (int i = 1; i < 4; i++)
-                STEP(&f, {0, 1});   /* the rest of the slice belongs to 0 */
+                STEP(&f, {0, 1}); /* the rest of the slice belongs to 0 */
         for (int i = 4; i < 8; i++)
-                STEP(&f, {1, 1});   /* re-ranked at iteration 4: 1 has fewer tokens */
+                STEP(&f, {1, 1}); /* re-ranked at iteration 4: 1 has fewer tokens */
         STEP(&f, {0, 1});
         teardown(&f);
 }
@@ -287,7 +292,8 @@ static void preemption_loses_nothing(enum sched_kind k)
 
         cr_assert_eq(engine_run(f.e), 0);
         const struct engine_result *r = engine_result(f.e);
-        cr_assert_eq(r->requests_done, t.n, "%" PRIu64 " of %zu requests finished", r->requests_done, t.n);
+        cr_assert_eq(r->requests_done, t.n, "%" PRIu64 " of %zu requests finished",
+                     r->requests_done, t.n);
         cr_assert_gt(r->preemptions, 0, "the case must preempt to test anything");
         cr_assert_eq(r->integrity_errors, 0);
         cr_assert_eq(log.duplicates, 0);
@@ -299,7 +305,8 @@ static void preemption_loses_nothing(enum sched_kind k)
                 cr_assert_eq(q->generated, q->output);
                 cr_assert_eq(q->prefilled, q->prompt);
                 for (uint32_t j = 0; j < q->output; j++)
-                        cr_assert_eq(log.seen[i * log.max_output + j], 1, "request %zu token %u", i, j);
+                        cr_assert_eq(log.seen[i * log.max_output + j], 1, "request %zu token %u", i,
+                                     j);
         }
         struct kv_swap_host_stats hs;
         cr_assert_eq(kv_swap_host_stats(&f.swap, &hs), 0);
@@ -366,12 +373,12 @@ static void dmg_free(void *ctx)
 }
 
 static const struct kv_swap_ops damaging_ops = {
-        .name = "damaging",
-        .swap_out = dmg_swap_out,
-        .swap_in = dmg_swap_in,
-        .discard = dmg_discard,
-        .tier_of = dmg_tier_of,
-        .free = dmg_free,
+    .name = "damaging",
+    .swap_out = dmg_swap_out,
+    .swap_in = dmg_swap_in,
+    .discard = dmg_discard,
+    .tier_of = dmg_tier_of,
+    .free = dmg_free,
 };
 
 static void damaged_run(bool after_check)

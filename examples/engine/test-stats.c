@@ -36,9 +36,9 @@ Test(stats, interpolates_between_the_two_closest_ranks)
                 cr_assert_eq(stats_add(&s, (uint64_t)i * 10), 0);
         cr_assert_eq(pct(0), 10);
         cr_assert_eq(pct(100), 1000);
-        cr_assert_eq(pct(50), 505);  /* rank 49.5: between 500 and 510 */
-        cr_assert_eq(pct(90), 901);  /* rank 89.1: 900 + 0.1 * 10 */
-        cr_assert_eq(pct(99), 990);  /* rank 98.01: 990 + 0.1, rounded */
+        cr_assert_eq(pct(50), 505);   /* rank 49.5: between 500 and 510 */
+        cr_assert_eq(pct(90), 901);   /* rank 89.1: 900 + 0.1 * 10 */
+        cr_assert_eq(pct(99), 990);   /* rank 98.01: 990 + 0.1, rounded */
         cr_assert_eq(pct(99.5), 995); /* rank 98.505: 990 + 5.05, rounded */
 }
 

@@ -1,4 +1,5 @@
-/* Request traces: CSV and YAML parsing, the message for each kind of bad input, and the generator. */
+/* Request traces: CSV and YAML parsing, the message for each kind of bad input, and the generator.
+ */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,25 +54,31 @@ Test(trace, reads_csv_with_header_comments_and_blank_lines)
 
 Test(trace, names_a_wrong_field_count)
 {
-        expect_csv_error("arrival_s,prompt_tokens,output_tokens\n0,1,1\n1,2\n",
-                         "t.csv:3: expected 3 fields (arrival_s,prompt_tokens,output_tokens), got 2");
-        expect_csv_error("0,1,1,9\n",
-                         "t.csv:1: expected 3 fields (arrival_s,prompt_tokens,output_tokens), got 4");
+        expect_csv_error(
+            "arrival_s,prompt_tokens,output_tokens\n0,1,1\n1,2\n",
+            "t.csv:3: expected 3 fields (arrival_s,prompt_tokens,output_tokens), got 2");
+        expect_csv_error(
+            "0,1,1,9\n",
+            "t.csv:1: expected 3 fields (arrival_s,prompt_tokens,output_tokens), got 4");
 }
 
 Test(trace, names_a_bad_arrival)
 {
-        expect_csv_error("0,1,1\nsoon,1,1\n", "t.csv:2: arrival_s: expected seconds >= 0, got \"soon\"");
+        expect_csv_error("0,1,1\nsoon,1,1\n",
+                         "t.csv:2: arrival_s: expected seconds >= 0, got \"soon\"");
         expect_csv_error("-1,1,1\n", "t.csv:1: arrival_s: expected seconds >= 0, got \"-1\"");
-        expect_csv_error("0,1,1\nnan,1,1\n", "t.csv:2: arrival_s: expected seconds >= 0, got \"nan\"");
+        expect_csv_error("0,1,1\nnan,1,1\n",
+                         "t.csv:2: arrival_s: expected seconds >= 0, got \"nan\"");
 }
 
 Test(trace, names_bad_token_counts)
 {
-        expect_csv_error("0,0,1\n", "t.csv:1: prompt_tokens: expected an integer 1..1048576, got \"0\"");
+        expect_csv_error("0,0,1\n",
+                         "t.csv:1: prompt_tokens: expected an integer 1..1048576, got \"0\"");
         expect_csv_error("0,12.5,1\n",
                          "t.csv:1: prompt_tokens: expected an integer 1..1048576, got \"12.5\"");
-        expect_csv_error("0,1,\n", "t.csv:1: output_tokens: expected an integer 1..1048576, got \"\"");
+        expect_csv_error("0,1,\n",
+                         "t.csv:1: output_tokens: expected an integer 1..1048576, got \"\"");
         expect_csv_error("0,1,9999999\n",
                          "t.csv:1: output_tokens: expected an integer 1..1048576, got \"9999999\"");
 }
@@ -85,7 +92,8 @@ Test(trace, refuses_arrivals_that_go_back_in_time)
 
 Test(trace, refuses_an_empty_trace)
 {
-        expect_csv_error("arrival_s,prompt_tokens,output_tokens\n# nothing\n", "t.csv: no requests");
+        expect_csv_error("arrival_s,prompt_tokens,output_tokens\n# nothing\n",
+                         "t.csv: no requests");
 }
 
 Test(trace, reads_yaml)
@@ -134,8 +142,9 @@ Test(trace, load_picks_the_format_by_extension_and_names_the_file)
         _cleanup_free_ char *error = NULL;
         cr_assert_eq(trace_load(path, &t, &error), -EINVAL);
         _cleanup_free_ char *want = NULL;
-        cr_assert_gt(asprintf(&want, "%s:2:37: requests[0].output: 0 is out of range [1, 1048576]",
-                              path), 0);
+        cr_assert_gt(
+            asprintf(&want, "%s:2:37: requests[0].output: 0 is out of range [1, 1048576]", path),
+            0);
         cr_assert_str_eq(error, want);
         unlink(path);
 
@@ -199,7 +208,8 @@ Test(trace, generated_traces_repeat_for_a_seed_and_round_trip_through_csv)
         cr_assert_eq(t.n, a.n);
         for (size_t i = 0; i < a.n; i++) {
                 /* Written with microsecond resolution. */
-                cr_assert_leq(llabs((long long)t.req[i].arrival_ns - (long long)a.req[i].arrival_ns), 1000);
+                cr_assert_leq(
+                    llabs((long long)t.req[i].arrival_ns - (long long)a.req[i].arrival_ns), 1000);
                 cr_assert_eq(t.req[i].prompt_tokens, a.req[i].prompt_tokens);
         }
         free(buf);
@@ -209,7 +219,8 @@ Test(trace, generated_traces_repeat_for_a_seed_and_round_trip_through_csv)
 
 Test(trace, generated_arrivals_come_in_bursts)
 {
-        /* With quiet periods at 1/20 of the burst rate, gaps vary far more than a Poisson stream's. */
+        /* With quiet periods at 1/20 of the burst rate, gaps vary far more than a Poisson stream's.
+         */
         struct trace_gen g;
         struct trace a = {};
         trace_gen_defaults(&g);

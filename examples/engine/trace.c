@@ -122,7 +122,8 @@ int trace_parse_csv(const char *name, const char *data, size_t size, struct trac
                         n_fields++;
                 if (n_fields != 3) {
                         r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: expected 3 fields (arrival_s,prompt_tokens,output_tokens), got %zu",
+                                 "%s:%zu: expected 3 fields "
+                                 "(arrival_s,prompt_tokens,output_tokens), got %zu",
                                  name, line_no, n_fields);
                         goto out;
                 }
@@ -191,17 +192,18 @@ struct yaml_trace {
 };
 
 static const struct conf_field yaml_request_fields[] = {
-        CONF_FIELD_DURATION(struct yaml_request, arrival, "arrival", 0, INT64_C(1000000000) * 1000000000, CONF_REQUIRED),
-        CONF_FIELD_INT(struct yaml_request, prompt, "prompt", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
-        CONF_FIELD_INT(struct yaml_request, output, "output", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
-        CONF_FIELD_END,
+    CONF_FIELD_DURATION(struct yaml_request, arrival, "arrival", 0,
+                        INT64_C(1000000000) * 1000000000, CONF_REQUIRED),
+    CONF_FIELD_INT(struct yaml_request, prompt, "prompt", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
+    CONF_FIELD_INT(struct yaml_request, output, "output", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
+    CONF_FIELD_END,
 };
 static const struct conf_schema yaml_request_schema = {"request", yaml_request_fields};
 
 static const struct conf_field yaml_trace_fields[] = {
-        CONF_FIELD_LIST(struct yaml_trace, requests, n_requests, "requests",
-                        CONF_ELEM_STRUCT(&yaml_request_schema), CONF_MAX_ITEMS, CONF_REQUIRED),
-        CONF_FIELD_END,
+    CONF_FIELD_LIST(struct yaml_trace, requests, n_requests, "requests",
+                    CONF_ELEM_STRUCT(&yaml_request_schema), CONF_MAX_ITEMS, CONF_REQUIRED),
+    CONF_FIELD_END,
 };
 static const struct conf_schema yaml_trace_schema = {"trace", yaml_trace_fields};
 
@@ -223,9 +225,9 @@ int trace_parse_yaml(const char *name, const char *data, size_t size, struct tra
         for (size_t i = 0; i < y.n_requests; i++) {
                 const struct yaml_request *q = &y.requests[i];
                 struct trace_request req = {
-                        .arrival_ns = q->arrival,
-                        .prompt_tokens = (uint32_t)q->prompt,
-                        .output_tokens = (uint32_t)q->output,
+                    .arrival_ns = q->arrival,
+                    .prompt_tokens = (uint32_t)q->prompt,
+                    .output_tokens = (uint32_t)q->output,
                 };
                 if (t.n > 0 && req.arrival_ns < t.req[t.n - 1].arrival_ns) {
                         r = fail(ret_error, -EINVAL,
@@ -304,20 +306,20 @@ void trace_gen_defaults(struct trace_gen *g)
          * 30 req/s for ~4 s between quiet stretches of 2 req/s for ~8 s.
          */
         *g = (struct trace_gen){
-                .n = 2000,
-                .seed = 1,
-                .rate_on = 30.0,
-                .rate_off = 2.0,
-                .on_s = 4.0,
-                .off_s = 8.0,
-                .prompt_median = 120.0,
-                .prompt_sigma = 1.1,
-                .output_median = 130.0,
-                .output_sigma = 1.0,
-                .prompt_min = 4,
-                .prompt_max = 2048,
-                .output_min = 4,
-                .output_max = 1024,
+            .n = 2000,
+            .seed = 1,
+            .rate_on = 30.0,
+            .rate_off = 2.0,
+            .on_s = 4.0,
+            .off_s = 8.0,
+            .prompt_median = 120.0,
+            .prompt_sigma = 1.1,
+            .output_median = 130.0,
+            .output_sigma = 1.0,
+            .prompt_min = 4,
+            .prompt_max = 2048,
+            .output_min = 4,
+            .output_max = 1024,
         };
 }
 
@@ -350,7 +352,8 @@ int trace_generate(const struct trace_gen *g, struct trace *ret)
         bool on = true;
         double t = 0, period_end = rng_exponential(&rng, g->on_s);
         for (size_t i = 0; i < g->n; i++) {
-                /* Memoryless: when a gap crosses a period boundary, restart it in the new period. */
+                /* Memoryless: when a gap crosses a period boundary, restart it in the new period.
+                 */
                 for (;;) {
                         double gap = rng_exponential(&rng, 1.0 / (on ? g->rate_on : g->rate_off));
                         if (t + gap <= period_end) {

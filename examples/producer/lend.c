@@ -14,14 +14,14 @@ void lend_config_defaults(struct lend_config *c)
 {
         /* An 80 GiB GPU serving a vision model: 16 GiB weights, up to 40 GiB of activations. */
         *c = (struct lend_config){
-                .capacity = UINT64_C(80) << 30,
-                .weights = UINT64_C(16) << 30,
-                .activation_peak = UINT64_C(40) << 30,
-                .margin = UINT64_C(2) << 30,
-                .chunk = UINT64_C(2) << 20,
-                .band = 0.1,
-                .hold_ns = 2 * NSEC_PER_SEC,
-                .min_offer = UINT64_C(256) << 20,
+            .capacity = UINT64_C(80) << 30,
+            .weights = UINT64_C(16) << 30,
+            .activation_peak = UINT64_C(40) << 30,
+            .margin = UINT64_C(2) << 30,
+            .chunk = UINT64_C(2) << 20,
+            .band = 0.1,
+            .hold_ns = 2 * NSEC_PER_SEC,
+            .min_offer = UINT64_C(256) << 20,
         };
 }
 
@@ -53,9 +53,9 @@ uint64_t lend_lendable(const struct lend_config *c, double load)
 }
 
 static const char *const action_names[_LEND_ACTION_MAX] = {
-        [LEND_NONE] = "none",
-        [LEND_OFFER] = "offer",
-        [LEND_RECLAIM] = "reclaim",
+    [LEND_NONE] = "none",
+    [LEND_OFFER] = "offer",
+    [LEND_RECLAIM] = "reclaim",
 };
 
 const char *lend_action_to_string(enum lend_action a)
@@ -142,11 +142,11 @@ static void dry_free(void *ctx)
 }
 
 static const struct lend_ops dry_run_ops = {
-        .name = "dry-run",
-        .offer = dry_offer,
-        .reclaim = dry_reclaim,
-        .report_load = NULL,
-        .free = dry_free,
+    .name = "dry-run",
+    .offer = dry_offer,
+    .reclaim = dry_reclaim,
+    .report_load = NULL,
+    .free = dry_free,
 };
 
 int lend_dry_run_new(struct lend_backend *ret)

@@ -21,10 +21,12 @@ struct lend_config {
 };
 
 void lend_config_defaults(struct lend_config *c);
-/* -EINVAL when the numbers cannot describe a GPU (chunk not a power of two, band outside [0, 1], ...). */
+/* -EINVAL when the numbers cannot describe a GPU (chunk not a power of two, band outside [0, 1],
+ * ...). */
 int lend_config_check(const struct lend_config *c);
 
-/* Memory the producer must keep at load (0..1): weights + activations + margin, at most capacity. */
+/* Memory the producer must keep at load (0..1): weights + activations + margin, at most capacity.
+ */
 uint64_t lend_working_set(const struct lend_config *c, double load);
 /* What it could lend at load: the rest, rounded down to whole chunks. */
 uint64_t lend_lendable(const struct lend_config *c, double load);
@@ -40,9 +42,9 @@ enum lend_action {
 const char *lend_action_to_string(enum lend_action a);
 
 struct lend_state {
-        uint64_t lent;           /* bytes in the pool (offered and not reclaimed) */
+        uint64_t lent; /* bytes in the pool (offered and not reclaimed) */
         bool ever_offered;
-        bool pending;            /* the offer condition holds, since pending_since_ns */
+        bool pending; /* the offer condition holds, since pending_since_ns */
         uint64_t pending_since_ns;
 };
 
@@ -81,7 +83,8 @@ struct lend_backend {
 
 void lend_backend_free(struct lend_backend *b);
 
-/* A dry-run backend: keeps the books only (everything offered is taken, everything reclaimed returns). */
+/* A dry-run backend: keeps the books only (everything offered is taken, everything reclaimed
+ * returns). */
 int lend_dry_run_new(struct lend_backend *ret);
 
 /*

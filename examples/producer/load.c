@@ -98,8 +98,9 @@ int load_parse_csv(const char *name, const char *data, size_t size, struct load_
                         size_t fields = 1;
                         for (const char *c = line; (c = strchr(c, ',')); c++)
                                 fields++;
-                        r = fail(ret_error, -EINVAL, "%s:%zu: expected 2 fields (time_s,load), got %zu",
-                                 name, line_no, fields);
+                        r = fail(ret_error, -EINVAL,
+                                 "%s:%zu: expected 2 fields (time_s,load), got %zu", name, line_no,
+                                 fields);
                         goto out;
                 }
                 *comma = 0;
@@ -107,14 +108,16 @@ int load_parse_csv(const char *name, const char *data, size_t size, struct load_
                 struct load_point p;
                 double secs;
                 if (parse_double(ts, &secs) < 0 || !(secs >= 0) || secs > 1e9) {
-                        r = fail(ret_error, -EINVAL, "%s:%zu: time_s: expected seconds >= 0, got \"%s\"",
-                                 name, line_no, ts);
+                        r = fail(ret_error, -EINVAL,
+                                 "%s:%zu: time_s: expected seconds >= 0, got \"%s\"", name, line_no,
+                                 ts);
                         goto out;
                 }
                 p.time_ns = (uint64_t)llround(secs * (double)NSEC_PER_SEC);
                 if (parse_double(ls, &p.load) < 0 || !(p.load >= 0 && p.load <= 1)) {
-                        r = fail(ret_error, -EINVAL, "%s:%zu: load: expected a number in [0, 1], got \"%s\"",
-                                 name, line_no, ls);
+                        r = fail(ret_error, -EINVAL,
+                                 "%s:%zu: load: expected a number in [0, 1], got \"%s\"", name,
+                                 line_no, ls);
                         goto out;
                 }
                 if (t.n > 0 && p.time_ns < t.p[t.n - 1].time_ns) {
@@ -153,16 +156,17 @@ struct yaml_load {
 };
 
 static const struct conf_field yaml_point_fields[] = {
-        CONF_FIELD_DURATION(struct yaml_point, time, "time", 0, INT64_C(1000000000) * 1000000000, CONF_REQUIRED),
-        CONF_FIELD_DOUBLE(struct yaml_point, load, "load", 0.0, 1.0, CONF_REQUIRED),
-        CONF_FIELD_END,
+    CONF_FIELD_DURATION(struct yaml_point, time, "time", 0, INT64_C(1000000000) * 1000000000,
+                        CONF_REQUIRED),
+    CONF_FIELD_DOUBLE(struct yaml_point, load, "load", 0.0, 1.0, CONF_REQUIRED),
+    CONF_FIELD_END,
 };
 static const struct conf_schema yaml_point_schema = {"point", yaml_point_fields};
 
 static const struct conf_field yaml_load_fields[] = {
-        CONF_FIELD_LIST(struct yaml_load, points, n_points, "load", CONF_ELEM_STRUCT(&yaml_point_schema),
-                        CONF_MAX_ITEMS, CONF_REQUIRED),
-        CONF_FIELD_END,
+    CONF_FIELD_LIST(struct yaml_load, points, n_points, "load",
+                    CONF_ELEM_STRUCT(&yaml_point_schema), CONF_MAX_ITEMS, CONF_REQUIRED),
+    CONF_FIELD_END,
 };
 static const struct conf_schema yaml_load_schema = {"load-trace", yaml_load_fields};
 

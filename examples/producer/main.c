@@ -24,7 +24,8 @@ static void help(void)
                "does not flap. Runs on a virtual clock; the lending calls go to a dry-run\n"
                "backend that keeps the books. Prints each transition and a 'SUMMARY' line.\n"
                "\n"
-               "  --trace FILE            load trace (CSV time_s,load, or .yaml with load: [{time, load}])\n"
+               "  --trace FILE            load trace (CSV time_s,load, or .yaml with load: [{time, "
+               "load}])\n"
                "  --capacity SIZE         GPU memory (80GiB)\n"
                "  --weights SIZE          always kept (16GiB)\n"
                "  --activation-peak SIZE  kept on top at load 1.0 (40GiB)\n"
@@ -40,38 +41,50 @@ static void help(void)
 }
 
 enum {
-        ARG_TRACE = 0x100, ARG_CAPACITY, ARG_WEIGHTS, ARG_ACTIVATION, ARG_MARGIN, ARG_CHUNK,
-        ARG_BAND, ARG_HOLD, ARG_MIN_OFFER, ARG_STEP, ARG_REALTIME, ARG_QUIET,
+        ARG_TRACE = 0x100,
+        ARG_CAPACITY,
+        ARG_WEIGHTS,
+        ARG_ACTIVATION,
+        ARG_MARGIN,
+        ARG_CHUNK,
+        ARG_BAND,
+        ARG_HOLD,
+        ARG_MIN_OFFER,
+        ARG_STEP,
+        ARG_REALTIME,
+        ARG_QUIET,
 };
 
 static const struct option options[] = {
-        {"trace", required_argument, NULL, ARG_TRACE},
-        {"capacity", required_argument, NULL, ARG_CAPACITY},
-        {"weights", required_argument, NULL, ARG_WEIGHTS},
-        {"activation-peak", required_argument, NULL, ARG_ACTIVATION},
-        {"margin", required_argument, NULL, ARG_MARGIN},
-        {"chunk", required_argument, NULL, ARG_CHUNK},
-        {"band", required_argument, NULL, ARG_BAND},
-        {"hold", required_argument, NULL, ARG_HOLD},
-        {"min-offer", required_argument, NULL, ARG_MIN_OFFER},
-        {"step", required_argument, NULL, ARG_STEP},
-        {"realtime", optional_argument, NULL, ARG_REALTIME},
-        {"quiet", no_argument, NULL, ARG_QUIET},
-        {"help", no_argument, NULL, 'h'},
-        {},
+    {"trace", required_argument, NULL, ARG_TRACE},
+    {"capacity", required_argument, NULL, ARG_CAPACITY},
+    {"weights", required_argument, NULL, ARG_WEIGHTS},
+    {"activation-peak", required_argument, NULL, ARG_ACTIVATION},
+    {"margin", required_argument, NULL, ARG_MARGIN},
+    {"chunk", required_argument, NULL, ARG_CHUNK},
+    {"band", required_argument, NULL, ARG_BAND},
+    {"hold", required_argument, NULL, ARG_HOLD},
+    {"min-offer", required_argument, NULL, ARG_MIN_OFFER},
+    {"step", required_argument, NULL, ARG_STEP},
+    {"realtime", optional_argument, NULL, ARG_REALTIME},
+    {"quiet", no_argument, NULL, ARG_QUIET},
+    {"help", no_argument, NULL, 'h'},
+    {},
 };
 
 static int size_arg(const char *opt, const char *s, bool zero_ok, uint64_t *ret)
 {
         if (parse_size(s, ret) < 0 || (!zero_ok && *ret == 0))
-                return log_error_errno(EINVAL, "--%s: expected a size (\"2GiB\"), got \"%s\"", opt, s);
+                return log_error_errno(EINVAL, "--%s: expected a size (\"2GiB\"), got \"%s\"", opt,
+                                       s);
         return 0;
 }
 
 static int dur_arg(const char *opt, const char *s, uint64_t *ret)
 {
         if (parse_duration(s, ret) < 0)
-                return log_error_errno(EINVAL, "--%s: expected a duration (\"2s\"), got \"%s\"", opt, s);
+                return log_error_errno(EINVAL, "--%s: expected a duration (\"2s\"), got \"%s\"",
+                                       opt, s);
         return 0;
 }
 
@@ -95,23 +108,43 @@ int main(int argc, char **argv)
         log_setup("aqua-producer", LOG_LEVEL_INFO);
         lend_config_defaults(&cfg);
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                const char *name = c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
+                const char *name =
+                    c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
                 switch (c) {
                 case 'h':
                         help();
                         return EXIT_SUCCESS;
-                case ARG_TRACE: path = optarg; break;
-                case ARG_CAPACITY: r = size_arg(name, optarg, false, &cfg.capacity); break;
-                case ARG_WEIGHTS: r = size_arg(name, optarg, true, &cfg.weights); break;
-                case ARG_ACTIVATION: r = size_arg(name, optarg, true, &cfg.activation_peak); break;
-                case ARG_MARGIN: r = size_arg(name, optarg, true, &cfg.margin); break;
-                case ARG_CHUNK: r = size_arg(name, optarg, false, &cfg.chunk); break;
-                case ARG_MIN_OFFER: r = size_arg(name, optarg, true, &cfg.min_offer); break;
-                case ARG_BAND:
-                        if (parse_double(optarg, &cfg.band) < 0 || !(cfg.band >= 0 && cfg.band <= 1))
-                                r = log_error_errno(EINVAL, "--band: expected a load in [0, 1], got \"%s\"", optarg);
+                case ARG_TRACE:
+                        path = optarg;
                         break;
-                case ARG_HOLD: r = dur_arg(name, optarg, &cfg.hold_ns); break;
+                case ARG_CAPACITY:
+                        r = size_arg(name, optarg, false, &cfg.capacity);
+                        break;
+                case ARG_WEIGHTS:
+                        r = size_arg(name, optarg, true, &cfg.weights);
+                        break;
+                case ARG_ACTIVATION:
+                        r = size_arg(name, optarg, true, &cfg.activation_peak);
+                        break;
+                case ARG_MARGIN:
+                        r = size_arg(name, optarg, true, &cfg.margin);
+                        break;
+                case ARG_CHUNK:
+                        r = size_arg(name, optarg, false, &cfg.chunk);
+                        break;
+                case ARG_MIN_OFFER:
+                        r = size_arg(name, optarg, true, &cfg.min_offer);
+                        break;
+                case ARG_BAND:
+                        if (parse_double(optarg, &cfg.band) < 0 ||
+                            !(cfg.band >= 0 && cfg.band <= 1))
+                                r = log_error_errno(EINVAL,
+                                                    "--band: expected a load in [0, 1], got \"%s\"",
+                                                    optarg);
+                        break;
+                case ARG_HOLD:
+                        r = dur_arg(name, optarg, &cfg.hold_ns);
+                        break;
                 case ARG_STEP:
                         r = dur_arg(name, optarg, &step);
                         if (r == 0 && step == 0)
@@ -120,9 +153,12 @@ int main(int argc, char **argv)
                 case ARG_REALTIME:
                         realtime = 1;
                         if (optarg && (parse_double(optarg, &realtime) < 0 || !(realtime > 0)))
-                                r = log_error_errno(EINVAL, "--realtime: expected a speed > 0, got \"%s\"", optarg);
+                                r = log_error_errno(
+                                    EINVAL, "--realtime: expected a speed > 0, got \"%s\"", optarg);
                         break;
-                case ARG_QUIET: quiet = true; break;
+                case ARG_QUIET:
+                        quiet = true;
+                        break;
                 default:
                         return EXIT_FAILURE;
                 }
@@ -155,11 +191,14 @@ int main(int argc, char **argv)
         }
 
         if (!quiet)
-                printf("Producer on a %.1f GiB GPU: keeps %.1f GiB weights + up to %.1f GiB activations "
-                       "+ %.1f GiB margin; lends the rest in %" PRIu64 " KiB chunks (band %.2f, hold %.1f s), "
+                printf("Producer on a %.1f GiB GPU: keeps %.1f GiB weights + up to %.1f GiB "
+                       "activations "
+                       "+ %.1f GiB margin; lends the rest in %" PRIu64
+                       " KiB chunks (band %.2f, hold %.1f s), "
                        "backend %s\n",
-                       gib(cfg.capacity), gib(cfg.weights), gib(cfg.activation_peak), gib(cfg.margin),
-                       cfg.chunk >> 10, cfg.band, (double)cfg.hold_ns / NSEC_PER_SEC, backend.ops->name);
+                       gib(cfg.capacity), gib(cfg.weights), gib(cfg.activation_peak),
+                       gib(cfg.margin), cfg.chunk >> 10, cfg.band,
+                       (double)cfg.hold_ns / NSEC_PER_SEC, backend.ops->name);
 
         uint64_t offers = 0, reclaims = 0, offered = 0, reclaimed = 0, max_lent = 0;
         uint64_t end = trace.p[trace.n - 1].time_ns + cfg.hold_ns + step;
@@ -182,7 +221,8 @@ int main(int argc, char **argv)
                 else if (a == LEND_RECLAIM)
                         r = backend.ops->reclaim(backend.ctx, bytes, &done);
                 if (r < 0) {
-                        log_error_errno(r, "%s of %" PRIu64 " bytes failed: %m", lend_action_to_string(a), bytes);
+                        log_error_errno(r, "%s of %" PRIu64 " bytes failed: %m",
+                                        lend_action_to_string(a), bytes);
                         break;
                 }
                 if (a == LEND_NONE)
@@ -197,12 +237,14 @@ int main(int argc, char **argv)
                 }
                 max_lent = MAX(max_lent, st.lent);
                 if (!quiet)
-                        printf("t=%8.2fs load %.2f  keep %6.1f GiB  %-7s %6.1f GiB  -> lent %6.1f GiB\n",
+                        printf("t=%8.2fs load %.2f  keep %6.1f GiB  %-7s %6.1f GiB  -> lent %6.1f "
+                               "GiB\n",
                                (double)t / NSEC_PER_SEC, load, gib(lend_working_set(&cfg, load)),
                                lend_action_to_string(a), gib(done), gib(st.lent));
         pace:
                 if (realtime > 0) {
-                        uint64_t due = start + (uint64_t)((double)t / realtime), now = now_mono_ns();
+                        uint64_t due = start + (uint64_t)((double)t / realtime),
+                                 now = now_mono_ns();
                         if (due > now)
                                 sleep_ns(due - now);
                 }

@@ -17,14 +17,14 @@ static void init(void)
 {
         /* 100 GiB, 20 weights, 50 activations at peak, no margin: lendable = 80 - 50 * load. */
         cfg = (struct lend_config){
-                .capacity = 100 * GiB,
-                .weights = 20 * GiB,
-                .activation_peak = 50 * GiB,
-                .margin = 0,
-                .chunk = 2 * MiB,
-                .band = 0.1,
-                .hold_ns = 2 * SEC,
-                .min_offer = 256 * MiB,
+            .capacity = 100 * GiB,
+            .weights = 20 * GiB,
+            .activation_peak = 50 * GiB,
+            .margin = 0,
+            .chunk = 2 * MiB,
+            .band = 0.1,
+            .hold_ns = 2 * SEC,
+            .min_offer = 256 * MiB,
         };
         st = (struct lend_state){};
         now = 0;
@@ -79,10 +79,10 @@ Test(lend, the_first_offer_goes_out_at_once)
 Test(lend, reclaims_at_once_when_load_grows_into_lent_memory)
 {
         uint64_t b;
-        at(0, 0.2, NULL);                      /* 65 GiB lent */
+        at(0, 0.2, NULL); /* 65 GiB lent */
         cr_assert_eq(at(1, 0.25, NULL), LEND_NONE, "inside the band: nothing to do");
         cr_assert_eq(at(1.1, 0.8, &b), LEND_RECLAIM);
-        cr_assert_eq(b, 25 * GiB);             /* lendable at 0.8 is 40 */
+        cr_assert_eq(b, 25 * GiB); /* lendable at 0.8 is 40 */
         cr_assert_eq(st.lent, 40 * GiB);
 }
 

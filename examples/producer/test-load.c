@@ -43,8 +43,9 @@ Test(load, names_each_kind_of_bad_line)
         expect_error("0,0.2\n-1,0.5\n", "l.csv:2: time_s: expected seconds >= 0, got \"-1\"");
         expect_error("0,1.5\n", "l.csv:1: load: expected a number in [0, 1], got \"1.5\"");
         expect_error("0,high\n", "l.csv:1: load: expected a number in [0, 1], got \"high\"");
-        expect_error("5,0.1\n4,0.1\n",
-                     "l.csv:2: time_s 4 is earlier than the previous point's; times must not decrease");
+        expect_error(
+            "5,0.1\n4,0.1\n",
+            "l.csv:2: time_s 4 is earlier than the previous point's; times must not decrease");
         expect_error("time_s,load\n", "l.csv: no load points");
 }
 
