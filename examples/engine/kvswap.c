@@ -40,25 +40,40 @@ uint64_t kv_tier_cost_ns(const struct kv_tier_cost *c, uint64_t bytes)
         return c->call_ns + (uint64_t)((double)bytes / c->gbytes_per_s);
 }
 
+static inline uint64_t mix(uint64_t h, uint64_t w)
+{
+        h ^= w * UINT64_C(0x9e3779b97f4a7c15);
+        return ((h << 31) | (h >> 33)) * UINT64_C(0x100000001b3);
+}
+
 uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes)
 {
         /*
-         * Word at a time (a multiply-rotate mix in the spirit of FNV/xxhash):
-         * integrity checks run on every swap, so a byte loop would dominate
-         * the whole simulation. Order-sensitive, so swapped blocks are caught.
+         * Word at a time in four independent lanes (a multiply-rotate mix in
+         * the spirit of FNV/xxhash): integrity checks run on every swap, so a
+         * byte loop, or one long dependency chain, would dominate a whole
+         * simulated run. Lanes are folded per block, so the result depends on
+         * the order of the blocks as well as their bytes.
          */
         uint64_t h = UINT64_C(0xcbf29ce484222325) ^ block_bytes;
         for (size_t i = 0; i < n; i++) {
                 const uint8_t *p = blocks[i];
+                uint64_t l[4] = {h, h ^ 1, h ^ 2, h ^ 3};
                 size_t j = 0;
+                for (; j + 32 <= block_bytes; j += 32)
+                        for (int k = 0; k < 4; k++) {
+                                uint64_t w;
+                                memcpy(&w, p + j + 8 * k, 8);
+                                l[k] = mix(l[k], w);
+                        }
                 for (; j + 8 <= block_bytes; j += 8) {
                         uint64_t w;
                         memcpy(&w, p + j, 8);
-                        h ^= w * UINT64_C(0x9e3779b97f4a7c15);
-                        h = ((h << 31) | (h >> 33)) * UINT64_C(0x100000001b3);
+                        l[0] = mix(l[0], w);
                 }
                 for (; j < block_bytes; j++)
-                        h = (h ^ p[j]) * UINT64_C(0x100000001b3);
+                        l[1] = (l[1] ^ p[j]) * UINT64_C(0x100000001b3);
+                h = mix(mix(mix(mix(h, l[0]), l[1]), l[2]), l[3]);
         }
         return h ^ (h >> 29);
 }

@@ -57,8 +57,24 @@ static int cmp_ptr(const void *a, const void *b)
 
 void sched_rank(enum sched_kind k, struct request **v, size_t n)
 {
-        sort_kind = k;
-        qsort(v, n, sizeof(*v), cmp_ptr);
+        /*
+         * From one iteration to the next the order barely changes (a few dozen
+         * requests gain a token), so insertion sort from the previous order is
+         * close to linear. A big reshuffle falls back to qsort.
+         */
+        size_t moves = 0, limit = 8 * n + 64;
+        for (size_t i = 1; i < n && moves <= limit; i++) {
+                struct request *x = v[i];
+                size_t j = i;
+                for (; j > 0 && sched_compare(k, v[j - 1], x) > 0; j--)
+                        v[j] = v[j - 1];
+                v[j] = x;
+                moves += i - j;
+        }
+        if (moves > limit) {
+                sort_kind = k;
+                qsort(v, n, sizeof(*v), cmp_ptr);
+        }
         for (size_t i = 0; i < n; i++)
                 v[i]->rank = i;
 }
