@@ -12,6 +12,7 @@
 #include "engine-model.h"
 #include "log.h"
 #include "parse-util.h"
+#include "probe-cli.h"
 #include "report.h"
 #include "search.h"
 #include "target-http.h"
@@ -183,7 +184,7 @@ static void print_result(const struct search *st)
 static void help(void)
 {
         printf("Usage: aqua-profile [OPTIONS] CONFIG\n"
-               "       aqua-profile probe [--output FILE] [--size BYTES] [--iterations N]\n\n"
+               "       aqua-profile probe [-o FILE] [--size SIZE] [--iters N]\n\n"
                "Find the highest request rate a model sustains within its SLA, the memory it\n"
                "leaves free there, whether it lends (producer) or borrows (consumer), and the\n"
                "swap space bursts need. Writes NAME.profile.yaml (for aqua-place),\n"
@@ -224,6 +225,8 @@ int main(int argc, char **argv)
         int c, r;
 
         log_setup("aqua-profile", LOG_LEVEL_INFO);
+        if (argc >= 2 && strcmp(argv[1], "probe") == 0)
+                return probe_main(argc - 1, argv + 1);
 
         while ((c = getopt_long(argc, argv, "o:qvh", opts, NULL)) >= 0) {
                 switch (c) {

@@ -1,0 +1,242 @@
+/* The link probe on simcuda: every pair measured, links missing where there is no peer access. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "probe.h"
+#include "util.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
+
+static char dir[] = "/tmp/aqua-test-probe-XXXXXX";
+static struct cuda_driver *driver;
+
+static void setup(void)
+{
+        char *error = NULL;
+
+        cr_assert_not_null(mkdtemp(dir));
+        unsetenv("AQUA_SIM_TOPOLOGY");
+        unsetenv("AQUA_SIM_DEVICES");
+        cr_assert_eq(cuda_driver_open(NULL, &driver, &error), 0, "%s", error ? error : "");
+}
+
+static void teardown(void)
+{
+        char cmd[128];
+
+        driver = cuda_driver_close(driver);
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(probe, .init = setup, .fini = teardown);
+
+static char *path_in_dir(const char *name)
+{
+        char *p;
+
+        cr_assert_geq(asprintf(&p, "%s/%s", dir, name), 0);
+        return p;
+}
+
+static char *read_text(const char *path)
+{
+        FILE *f = fopen(path, "re");
+        char *buf = calloc(1, 65536);
+        size_t n;
+
+        cr_assert_not_null(f, "%s", path);
+        cr_assert_not_null(buf);
+        n = fread(buf, 1, 65535, f);
+        buf[n] = '\0';
+        fclose(f);
+        return buf;
+}
+
+/* The file without comments or bandwidth values: what must survive a trip through simcuda. */
+static char *structure(const char *path)
+{
+        _cleanup_free_ char *text = read_text(path);
+        char *out = calloc(1, strlen(text) + 1), *o = out;
+
+        cr_assert_not_null(out);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+                char *quote = strrchr(line, '"'), *hash = strchr(quote ? quote : line, '#');
+                char *bw = strstr(line, ", bandwidth:");
+                size_t n;
+
+                if (hash)
+                        *hash = '\0';
+                if (bw)
+                        strcpy(bw, "}");
+                for (n = strlen(line); n > 0 && line[n - 1] == ' '; n--)
+                        line[n - 1] = '\0';
+                if (*line)
+                        o += sprintf(o, "%s\n", line);
+        }
+        return out;
+}
+
+static int run_probe(const char *var, const char *value, const char *machine, const char *output,
+                     const char *extra)
+{
+        const char *exe = getenv("AQUA_TEST_PROFILE");
+        pid_t pid;
+        int status;
+
+        cr_assert_not_null(exe, "AQUA_TEST_PROFILE is not set (run through meson test)");
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                /* Its report would land in the TAP stream on stdout. */
+                if (!freopen("/dev/null", "w", stdout))
+                        _exit(127);
+                setenv(var, value, 1);
+                setenv("AQUA_SIM_MACHINE", machine, 1);
+                execl(exe, exe, "probe", "-q", "--size", "1MiB", "--iters", "3", "-o", output,
+                      extra, (char *)NULL);
+                _exit(127);
+        }
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static const struct probe_params small = {.size = 2 * MiB, .iterations = 3, .nccl = true};
+
+Test(probe, measures_every_pair_on_simcuda)
+{
+        _cleanup_(probe_result_done) struct probe_result r = {0};
+        static volatile sig_atomic_t never;
+
+        setenv("AQUA_SIM_DEVICES", "4x1GiB", 1);
+        setenv("AQUA_SIM_MACHINE", "test-probe-pairs", 1);
+        cr_assert_eq(probe_run(driver, &small, &never, NULL, NULL, &r), 0);
+        cr_assert_eq(r.n_devices, 4);
+        cr_assert(r.complete);
+        for (int i = 0; i < 4; i++) {
+                cr_expect_eq(r.devices[i].memory, GiB);
+                cr_expect_str_eq(r.devices[i].name, "simcuda GPU");
+                cr_expect_eq(strncmp(r.devices[i].uuid, "GPU-", 4), 0);
+                for (int j = 0; j < 4; j++) {
+                        if (i == j)
+                                continue;
+                        cr_expect(r.peer[i * 4 + j], "%d -> %d has no peer access", i, j);
+                        cr_expect_gt(probe_at(r.copy, &r, i, j), 0.0, "%d -> %d", i, j);
+                        cr_expect_eq(probe_at(r.nccl, &r, i, j), PROBE_NOT_MEASURED);
+                }
+        }
+        /* simcuda has no kernels, so NCCL must say it did not run, and why. */
+        cr_expect_not(r.nccl_ran);
+        cr_assert_not_null(r.nccl_note);
+        cr_expect_not_null(strstr(r.nccl_note, "runs no kernels"), "%s", r.nccl_note);
+}
+
+Test(probe, pair_without_peer_link_shows_as_such)
+{
+        _cleanup_(probe_result_done) struct probe_result r = {0};
+        _cleanup_free_ char *topo = path_in_dir("in.yaml"), *out = path_in_dir("out.yaml");
+        _cleanup_free_ char *text = NULL;
+        static volatile sig_atomic_t never;
+        FILE *f = fopen(topo, "we");
+
+        cr_assert_not_null(f);
+        fprintf(f, "devices: [{memory: 64MiB}, {memory: 64MiB}, {name: lone, memory: 64MiB}]\n"
+                   "links: [{a: 0, b: 1, bandwidth: 100GB}]\n");
+        fclose(f);
+        setenv("AQUA_SIM_TOPOLOGY", topo, 1);
+        setenv("AQUA_SIM_MACHINE", "test-probe-unlinked", 1);
+        cr_assert_eq(probe_run(driver, &small, &never, NULL, NULL, &r), 0);
+        cr_assert_eq(r.n_devices, 3);
+        cr_expect(r.peer[0 * 3 + 1] && r.peer[1 * 3 + 0]);
+        cr_expect_gt(probe_link_bandwidth(&r, 0, 1), 0.0);
+        for (int i = 0; i < 2; i++) {
+                cr_expect_not(r.peer[i * 3 + 2]);
+                cr_expect_not(r.peer[2 * 3 + i]);
+                cr_expect_eq(probe_at(r.copy, &r, i, 2), PROBE_NOT_MEASURED);
+                cr_expect_eq(probe_at(r.copy, &r, 2, i), PROBE_NOT_MEASURED);
+        }
+
+        cr_assert_eq(probe_write_topology(out, &r), 0);
+        text = read_text(out);
+        cr_expect_not_null(strstr(text, "name: \"lone\""), "%s", text);
+        cr_expect_not_null(strstr(text, "  - {a: 0, b: 1, bandwidth: "), "%s", text);
+        cr_expect_null(strstr(text, "{a: 0, b: 2"), "%s", text);
+        cr_expect_null(strstr(text, "{a: 1, b: 2"), "%s", text);
+        cr_expect_not_null(strstr(text, "# No peer access (cuDeviceCanAccessPeer): 0-2 1-2\n"),
+                           "%s", text);
+}
+
+Test(probe, topology_round_trips_through_simcuda)
+{
+        _cleanup_(probe_result_done) struct probe_result r = {0};
+        _cleanup_free_ char *a = path_in_dir("a.yaml"), *b = path_in_dir("b.yaml");
+        _cleanup_free_ char *sa = NULL, *sb = NULL;
+        static volatile sig_atomic_t never;
+
+        cr_assert_eq(run_probe("AQUA_SIM_DEVICES", "4x1GiB", "test-probe-trip-a", a, "--no-nccl"),
+                     0);
+        /* Another machine id: UUIDs now come from the file, not from the id. */
+        setenv("AQUA_SIM_TOPOLOGY", a, 1);
+        setenv("AQUA_SIM_MACHINE", "test-probe-trip-b", 1);
+        cr_assert_eq(probe_run(driver, &small, &never, NULL, NULL, &r), 0);
+        cr_assert_eq(r.n_devices, 4);
+        for (int i = 0; i < 4; i++) {
+                cr_expect_eq(r.devices[i].memory, GiB);
+                cr_expect_eq(r.devices[i].pci_bus, 0x10 + i);
+                for (int j = 0; j < 4; j++)
+                        cr_expect(i == j || r.peer[i * 4 + j], "%d -> %d", i, j);
+        }
+        cr_assert_eq(probe_write_topology(b, &r), 0);
+        sa = structure(a);
+        sb = structure(b);
+        cr_expect_str_eq(sa, sb);
+        cr_expect_not_null(strstr(sa, "  - {a: 2, b: 3}\n"), "%s", sa);
+        cr_expect_not_null(strstr(sa, "    memory: 1073741824\n"), "%s", sa);
+}
+
+static void cancel_after_first(const struct probe_result *r, const char *method, int src, int dst,
+                               double gbps, size_t done, size_t total, void *userdata)
+{
+        *(volatile sig_atomic_t *)userdata = 1;
+}
+
+Test(probe, interrupted_probe_keeps_links_and_leaves_out_bandwidths)
+{
+        _cleanup_(probe_result_done) struct probe_result r = {0};
+        _cleanup_free_ char *part = path_in_dir("part.yaml"), *again = path_in_dir("again.yaml");
+        _cleanup_free_ char *text = NULL;
+        static volatile sig_atomic_t stop;
+
+        setenv("AQUA_SIM_DEVICES", "3x64MiB", 1);
+        setenv("AQUA_SIM_MACHINE", "test-probe-cancel", 1);
+        cr_assert_eq(probe_run(driver, &small, &stop, cancel_after_first, (void *)&stop, &r),
+                     PROBE_E_CANCELLED);
+        cr_expect_not(r.complete);
+        cr_expect_gt(probe_at(r.copy, &r, 0, 1), 0.0);
+        cr_expect_eq(probe_at(r.copy, &r, 0, 2), PROBE_NOT_MEASURED);
+        cr_assert_eq(probe_write_topology(part, &r), 0);
+        text = read_text(part);
+        cr_expect_not_null(strstr(text, "# INCOMPLETE"), "%s", text);
+        cr_expect_not_null(strstr(text, "  - {a: 0, b: 2}"), "%s", text);
+        /* It still loads: simcuda gives unmeasured links its default bandwidth. */
+        cr_expect_eq(
+            run_probe("AQUA_SIM_TOPOLOGY", part, "test-probe-cancel-2", again, "--no-nccl"), 0);
+}
+
+Test(probe, bad_arguments_are_refused)
+{
+        _cleanup_free_ char *out = path_in_dir("never.yaml");
+
+        cr_expect_eq(run_probe("AQUA_SIM_DEVICES", "2x64MiB", "test-probe-args", out, "--iters=0"),
+                     2);
+        cr_expect_eq(run_probe("AQUA_SIM_DEVICES", "2x64MiB", "test-probe-args", out, "extra"), 2);
+        /* A copy larger than a device cannot be allocated: a clear error and no file. */
+        cr_expect_eq(
+            run_probe("AQUA_SIM_DEVICES", "2x64MiB", "test-probe-args", out, "--size=1GiB"), 1);
+        cr_expect_neq(access(out, F_OK), 0);
+}
