@@ -4,6 +4,7 @@
  */
 #include <dlfcn.h>
 #include <nccl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,17 +28,26 @@ struct nccl {
                              ncclComm_t comm, cudaStream_t stream);
 };
 
-static int set_note(struct probe_result *r, const char *fmt, const char *a, const char *b)
+static _printf_(2, 3) int set_note(struct probe_result *r, const char *fmt, ...)
 {
+        va_list ap;
+        int n;
+
         free(r->nccl_note);
-        if (asprintf(&r->nccl_note, fmt, a, b) < 0) {
+        va_start(ap, fmt);
+        n = vasprintf(&r->nccl_note, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
                 r->nccl_note = NULL;
                 return -ENOMEM;
         }
         return 0;
 }
 
-/* Never unloaded (RTLD_NODELETE): NCCL leaves threads behind that would run unmapped code. */
+/*
+ * Returns 0, 1 when it cannot be used (r->nccl_note says why), or -ENOMEM. Never unloaded
+ * (RTLD_NODELETE): NCCL leaves threads behind that would run unmapped code.
+ */
 static int nccl_open(const char *path, struct nccl *ret, struct probe_result *r)
 {
         static const char *const names[] = {
@@ -173,17 +183,18 @@ int probe_nccl(const struct cuda_driver *d, const struct probe_gpu *gpus,
         for (int i = 0; i < r->n_devices * r->n_devices; i++)
                 any |= r->peer[i];
         if (!any)
-                return set_note(r, "skipped: no pair of GPUs has a peer link%s%s", "", "");
-        if (!driver_runs_kernels(d))
-                return set_note(r,
-                                "skipped: the CUDA driver %s runs no kernels (simcuda?), and NCCL "
-                                "moves data with kernels%s",
-                                d->path, "");
+                return set_note(r, "skipped: no pair of GPUs has a peer link");
         ret = nccl_open(p->nccl_library, &n, r);
         if (ret != 0)
                 return ret < 0 ? ret : 0;
         n.get_version(&v);
         snprintf(version, sizeof(version), "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+        /* Loading libnccl touches no driver; running it would need kernels simcuda lacks. */
+        if (!driver_runs_kernels(d))
+                return set_note(r,
+                                "skipped: NCCL %s is here, but the CUDA driver %s runs no kernels "
+                                "(simcuda?) and NCCL moves data with kernels",
+                                version, d->path);
 
         comms = calloc((size_t)r->n_devices, sizeof(*comms));
         devs = calloc((size_t)r->n_devices, sizeof(*devs));
@@ -193,13 +204,25 @@ int probe_nccl(const struct cuda_driver *d, const struct probe_gpu *gpus,
                 devs[i] = i;
         nres = n.comm_init_all(comms, r->n_devices, devs);
         if (nres != ncclSuccess)
-                return nccl_error(&n, r, nres, "ncclCommInitAll");
-        ret = measure(d, &n, gpus, comms, p, cancelled, progress, userdata, r);
-        for (int i = 0; i < r->n_devices; i++)
-                n.comm_destroy(comms[i]);
+                ret = nccl_error(&n, r, nres, "ncclCommInitAll");
+        else {
+                ret = measure(d, &n, gpus, comms, p, cancelled, progress, userdata, r);
+                for (int i = 0; i < r->n_devices; i++)
+                        n.comm_destroy(comms[i]);
+        }
         if (ret == 0) {
                 r->nccl_ran = true;
-                ret = set_note(r, "NCCL %s, send/recv in one process%s", version, "");
-        }
+                ret = set_note(r, "NCCL %s, send/recv in one process", version);
+        } else if (ret == PROBE_E_DRIVER) {
+                /* The copy probe's figures stand on their own: NCCL failing is a note, not an end.
+                 */
+                for (int i = 0; i < r->n_devices * r->n_devices; i++)
+                        r->nccl[i] = PROBE_NOT_MEASURED;
+                ret = set_note(r, "failed: %s (NCCL %s)", r->error ? r->error : "unknown error",
+                               version);
+                free(r->error);
+                r->error = NULL;
+        } else if (ret == PROBE_E_CANCELLED && set_note(r, "interrupted (NCCL %s)", version) < 0)
+                ret = -ENOMEM;
         return ret;
 }

@@ -1,5 +1,6 @@
 /* The link probe on simcuda: every pair measured, links missing where there is no peer access. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,26 @@ Test(probe, measures_every_pair_on_simcuda)
         cr_expect_not(r.nccl_ran);
         cr_assert_not_null(r.nccl_note);
         cr_expect_not_null(strstr(r.nccl_note, "runs no kernels"), "%s", r.nccl_note);
+        /* Where libnccl is installed, its loader found every entry point and the version. */
+        if (dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL))
+                cr_expect_not_null(strstr(r.nccl_note, "NCCL 2."), "%s", r.nccl_note);
+}
+
+Test(probe, missing_nccl_is_a_note_not_an_error)
+{
+        _cleanup_(probe_result_done) struct probe_result r = {0};
+        struct probe_params p = small;
+        static volatile sig_atomic_t never;
+
+        p.nccl_library = "/nonexistent/libnccl.so.2";
+        setenv("AQUA_SIM_DEVICES", "2x64MiB", 1);
+        setenv("AQUA_SIM_MACHINE", "test-probe-no-nccl", 1);
+        cr_assert_eq(probe_run(driver, &p, &never, NULL, NULL, &r), 0);
+        cr_expect(r.complete);
+        cr_expect_not(r.nccl_ran);
+        cr_assert_not_null(r.nccl_note);
+        cr_expect_not_null(strstr(r.nccl_note, "cannot load /nonexistent/libnccl.so.2"), "%s",
+                           r.nccl_note);
 }
 
 Test(probe, pair_without_peer_link_shows_as_such)
