@@ -36,7 +36,10 @@ static int fill_topology(FILE *f, const void *userdata)
         fprintf(f,
                 "# Link bandwidth: the slower direction of %d peer copies of %s each (median),\n",
                 r->iterations, format_size(size, sizeof(size), r->size));
-        fprintf(f, "# in GB/s. NCCL: %s.\n", r->nccl_note ? r->nccl_note : "not run");
+        fprintf(f, "# in GB/s; %s.\n",
+                r->peer_access ? "peer access enabled with cuCtxEnablePeerAccess"
+                               : "the driver has no cuCtxEnablePeerAccess (simcuda needs none)");
+        fprintf(f, "# NCCL: %s.\n", r->nccl_note ? r->nccl_note : "not run");
         if (!r->complete)
                 fprintf(f, "# INCOMPLETE: the probe was interrupted; links without a bandwidth "
                            "were not measured.\n");

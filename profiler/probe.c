@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parse-util.h"
 #include "probe-gpu.h"
 #include "util.h"
 
@@ -171,8 +172,11 @@ static int setup_gpus(const struct cuda_driver *d, uint64_t size, struct probe_r
                         goto fail;
                 }
                 if ((res = d->cuMemAlloc(&g[i].buf, size)) != CUDA_SUCCESS) {
-                        ret_code =
-                            probe_driver_error(d, r, res, "cuMemAlloc (try a smaller --size)", i);
+                        char what[64], b[32];
+
+                        snprintf(what, sizeof(what), "cuMemAlloc of --size %s",
+                                 format_size(b, sizeof(b), size));
+                        ret_code = probe_driver_error(d, r, res, what, i);
                         goto fail;
                 }
                 if ((res = d->cuStreamCreate(&g[i].stream, CU_STREAM_NON_BLOCKING)) ||
@@ -252,13 +256,13 @@ static int copy_probe(const struct cuda_driver *d, const struct probe_gpu *g,
 
                         if (!r->peer[(size_t)i * (size_t)n + (size_t)j])
                                 continue;
-                        if (*cancelled)
+                        if (cancelled && *cancelled)
                                 return PROBE_E_CANCELLED;
                         ret = time_copy(d, g, i, j, p->size, r, NULL); /* warm-up */
                         for (int k = 0; ret == 0 && k < p->iterations; k++) {
                                 float t;
 
-                                if (*cancelled)
+                                if (cancelled && *cancelled)
                                         return PROBE_E_CANCELLED;
                                 ret = time_copy(d, g, i, j, p->size, r, &t);
                                 /* A copy faster than the timer's resolution still moved bytes. */
