@@ -214,8 +214,7 @@ int probe_nccl(const struct cuda_driver *d, const struct probe_gpu *gpus,
                 r->nccl_ran = true;
                 ret = set_note(r, "NCCL %s, send/recv in one process", version);
         } else if (ret == PROBE_E_DRIVER) {
-                /* The copy probe's figures stand on their own: NCCL failing is a note, not an end.
-                 */
+                /* The copy figures stand on their own: NCCL failing is a note, not an end. */
                 for (int i = 0; i < r->n_devices * r->n_devices; i++)
                         r->nccl[i] = PROBE_NOT_MEASURED;
                 ret = set_note(r, "failed: %s (NCCL %s)", r->error ? r->error : "unknown error",
