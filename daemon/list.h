@@ -44,6 +44,15 @@ static inline void list_unlink(struct list_node *n)
         n->prev = n->next = n;
 }
 
+static inline size_t list_length(const struct list_node *h)
+{
+        size_t n = 0;
+
+        for (const struct list_node *i = h->next; i != h; i = i->next)
+                n++;
+        return n;
+}
+
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
 #define list_entry(n, type, member) container_of(n, type, member)
