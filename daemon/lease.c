@@ -301,7 +301,7 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
         list_for_each(pos, tmp, &l->chunks)
         {
                 struct chunk *c = list_entry(pos, struct chunk, lease_node);
-                if (*got >= want)
+                if (*got >= want || (deadline_ns && ret->n_pending >= p->settings.max_grant_chunks))
                         break;
                 if (c->state != CHUNK_LEASED || (c->orphan && deadline_ns))
                         continue;
@@ -342,7 +342,7 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
                 list_for_each(pos, tmp, &producer->chunks)
                 {
                         struct chunk *c = list_entry(pos, struct chunk, producer_node);
-                        if (got >= want)
+                        if (got >= want || res.n_free >= p->settings.max_grant_chunks)
                                 break;
                         if (c->state != CHUNK_FREE || c->orphan)
                                 continue;
@@ -355,7 +355,7 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
         list_for_each(pos, tmp, &p->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, pool_node);
-                if (got >= want)
+                if (got >= want || res.n_pending >= p->settings.max_grant_chunks)
                         break;
                 if (l->producer != producer)
                         continue;

@@ -39,6 +39,3 @@ void notice_queue(struct pool *p, enum notice_kind kind, struct gpu *to, uint64_
 
 /* Bring the pool's earliest deadline forward to at least deadline_ns. */
 void pool_note_deadline(struct pool *p, uint64_t deadline_ns);
-
-/* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
-int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);

@@ -205,6 +205,9 @@ struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
 struct chunk *pool_find_chunk(struct pool *p, uint64_t id);
 struct lease *pool_find_lease(struct pool *p, uint64_t id);
 
+/* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
+int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+
 const char *chunk_state_to_string(enum chunk_state s);
 const char *lease_state_to_string(enum lease_state s);
 
@@ -275,7 +278,8 @@ void pool_reclaim_clear(struct pool_reclaim *r);
 
 /*
  * Producer (or an operator for it): take memory back. bytes == 0 && all: everything. With
- * leased_only, free chunks stay in the pool (an operator forcing leases back).
+ * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
+ * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
  */
 int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all, bool leased_only,
                  const char *reason, struct pool_reclaim *ret, char *err);
