@@ -202,12 +202,14 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
 
 int raw_memfd(uint64_t size, const char *text)
 {
+        char buf[64];
+        size_t len = (size_t)snprintf(buf, sizeof(buf), "%s", text) + 1;
         int fd = memfd_create("chunk", MFD_CLOEXEC);
 
         if (fd < 0)
                 return -errno;
-        if (ftruncate(fd, (off_t)size) < 0 ||
-            pwrite(fd, text, strlen(text) + 1, 0) != (ssize_t)strlen(text) + 1) {
+        if (len > sizeof(buf) || ftruncate(fd, (off_t)size) < 0 ||
+            pwrite(fd, buf, len, 0) != (ssize_t)len) {
                 close(fd);
                 return -EIO;
         }
