@@ -9,6 +9,7 @@
 #include "log.h"
 #include "pairing.h"
 #include "pool-private.h"
+#include "time-util.h"
 
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
@@ -134,6 +135,40 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
 }
 
 /*
+ * Reclaims asked while the consumer was away (or that it may have lost track of across the
+ * restart) are asked again, with the time that is left.
+ */
+static int renotice(struct pool *p, struct gpu *g)
+{
+        uint64_t now = now_mono_ns();
+
+        for (struct list_node *n = g->leases.next; n != &g->leases; n = n->next) {
+                struct lease *l = list_entry(n, struct lease, consumer_node);
+                _cleanup_free_ uint64_t *ids = calloc(l->n_chunks + 1, sizeof(uint64_t));
+                uint64_t deadline = 0;
+                size_t k = 0;
+
+                if (!ids)
+                        return -ENOMEM;
+                for (struct list_node *x = l->chunks.next; x != &l->chunks; x = x->next) {
+                        struct chunk *c = list_entry(x, struct chunk, lease_node);
+                        if (c->state != CHUNK_RECLAIMING)
+                                continue;
+                        ids[k++] = c->id;
+                        if (c->deadline_ns && (!deadline || c->deadline_ns < deadline))
+                                deadline = c->deadline_ns;
+                }
+                if (k == 0)
+                        continue;
+                /* A passed deadline is sent as 1 ms: "now", not "no deadline". */
+                notice_queue(p, NOTICE_RECLAIM, g, l->id, ids, k,
+                             !deadline ? 0 : deadline > now ? (deadline - now) / NSEC_PER_MSEC : 1,
+                             l->reason ? l->reason : "reclaim");
+        }
+        return 0;
+}
+
+/*
  * The consumer lists the chunks it maps, by lease. Leases the journal has for it are kept (and
  * chunks of them it no longer lists go back to the pool); leases the daemon does not know, or
  * knows for another GPU, are lost: the consumer keeps the mappings it has and moves off them.
@@ -195,7 +230,7 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                 if (l->n_chunks == 0)
                         lease_free(p, l);
         }
-        return 0;
+        return renotice(p, g);
 }
 
 int pool_register(struct pool *p, const struct pool_hello *h, void *owner,

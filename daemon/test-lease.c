@@ -501,3 +501,37 @@ Test(lease, a_snapshot_replays_to_the_same_state)
         aquaj__journal_record__free_unpacked(snap, NULL);
         pool_free(copy);
 }
+
+Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_reclaimed)
+{
+        Aqua__HeldChunk held[2], *held_p[2];
+        struct pool_reclaim r;
+        struct pool_grant g;
+        uint64_t chunk_ids[2], lease_id, ids[4];
+        char reason[64];
+        size_t n = 0;
+
+        with_journal();
+        offer(2, chunk_ids);
+        lease_id = borrow(4 * MiB, 4 * MiB, false, &g)->id;
+        cr_assert_eq(pool_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err),
+                     0);
+        pool_reclaim_clear(&r);
+        cr_assert_eq(pool_commit(pool), 0);
+        drain_notices();
+        pool = pool_free(pool);
+
+        pool = restart();
+        for (int i = 0; i < 2; i++) {
+                held[i] = (Aqua__HeldChunk)AQUA__HELD_CHUNK__INIT;
+                held[i].chunk_id = chunk_ids[i];
+                held[i].size = 2 * MiB;
+                held[i].lease_id = lease_id;
+                held_p[i] = &held[i];
+        }
+        consumer = hello("GPU-C", AQUA__ROLE__ROLE_CONSUMER, "GPU-P", &consumer_client, held_p, 2,
+                         NULL, NULL);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
+        cr_assert_eq(n, 1);
+        cr_assert_str_eq(reason, "producer load");
+}
