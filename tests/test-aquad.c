@@ -327,31 +327,73 @@ Test(aquad, a_killed_consumer_returns_its_chunks_to_the_pool_within_a_second)
         raw_free(s);
 }
 
+/* A producer in a child process: registers, offers three chunks, says so, waits to die. */
+static pid_t spawn_producer(int *ready)
+{
+        int p[2];
+        pid_t pid;
+
+        cr_assert_eq(pipe(p), 0);
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                struct raw me;
+                Aqua__Envelope *w, *o;
+                char ok = 0;
+
+                close(p[0]);
+                if (raw_connect(&me, aquad_endpoint(daemon_), aquad_side_path(daemon_)) == 0 &&
+                    (w = raw_hello(&me, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", NULL, 0,
+                                   NULL)) &&
+                    w->body_case == BODY(WELCOME) && (o = raw_offer(&me, 3, 2 * MiB, NULL)) &&
+                    o->body_case == BODY(OFFER_REPLY))
+                        ok = 1;
+                (void)!write(p[1], &ok, 1);
+                pause();
+                _exit(0);
+        }
+        close(p[1]);
+        *ready = p[0];
+        return pid;
+}
+
 Test(aquad, a_killed_producer_leaves_leased_memory_alive_and_tells_the_consumer)
 {
         Aqua__Envelope *g, *notice, *ret, *q;
-        int fds[4];
+        int fds[4], ready, wstatus;
+        char ok = 0;
         size_t n;
+        pid_t pid;
 
-        cast(NULL);
-        offer(&producer, 3, NULL, NULL);
+        start(NULL);
+        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        pid = spawn_producer(&ready);
+        cr_assert_eq(read(ready, &ok, 1), 1);
+        close(ready);
+        cr_assert_eq(ok, 1, "the child producer offered its chunks");
         g = raw_borrow(&consumer, 4 * MiB, 4 * MiB, false, fds, 4, &n);
+        cr_assert_eq(g->body_case, BODY(GRANT), "error %d", raw_error_code(g));
         cr_assert_eq(n, 2);
-        raw_close(&producer); /* its side channel closes: as dead as a SIGKILL */
 
+        kill(pid, SIGKILL);
+        waitpid(pid, &wstatus, 0);
         notice = raw_wait(&consumer, 0, BODY(RECLAIM_NOTICE), RAW_TIMEOUT_MS);
         cr_assert_not_null(notice);
         cr_assert_str_eq(notice->reclaim_notice->reason, "producer gone");
+        cr_assert_eq(notice->reclaim_notice->lease_id, g->grant->lease_id);
         cr_assert_eq(notice->reclaim_notice->n_chunk_ids, 2);
         cr_assert_eq(notice->reclaim_notice->deadline_ms, 0, "at the consumer's own pace");
         raw_free(notice);
-        /* The data is still there through the consumer's handles. */
-        cr_assert(raw_memfd_has(fds[0], "chunk 0") || raw_memfd_has(fds[0], "chunk 1") ||
-                  raw_memfd_has(fds[0], "chunk 2"));
+        /* The data is still there through the consumer's handles, its producer dead. */
+        for (size_t i = 0; i < n; i++)
+                cr_assert(raw_memfd_has(fds[i], "chunk 0") || raw_memfd_has(fds[i], "chunk 1") ||
+                          raw_memfd_has(fds[i], "chunk 2"));
 
         q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS);
         cr_assert_eq(q->admin_reply->n_chunks, 2, "the unleased chunk was dropped");
         raw_free(q);
+        side_close_fds(fds, n);
         ret = give_back(&consumer, g->grant->lease_id, NULL, 0);
         cr_assert_eq(ret->body_case, BODY(RETURN_REPLY));
         raw_free(ret);
@@ -359,7 +401,6 @@ Test(aquad, a_killed_producer_leaves_leased_memory_alive_and_tells_the_consumer)
         cr_assert_eq(q->admin_reply->n_chunks, 0);
         raw_free(q);
         raw_free(g);
-        side_close_fds(fds, n);
 }
 
 Test(aquad, a_killed_aquad_restarts_with_leases_reconciled_none_lost_or_duplicated)
