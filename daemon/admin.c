@@ -291,8 +291,8 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 return;
         }
         if (!client_is_admin(s, c)) {
-                server_send_error(s, c->routing_id, c->routing_id_len, e->request_id,
-                                  E(PERMISSION), "%s: uid %u gid %u is not in the admin allow list",
+                server_send_error(s, c->routing_id, c->routing_id_len, e->request_id, E(PERMISSION),
+                                  "%s: uid %u gid %u is not in the admin allow list",
                                   wire_body_name(e), c->cred.uid, c->cred.gid);
                 return;
         }
@@ -319,8 +319,7 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 code = pool_unpin(s->pool, e->admin_unpair->gpu, err);
                 break;
         default:
-                code = pool_fail(err, E(INVALID), "%s is not an admin request",
-                                 wire_body_name(e));
+                code = pool_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));
                 break;
         }
         if (code != 0) {

@@ -16,57 +16,56 @@ static const char *const pairing_names[] = {"static", "auto", NULL};
 static const char *const level_names[] = {"error", "warning", "notice", "info", "debug", NULL};
 
 static const struct conf_field pair_fields[] = {
-        CONF_FIELD_STRING(struct config_pair, producer, "producer", CONF_REQUIRED),
-        CONF_FIELD_STRING(struct config_pair, consumer, "consumer", CONF_REQUIRED),
-        CONF_FIELD_END,
+    CONF_FIELD_STRING(struct config_pair, producer, "producer", CONF_REQUIRED),
+    CONF_FIELD_STRING(struct config_pair, consumer, "consumer", CONF_REQUIRED),
+    CONF_FIELD_END,
 };
 static const struct conf_schema pair_schema = {"pair", pair_fields};
 
 static const struct conf_field access_fields[] = {
-        CONF_FIELD_LIST(struct config_access, users, n_users, "users", &conf_elem_string, 1024, 0),
-        CONF_FIELD_LIST(struct config_access, groups, n_groups, "groups", &conf_elem_string, 1024,
-                        0),
-        CONF_FIELD_END,
+    CONF_FIELD_LIST(struct config_access, users, n_users, "users", &conf_elem_string, 1024, 0),
+    CONF_FIELD_LIST(struct config_access, groups, n_groups, "groups", &conf_elem_string, 1024, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema access_schema = {"access", access_fields};
 
 static const struct conf_field limits_fields[] = {
-        CONF_FIELD_INT(struct config_limits, clients, "clients", 1, 65536, 0),
-        CONF_FIELD_INT(struct config_limits, chunks, "chunks", 1, 1 << 24, 0),
-        CONF_FIELD_INT(struct config_limits, leases, "leases", 1, 1 << 24, 0),
-        CONF_FIELD_INT(struct config_limits, pending_requests, "pending-requests", 1, 4096, 0),
-        CONF_FIELD_SIZE(struct config_limits, message_size, "message-size", 256, 64 << 20, 0),
-        CONF_FIELD_INT(struct config_limits, repeated_items, "repeated-items", 1, 1 << 20, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_INT(struct config_limits, clients, "clients", 1, 65536, 0),
+    CONF_FIELD_INT(struct config_limits, chunks, "chunks", 1, 1 << 24, 0),
+    CONF_FIELD_INT(struct config_limits, leases, "leases", 1, 1 << 24, 0),
+    CONF_FIELD_INT(struct config_limits, pending_requests, "pending-requests", 1, 4096, 0),
+    CONF_FIELD_SIZE(struct config_limits, message_size, "message-size", 256, 64 << 20, 0),
+    CONF_FIELD_INT(struct config_limits, repeated_items, "repeated-items", 1, 1 << 20, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema limits_schema = {"limits", limits_fields};
 
 #define SEC INT64_C(1000000000)
 
 static const struct conf_field config_fields[] = {
-        CONF_FIELD_STRING(struct config, endpoint, "endpoint", 0),
-        CONF_FIELD_STRING(struct config, side_socket, "side-socket", 0),
-        CONF_FIELD_MODE(struct config, socket_mode, "socket-mode", 0),
-        CONF_FIELD_STRING(struct config, socket_group, "socket-group", 0),
-        CONF_FIELD_STRUCT(struct config, allow, "allow", &access_schema, 0),
-        CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
-        CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
-        CONF_FIELD_STRUCT(struct config, limits, "limits", &limits_schema, 0),
-        CONF_FIELD_DURATION(struct config, reclaim_deadline_ns, "reclaim-deadline", SEC / 1000,
-                            3600 * SEC, 0),
-        CONF_FIELD_DURATION(struct config, reconcile_timeout_ns, "reconcile-timeout", SEC / 1000,
-                            3600 * SEC, 0),
-        CONF_FIELD_DURATION(struct config, request_timeout_ns, "request-timeout", SEC / 1000,
-                            600 * SEC, 0),
-        CONF_FIELD_ENUM(struct config, pairing, "pairing", pairing_names, 0),
-        CONF_FIELD_LIST(struct config, pairs, n_pairs, "pairs", CONF_ELEM_STRUCT(&pair_schema),
-                        1024, 0),
-        CONF_FIELD_STRING(struct config, journal, "journal", 0),
-        CONF_FIELD_SIZE(struct config, journal_compact_bytes, "journal-compact-size", 4096,
-                        INT64_C(1) << 40, 0),
-        CONF_FIELD_STRING(struct config, metrics, "metrics", 0),
-        CONF_FIELD_ENUM(struct config, log_level, "log-level", level_names, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_STRING(struct config, endpoint, "endpoint", 0),
+    CONF_FIELD_STRING(struct config, side_socket, "side-socket", 0),
+    CONF_FIELD_MODE(struct config, socket_mode, "socket-mode", 0),
+    CONF_FIELD_STRING(struct config, socket_group, "socket-group", 0),
+    CONF_FIELD_STRUCT(struct config, allow, "allow", &access_schema, 0),
+    CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
+    CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
+    CONF_FIELD_STRUCT(struct config, limits, "limits", &limits_schema, 0),
+    CONF_FIELD_DURATION(struct config, reclaim_deadline_ns, "reclaim-deadline", SEC / 1000,
+                        3600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config, reconcile_timeout_ns, "reconcile-timeout", SEC / 1000,
+                        3600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config, request_timeout_ns, "request-timeout", SEC / 1000, 600 * SEC,
+                        0),
+    CONF_FIELD_ENUM(struct config, pairing, "pairing", pairing_names, 0),
+    CONF_FIELD_LIST(struct config, pairs, n_pairs, "pairs", CONF_ELEM_STRUCT(&pair_schema), 1024,
+                    0),
+    CONF_FIELD_STRING(struct config, journal, "journal", 0),
+    CONF_FIELD_SIZE(struct config, journal_compact_bytes, "journal-compact-size", 4096,
+                    INT64_C(1) << 40, 0),
+    CONF_FIELD_STRING(struct config, metrics, "metrics", 0),
+    CONF_FIELD_ENUM(struct config, log_level, "log-level", level_names, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema config_schema = {"aquad", config_fields};
 
@@ -101,22 +100,22 @@ struct config *config_free(struct config *c)
 static int defaults(struct config *c)
 {
         *c = (struct config){
-                .socket_mode = 0660,
-                .limits =
-                        {
-                                .clients = 256,
-                                .chunks = 65536,
-                                .leases = 16384,
-                                .pending_requests = 16,
-                                .message_size = 1u << 20,
-                                .repeated_items = 4096,
-                        },
-                .reclaim_deadline_ns = 5 * SEC,
-                .reconcile_timeout_ns = 30 * SEC,
-                .request_timeout_ns = 10 * SEC,
-                .pairing = CONFIG_PAIRING_AUTO,
-                .journal_compact_bytes = 4u << 20,
-                .log_level = LOG_LEVEL_INFO,
+            .socket_mode = 0660,
+            .limits =
+                {
+                    .clients = 256,
+                    .chunks = 65536,
+                    .leases = 16384,
+                    .pending_requests = 16,
+                    .message_size = 1u << 20,
+                    .repeated_items = 4096,
+                },
+            .reclaim_deadline_ns = 5 * SEC,
+            .reconcile_timeout_ns = 30 * SEC,
+            .request_timeout_ns = 10 * SEC,
+            .pairing = CONFIG_PAIRING_AUTO,
+            .journal_compact_bytes = 4u << 20,
+            .log_level = LOG_LEVEL_INFO,
         };
         c->endpoint = strdup(CONFIG_DEFAULT_ENDPOINT);
         c->side_socket = strdup(CONFIG_DEFAULT_SIDE);
@@ -189,8 +188,8 @@ static int check(struct config *c, const char *name, char **ret_error)
 {
         int r;
 
-        if (!c->endpoint || !(strncmp(c->endpoint, "ipc://", 6) == 0 ||
-                              strncmp(c->endpoint, "tcp://", 6) == 0))
+        if (!c->endpoint ||
+            !(strncmp(c->endpoint, "ipc://", 6) == 0 || strncmp(c->endpoint, "tcp://", 6) == 0))
                 return invalid(ret_error, name, "endpoint: \"%s\" is neither ipc:// nor tcp://",
                                c->endpoint ? c->endpoint : "");
         if (!c->side_socket || c->side_socket[0] != '/' ||

@@ -48,15 +48,16 @@ struct config {
         char *endpoint;
         char *side_socket;
         uint32_t socket_mode;
-        char *socket_group;      /* NULL: leave the group as created */
+        char *socket_group; /* NULL: leave the group as created */
         struct config_access allow;
         struct config_access admin;
         uint64_t dram_budget;
         struct config_limits limits;
         uint64_t reclaim_deadline_ns;
         uint64_t reconcile_timeout_ns; /* after a restart: how long holders have to re-register */
-        uint64_t request_timeout_ns;   /* a request waiting for its fds, a side channel without Hello */
-        int pairing;                   /* enum config_pairing */
+        uint64_t
+            request_timeout_ns; /* a request waiting for its fds, a side channel without Hello */
+        int pairing;            /* enum config_pairing */
         struct config_pair *pairs;
         size_t n_pairs;
         char *journal;

@@ -102,18 +102,18 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         struct pool_welcome pw = {0};
         char err[POOL_ERR_MAX];
         struct pool_hello ph = {
-                .uuid = h->gpu_uuid,
-                .role = h->role,
-                .ordinal = h->gpu_ordinal,
-                .capacity = h->gpu_capacity,
-                .granularity = h->granularity,
-                .client_name = h->client_name,
-                .pid = c->cred.pid,
-                .links = h->links,
-                .n_links = h->n_links,
-                .held = h->held,
-                .n_held = h->n_held,
-                .held_fds = fds,
+            .uuid = h->gpu_uuid,
+            .role = h->role,
+            .ordinal = h->gpu_ordinal,
+            .capacity = h->gpu_capacity,
+            .granularity = h->granularity,
+            .client_name = h->client_name,
+            .pid = c->cred.pid,
+            .links = h->links,
+            .n_links = h->n_links,
+            .held = h->held,
+            .n_held = h->n_held,
+            .held_fds = fds,
         };
         int code;
 
@@ -340,8 +340,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                          need);
                 side_close_fds(fds, n_fds);
                 if (p->env && c->routing_id_len)
-                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL),
-                                    wire_body_name(p->env), msg);
+                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL), wire_body_name(p->env),
+                                    msg);
                 else
                         log_notice("Client %" PRIu64 ": %s", c->id, msg);
                 client_free_pending(c, p);
@@ -502,8 +502,7 @@ static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envel
         char err[POOL_ERR_MAX];
         int code;
 
-        code = pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res,
-                            err);
+        code = pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res, err);
         if (code != 0) {
                 reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
                             code < 0 ? "reclaim: out of memory" : err);
@@ -584,8 +583,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         }
         if (!role_allows(c, e->body_case, &need)) {
                 server_send_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
-                                  "%s: needs a %s, this client registered as %s",
-                                  wire_body_name(e), need, role_name(c->role));
+                                  "%s: needs a %s, this client registered as %s", wire_body_name(e),
+                                  need, role_name(c->role));
                 goto done;
         }
         switch (e->body_case) {

@@ -13,13 +13,13 @@
 #include "time-util.h"
 
 static const struct pool_settings settings = {
-        .dram_budget = UINT64_C(1) << 40,
-        .reclaim_deadline_ns = NSEC_PER_SEC,
-        .reconcile_timeout_ns = NSEC_PER_SEC,
-        .max_chunks = 1 << 16,
-        .max_leases = 1 << 14,
-        .max_grant_chunks = 4096,
-        .auto_pairing = true,
+    .dram_budget = UINT64_C(1) << 40,
+    .reclaim_deadline_ns = NSEC_PER_SEC,
+    .reconcile_timeout_ns = NSEC_PER_SEC,
+    .max_chunks = 1 << 16,
+    .max_leases = 1 << 14,
+    .max_grant_chunks = 4096,
+    .auto_pairing = true,
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

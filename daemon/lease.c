@@ -96,8 +96,8 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
                 }
         if (got < bytes && allow_dram) {
                 avail = p->settings.dram_budget > p->dram_granted
-                                ? p->settings.dram_budget - p->dram_granted
-                                : 0;
+                            ? p->settings.dram_budget - p->dram_granted
+                            : 0;
                 dram = MIN(bytes - got, avail);
         }
         if (got + dram == 0 || got + dram < min_bytes) {
@@ -108,8 +108,7 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
                 return pool_fail(err, E(NO_MEMORY),
                                  "borrow: %s from %s and %s of DRAM budget available, less than "
                                  "the %s asked for",
-                                 fmt_size(a, got),
-                                 producer ? producer->uuid : "no paired producer",
+                                 fmt_size(a, got), producer ? producer->uuid : "no paired producer",
                                  fmt_size(b, dram), fmt_size(c, min_bytes ? min_bytes : bytes));
         }
 
@@ -119,8 +118,8 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
                         return -ENOMEM;
                 journal_lease(p, l);
                 while (n-- > 0) {
-                        struct chunk *ch = list_entry(producer->free_chunks.next, struct chunk,
-                                                      free_node);
+                        struct chunk *ch =
+                            list_entry(producer->free_chunks.next, struct chunk, free_node);
                         chunk_lease(p, ch, l);
                         journal_chunk(p, ch);
                 }
@@ -239,9 +238,8 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
                 back.producer = l->producer;
                 if (n == 0) {
                         while (!list_empty(&l->chunks)) {
-                                chunk_unmapped(p, list_entry(l->chunks.next, struct chunk,
-                                                             lease_node),
-                                               &back);
+                                chunk_unmapped(
+                                    p, list_entry(l->chunks.next, struct chunk, lease_node), &back);
                                 returned++;
                         }
                 } else
@@ -525,9 +523,8 @@ void pool_tick(struct pool *p, uint64_t now_ns)
                         log_notice("GPU %s did not re-register after the restart; releasing what "
                                    "it held",
                                    g->uuid);
-                        p->stats.leases_lost += g->role == AQUA__ROLE__ROLE_CONSUMER
-                                                        ? list_length(&g->leases)
-                                                        : 0;
+                        p->stats.leases_lost +=
+                            g->role == AQUA__ROLE__ROLE_CONSUMER ? list_length(&g->leases) : 0;
                         pool_gpu_gone(p, g);
                         /* pool_gpu_gone may free GPUs other than g: start over. */
                         tmp = p->gpus.next;

@@ -9,7 +9,10 @@ struct list_node {
 };
 
 /* A list head is a node pointing at itself when empty. */
-#define LIST_HEAD_INIT(h) {&(h), &(h)}
+#define LIST_HEAD_INIT(h)                                                                          \
+        {                                                                                          \
+                &(h), &(h)                                                                         \
+        }
 
 static inline void list_init(struct list_node *h)
 {
@@ -53,11 +56,11 @@ static inline size_t list_length(const struct list_node *h)
         return n;
 }
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 #define list_entry(n, type, member) container_of(n, type, member)
 
 /* Iterate safely against removal of the current entry. */
-#define list_for_each(pos, tmp, head)                                                    \
-        for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                 \
+#define list_for_each(pos, tmp, head)                                                              \
+        for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                           \
              (pos) = (tmp), (tmp) = (pos)->next)

@@ -10,12 +10,13 @@
 
 static void usage(FILE *f)
 {
-        fprintf(f, "Usage: aquad [-c PATH] [--check-config] [-v]\n"
-                   "  -c, --config PATH   configuration file (default %s)\n"
-                   "      --check-config  validate the configuration and exit\n"
-                   "  -v, --verbose       log debug messages\n"
-                   "  -h, --help          show this help\n"
-                   "      --version       print the version\n",
+        fprintf(f,
+                "Usage: aquad [-c PATH] [--check-config] [-v]\n"
+                "  -c, --config PATH   configuration file (default %s)\n"
+                "      --check-config  validate the configuration and exit\n"
+                "  -v, --verbose       log debug messages\n"
+                "  -h, --help          show this help\n"
+                "      --version       print the version\n",
                 CONFIG_DEFAULT_PATH);
 }
 
@@ -28,12 +29,9 @@ static void ready(struct server *s, void *userdata)
 int main(int argc, char **argv)
 {
         static const struct option options[] = {
-                {"config", required_argument, NULL, 'c'},
-                {"check-config", no_argument, NULL, 'C'},
-                {"verbose", no_argument, NULL, 'v'},
-                {"help", no_argument, NULL, 'h'},
-                {"version", no_argument, NULL, 'V'},
-                {},
+            {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
+            {"verbose", no_argument, NULL, 'v'},      {"help", no_argument, NULL, 'h'},
+            {"version", no_argument, NULL, 'V'},      {},
         };
         _cleanup_(server_freep) struct server *s = NULL;
         _cleanup_(config_freep) struct config *config = NULL;
@@ -89,7 +87,7 @@ int main(int argc, char **argv)
         r = server_new(config, path, &s);
         if (r < 0)
                 return 1; /* the reason is logged */
-        config = NULL; /* the server owns it now */
+        config = NULL;    /* the server owns it now */
         s->verbose = verbose;
         server_set_ready(s, ready, NULL);
         r = server_run(s);

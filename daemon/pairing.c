@@ -14,10 +14,10 @@ struct matcher {
         size_t n;
         const struct pairing_link *links;
         size_t n_links;
-        size_t *order;  /* link indexes sorted by bandwidth, fastest first */
-        size_t *mate;   /* node -> node it is paired with, or NONE */
-        bool *pinned;   /* node is in a pinned pair: never re-paired */
-        bool *visited;  /* consumers seen in the current augmenting search */
+        size_t *order; /* link indexes sorted by bandwidth, fastest first */
+        size_t *mate;  /* node -> node it is paired with, or NONE */
+        bool *pinned;  /* node is in a pinned pair: never re-paired */
+        bool *visited; /* consumers seen in the current augmenting search */
         const enum pairing_role *roles;
 };
 
@@ -75,10 +75,11 @@ static bool valid_pair(const enum pairing_role *roles, size_t n, const struct pa
                roles[q->consumer] == PAIRING_CONSUMER;
 }
 
-int pairing_compute(const enum pairing_role *roles, size_t n_nodes, const struct pairing_link *links,
-                    size_t n_links, const struct pairing_pair *pinned, size_t n_pinned,
-                    const struct pairing_pair *current, size_t n_current,
-                    struct pairing_pair **ret, size_t *ret_n)
+int pairing_compute(const enum pairing_role *roles, size_t n_nodes,
+                    const struct pairing_link *links, size_t n_links,
+                    const struct pairing_pair *pinned, size_t n_pinned,
+                    const struct pairing_pair *current, size_t n_current, struct pairing_pair **ret,
+                    size_t *ret_n)
 {
         _cleanup_free_ size_t *order = NULL, *mate = NULL;
         _cleanup_free_ bool *pin = NULL, *visited = NULL;
@@ -105,8 +106,14 @@ int pairing_compute(const enum pairing_role *roles, size_t n_nodes, const struct
         for (size_t k = 0; k < n_links; k++)
                 order[k] = k;
         qsort_r(order, n_links, sizeof(*order), by_bandwidth, (void *)links);
-        m = (struct matcher){.n = n_nodes, .links = links, .n_links = n_links, .order = order,
-                             .mate = mate, .pinned = pin, .visited = visited, .roles = roles};
+        m = (struct matcher){.n = n_nodes,
+                             .links = links,
+                             .n_links = n_links,
+                             .order = order,
+                             .mate = mate,
+                             .pinned = pin,
+                             .visited = visited,
+                             .roles = roles};
 
         for (size_t i = 0; i < n_pinned; i++) {
                 size_t p = pinned[i].producer, c = pinned[i].consumer;
@@ -129,8 +136,7 @@ int pairing_compute(const enum pairing_role *roles, size_t n_nodes, const struct
                 const struct pairing_link *l = &links[order[k]];
                 size_t p = roles[l->a] == PAIRING_PRODUCER ? l->a : l->b;
                 size_t c = consumer_of(&m, l, p);
-                if (roles[p] != PAIRING_PRODUCER || c == NONE || mate[p] != NONE ||
-                    mate[c] != NONE)
+                if (roles[p] != PAIRING_PRODUCER || c == NONE || mate[p] != NONE || mate[c] != NONE)
                         continue;
                 mate[p] = c;
                 mate[c] = p;

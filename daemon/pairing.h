@@ -29,7 +29,8 @@ struct pairing_pair {
  * paths so that as many GPUs as possible are paired. Returns 0 and a malloc'd array (possibly
  * empty, *ret may be NULL) or -EINVAL for an index out of range or a pair of the wrong roles.
  */
-int pairing_compute(const enum pairing_role *roles, size_t n_nodes, const struct pairing_link *links,
-                    size_t n_links, const struct pairing_pair *pinned, size_t n_pinned,
-                    const struct pairing_pair *current, size_t n_current,
-                    struct pairing_pair **ret, size_t *ret_n);
+int pairing_compute(const enum pairing_role *roles, size_t n_nodes,
+                    const struct pairing_link *links, size_t n_links,
+                    const struct pairing_pair *pinned, size_t n_pinned,
+                    const struct pairing_pair *current, size_t n_current, struct pairing_pair **ret,
+                    size_t *ret_n);

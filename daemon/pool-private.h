@@ -34,6 +34,14 @@ void journal_gpu(struct pool *p, const struct gpu *g);
 void journal_del(struct pool *p, bool chunk, uint64_t id);
 void journal_pin(struct pool *p, const char *producer, const char *consumer, bool del);
 
+/* Destroy without journaling (replay, snapshots, teardown). */
+void chunk_destroy(struct pool *p, struct chunk *c);
+void lease_destroy(struct pool *p, struct lease *l);
+/* Forget all chunks, leases and per-GPU state; drop config pins (config_only) or all pins. */
+void pool_clear(struct pool *p);
+void pins_clear(struct pool *p, bool config_only);
+void pool_ops_clear(struct pool *p);
+
 void notice_queue(struct pool *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
 

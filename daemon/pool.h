@@ -151,8 +151,8 @@ struct pool {
         struct pool_settings settings;
         struct list_node gpus;
         size_t n_gpus;
-        void *chunks_by_id; /* tsearch tree of struct chunk * */
-        void *leases_by_id; /* tsearch tree of struct lease * */
+        void *chunks_by_id;      /* tsearch tree of struct chunk * */
+        void *leases_by_id;      /* tsearch tree of struct lease * */
         struct list_node leases; /* every lease, oldest first */
         size_t n_chunks, n_leases;
         uint64_t pool_bytes, lent_bytes;
@@ -163,7 +163,8 @@ struct pool {
         struct pool_stats stats;
         struct events events;
 
-        uint64_t next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
+        uint64_t
+            next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
         uint64_t reconcile_deadline_ns;
 
         bool replaying;
@@ -181,8 +182,8 @@ struct pool *pool_free(struct pool *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct pool *, pool_free);
 
 /* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
-int pool_set_config_pins(struct pool *p, const char *const *producers,
-                         const char *const *consumers, size_t n);
+int pool_set_config_pins(struct pool *p, const char *const *producers, const char *const *consumers,
+                         size_t n);
 
 /* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
 int pool_pins_add(struct pool *p, const char *producer, const char *consumer, const char *source);
@@ -235,8 +236,8 @@ struct pool_welcome {
 };
 
 /* Register a client's GPU (owner: the client), reconciling what it says it holds. */
-int pool_register(struct pool *p, const struct pool_hello *h, void *owner,
-                  struct pool_welcome *ret, char *err);
+int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struct pool_welcome *ret,
+                  char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
 void pool_gpu_gone(struct pool *p, struct gpu *g);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */

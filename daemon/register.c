@@ -91,8 +91,8 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
                         chunk_drop(p, c);
                         continue;
                 }
-                log_warning("Producer %s no longer lists chunk %" PRIu64
-                            " that lease %" PRIu64 " maps; its consumer is asked to move off",
+                log_warning("Producer %s no longer lists chunk %" PRIu64 " that lease %" PRIu64
+                            " maps; its consumer is asked to move off",
                             g->uuid, c->id, c->lease->id);
                 c->orphan = true;
                 c->state = CHUNK_LEASED;
@@ -162,7 +162,9 @@ static int renotice(struct pool *p, struct gpu *g)
                         continue;
                 /* A passed deadline is sent as 1 ms: "now", not "no deadline". */
                 notice_queue(p, NOTICE_RECLAIM, g, l->id, ids, k,
-                             !deadline ? 0 : deadline > now ? (deadline - now) / NSEC_PER_MSEC : 1,
+                             !deadline        ? 0
+                             : deadline > now ? (deadline - now) / NSEC_PER_MSEC
+                                              : 1,
                              l->reason ? l->reason : "reclaim");
         }
         return 0;
@@ -216,8 +218,8 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                         bool listed = false;
 
                         for (size_t i = 0; l->confirmed && i < h->n_held && !listed; i++)
-                                listed = h->held[i]->chunk_id == c->id &&
-                                         h->held[i]->lease_id == l->id;
+                                listed =
+                                    h->held[i]->chunk_id == c->id && h->held[i]->lease_id == l->id;
                         if (listed)
                                 continue;
                         if (c->orphan || c->state == CHUNK_RECLAIMING) {
@@ -233,8 +235,8 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
         return renotice(p, g);
 }
 
-int pool_register(struct pool *p, const struct pool_hello *h, void *owner,
-                  struct pool_welcome *ret, char *err)
+int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struct pool_welcome *ret,
+                  char *err)
 {
         struct pool_welcome w = {0};
         struct gpu *g = NULL;
@@ -246,8 +248,10 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner,
         if (!h->uuid || !h->uuid[0])
                 return pool_fail(err, E(INVALID), "hello: gpu_uuid is empty");
         if (!producer && !consumer && h->role != AQUA__ROLE__ROLE_NEUTRAL)
-                return pool_fail(err, E(INVALID), "hello: role %d is not producer, consumer or "
-                                 "neutral", h->role);
+                return pool_fail(err, E(INVALID),
+                                 "hello: role %d is not producer, consumer or "
+                                 "neutral",
+                                 h->role);
         if (h->n_held && !producer && !consumer)
                 return pool_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
@@ -299,7 +303,9 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner,
                 chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
         events_add(&p->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
                    g->client_name ? g->client_name : "?", (int)g->pid,
-                   producer ? "producer" : consumer ? "consumer" : "neutral",
+                   producer   ? "producer"
+                   : consumer ? "consumer"
+                              : "neutral",
                    h->n_held ? ", re-registering what it holds" : "");
         r = pool_repair(p);
         if (r < 0)
@@ -353,7 +359,7 @@ int pool_repair(struct pool *p)
         for (size_t i = 0; i < n; i++) {
                 struct gpu *g = gpus[i];
                 bool live = g->owner || g->restored;
-                roles[i] = !live ? PAIRING_OTHER
+                roles[i] = !live                                  ? PAIRING_OTHER
                            : g->role == AQUA__ROLE__ROLE_PRODUCER ? PAIRING_PRODUCER
                            : g->role == AQUA__ROLE__ROLE_CONSUMER ? PAIRING_CONSUMER
                                                                   : PAIRING_OTHER;

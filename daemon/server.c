@@ -235,8 +235,10 @@ static void accept_side(struct server *s)
                                           n_groups) &&
                     !config_access_allows(&s->config->admin, cred.uid, cred.gid, groups,
                                           n_groups)) {
-                        reject(s, fd, "uid %u gid %u (pid %d) is not in the allowed users or "
-                                      "groups", cred.uid, cred.gid, (int)cred.pid);
+                        reject(s, fd,
+                               "uid %u gid %u (pid %d) is not in the allowed users or "
+                               "groups",
+                               cred.uid, cred.gid, (int)cred.pid);
                         continue;
                 }
                 if ((int64_t)s->n_clients >= s->config->limits.clients) {
@@ -269,8 +271,8 @@ static void accept_side(struct server *s)
                 c->hello_deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
                 list_append(&s->clients, &c->node);
                 s->n_clients++;
-                log_debug("Side channel from pid %d uid %u gid %u: client %" PRIu64,
-                          (int)cred.pid, cred.uid, cred.gid, c->id);
+                log_debug("Side channel from pid %d uid %u gid %u: client %" PRIu64, (int)cred.pid,
+                          cred.uid, cred.gid, c->id);
         }
 }
 
@@ -351,96 +353,6 @@ static void read_router(struct server *s)
                 zmq_msg_close(&body);
                 zmq_msg_close(&id);
         }
-}
-
-/* ------------------------------------------------------------------------------ settings */
-
-static void apply_settings(struct server *s)
-{
-        const struct config *c = s->config;
-
-        s->limits = (struct wire_limits){
-                .max_message = c->limits.message_size,
-                .max_repeated = (size_t)c->limits.repeated_items,
-                .max_string = 4096,
-        };
-        s->pool->settings = (struct pool_settings){
-                .dram_budget = c->dram_budget,
-                .reclaim_deadline_ns = c->reclaim_deadline_ns,
-                .reconcile_timeout_ns = c->reconcile_timeout_ns,
-                .max_chunks = (uint64_t)c->limits.chunks,
-                .max_leases = (uint64_t)c->limits.leases,
-                .max_grant_chunks = (uint64_t)c->limits.repeated_items,
-                .auto_pairing = c->pairing == CONFIG_PAIRING_AUTO,
-        };
-        s->pool->compact_threshold = c->journal_compact_bytes;
-}
-
-static int apply_pins(struct server *s)
-{
-        const struct config *c = s->config;
-        _cleanup_free_ const char **prod = calloc(c->n_pairs + 1, sizeof(char *));
-        _cleanup_free_ const char **cons = calloc(c->n_pairs + 1, sizeof(char *));
-
-        if (!prod || !cons)
-                return -ENOMEM;
-        for (size_t i = 0; i < c->n_pairs; i++) {
-                prod[i] = c->pairs[i].producer;
-                cons[i] = c->pairs[i].consumer;
-        }
-        return pool_set_config_pins(s->pool, prod, cons, c->n_pairs);
-}
-
-static bool str_changed(const char *a, const char *b)
-{
-        return (a || b) && (!a || !b || strcmp(a, b) != 0);
-}
-
-static void reload(struct server *s)
-{
-        _cleanup_(config_freep) struct config *n = NULL;
-        _cleanup_free_ char *error = NULL;
-        struct config *old = s->config;
-        char kept[256] = "";
-        int r;
-
-        r = config_load(s->config_path, NULL, 0, &n, &error);
-        if (r < 0) {
-                log_error("Reload failed, keeping the running configuration: %s",
-                          error ? error : strerror(-r));
-                return;
-        }
-#define KEEP(cond, name, field)                                                               \
-        do {                                                                                  \
-                if (cond) {                                                                   \
-                        strncat(kept, kept[0] ? ", " name : name, sizeof(kept) - strlen(kept) - 1); \
-                        n->field = old->field;                                                \
-                        old->field = NULL;                                                    \
-                }                                                                             \
-        } while (0)
-        KEEP(str_changed(n->endpoint, old->endpoint), "endpoint", endpoint);
-        KEEP(str_changed(n->side_socket, old->side_socket), "side-socket", side_socket);
-        KEEP(str_changed(n->socket_group, old->socket_group), "socket-group", socket_group);
-        KEEP(str_changed(n->journal, old->journal), "journal", journal);
-        KEEP(str_changed(n->metrics, old->metrics), "metrics", metrics);
-#undef KEEP
-        if (n->socket_mode != old->socket_mode) {
-                strncat(kept, kept[0] ? ", socket-mode" : "socket-mode",
-                        sizeof(kept) - strlen(kept) - 1);
-                n->socket_mode = old->socket_mode;
-        }
-        s->config = TAKE_PTR(n);
-        config_free(old);
-        apply_settings(s);
-        if (apply_pins(s) < 0 || pool_repair(s->pool) < 0)
-                log_error("Out of memory applying the pairs of the new configuration");
-        log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
-        server_flush_notices(s);
-        events_add(&s->pool->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
-                   kept);
-        log_notice("Reloaded %s: allow lists, limits, reclaim deadline, DRAM budget, pairs and log "
-                   "level apply now%s%s",
-                   s->config_path, kept[0] ? "; not changed until restart: " : "", kept);
 }
 
 /* ------------------------------------------------------------------------------ setup */
@@ -575,16 +487,20 @@ static int open_journal(struct server *s)
 
         r = journal_open(s->config->journal, pool_apply, s->pool, &j, &st);
         if (r == -EBUSY)
-                return log_error_errno(r, "Journal %s is held by another aquad", s->config->journal);
+                return log_error_errno(r, "Journal %s is held by another aquad",
+                                       s->config->journal);
         if (r == -EBADMSG)
-                return log_error_errno(r, "%s is not an aqua journal (or a corrupt one); move it "
-                                          "away to start afresh", s->config->journal);
+                return log_error_errno(r,
+                                       "%s is not an aqua journal (or a corrupt one); move it "
+                                       "away to start afresh",
+                                       s->config->journal);
         if (r < 0)
                 return log_error_errno(r, "Failed to open the journal %s: %m", s->config->journal);
         pool_attach_journal(s->pool, j, s->config->journal_compact_bytes);
         if (st.dropped_bytes)
                 log_warning("Journal %s: cut off a torn tail of %" PRIu64 " bytes (a crash while "
-                            "writing)", s->config->journal, st.dropped_bytes);
+                            "writing)",
+                            s->config->journal, st.dropped_bytes);
         if (s->pool->n_chunks || s->pool->n_leases)
                 log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
                            " ms for clients to re-register",
@@ -613,8 +529,8 @@ int server_new(struct config *config, const char *config_path, struct server **r
         if (r < 0)
                 return r;
         s->config = config;
-        apply_settings(s);
-        r = apply_pins(s);
+        server_apply_settings(s);
+        r = server_apply_pins(s);
         if (r >= 0)
                 r = open_journal(s);
         if (r < 0) {
@@ -711,7 +627,7 @@ static void handle_signals(struct server *s)
         while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
                 switch (si.ssi_signo) {
                 case SIGHUP:
-                        reload(s);
+                        server_reload(s);
                         break;
                 case SIGTERM:
                 case SIGINT:
@@ -796,8 +712,7 @@ int server_run(struct server *s)
                 items[2] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
                 for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                         owners[k] = list_entry(x, struct client, node);
-                        items[k] = (zmq_pollitem_t){.fd = owners[k]->side_fd,
-                                                    .events = ZMQ_POLLIN};
+                        items[k] = (zmq_pollitem_t){.fd = owners[k]->side_fd, .events = ZMQ_POLLIN};
                         k++;
                 }
                 if (deadline)

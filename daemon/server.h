@@ -16,8 +16,8 @@
 #include "side.h"
 #include "wire.h"
 
-#define CLIENT_MAX_GROUPS   64
-#define CLIENT_MAX_ROUTING  256
+#define CLIENT_MAX_GROUPS  64
+#define CLIENT_MAX_ROUTING 256
 
 struct server;
 
@@ -91,6 +91,11 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);
 void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
 /* Serve until SIGTERM or SIGINT; returns 0 after a clean stop. */
 int server_run(struct server *s);
+
+/* settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
+void server_apply_settings(struct server *s);
+int server_apply_pins(struct server *s);
+void server_reload(struct server *s);
 
 /* ------------------------------------------------------------ for dispatch.c and admin.c */
 

@@ -7,7 +7,7 @@
 #include "pool.h"
 #include "time-util.h"
 
-#define MiB (UINT64_C(1) << 20)
+#define MiB     (UINT64_C(1) << 20)
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 static struct pool *pool;
@@ -17,23 +17,28 @@ static char err[POOL_ERR_MAX];
 static char dir[64], journal_path[128];
 
 static const struct pool_settings settings = {
-        .dram_budget = 8 * MiB,
-        .reclaim_deadline_ns = 100 * NSEC_PER_MSEC,
-        .reconcile_timeout_ns = NSEC_PER_SEC,
-        .max_chunks = 64,
-        .max_leases = 4,
-        .max_grant_chunks = 32,
-        .auto_pairing = true,
+    .dram_budget = 8 * MiB,
+    .reclaim_deadline_ns = 100 * NSEC_PER_MSEC,
+    .reconcile_timeout_ns = NSEC_PER_SEC,
+    .max_chunks = 64,
+    .max_leases = 4,
+    .max_grant_chunks = 32,
+    .auto_pairing = true,
 };
 
 static struct gpu *hello(const char *uuid, Aqua__Role role, const char *peer, void *owner,
-                         Aqua__HeldChunk **held, size_t n_held, int *fds,
-                         struct pool_welcome *ret)
+                         Aqua__HeldChunk **held, size_t n_held, int *fds, struct pool_welcome *ret)
 {
         Aqua__PeerLink link = AQUA__PEER_LINK__INIT, *links[] = {&link};
-        struct pool_hello h = {.uuid = uuid, .role = role, .granularity = 2 * MiB,
-                               .links = links, .n_links = 1, .held = held, .n_held = n_held,
-                               .held_fds = fds, .client_name = uuid};
+        struct pool_hello h = {.uuid = uuid,
+                               .role = role,
+                               .granularity = 2 * MiB,
+                               .links = links,
+                               .n_links = 1,
+                               .held = held,
+                               .n_held = n_held,
+                               .held_fds = fds,
+                               .client_name = uuid};
         struct pool_welcome w = {0};
 
         link.gpu_uuid = (char *)peer;

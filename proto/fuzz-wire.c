@@ -19,7 +19,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)wire_body_name(e);
         /* Whatever decodes within the limits encodes again and decodes to the same size. */
         limits.max_message = SIZE_MAX;
-        if (wire_encode(e, &buf, &len) == 0 && wire_decode(buf, len, &limits, &again, NULL, 0) == 0 &&
+        if (wire_encode(e, &buf, &len) == 0 &&
+            wire_decode(buf, len, &limits, &again, NULL, 0) == 0 &&
             aqua__envelope__get_packed_size(again) != len)
                 abort();
         if (again)

@@ -221,8 +221,7 @@ bool raw_memfd_has(int fd, const char *text)
         char buf[64] = "";
         size_t n = strlen(text) + 1;
 
-        return n <= sizeof(buf) && pread(fd, buf, n, 0) == (ssize_t)n &&
-               memcmp(buf, text, n) == 0;
+        return n <= sizeof(buf) && pread(fd, buf, n, 0) == (ssize_t)n && memcmp(buf, text, n) == 0;
 }
 
 Aqua__Envelope *raw_offer(struct raw *r, size_t n, uint64_t size, int *fds_out)

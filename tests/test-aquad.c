@@ -10,8 +10,8 @@
 #include "rawclient.h"
 #include "time-util.h"
 
-#define MiB (UINT64_C(1) << 20)
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define MiB        (UINT64_C(1) << 20)
+#define E(name)    AQUA__ERROR_CODE__ERROR_CODE_##name
 #define BODY(name) AQUA__ENVELOPE__BODY_##name
 
 static struct aquad *daemon_;
@@ -142,8 +142,7 @@ Test(aquad, grants_chunks_of_the_paired_producer_with_their_descriptors)
                         ;
                 cr_assert_lt(k, 4);
                 snprintf(text, sizeof(text), "chunk %zu", k);
-                cr_assert(raw_memfd_has(fds[i], text), "the fd of chunk %zu is the offered one",
-                          k);
+                cr_assert(raw_memfd_has(fds[i], text), "the fd of chunk %zu is the offered one", k);
                 cr_assert_str_eq(g->grant->chunks[i]->producer_uuid, "GPU-P");
                 close(fds[i]);
         }
