@@ -1,0 +1,621 @@
+/*
+ * Requests from clients: decoding, role checks, the pairing of requests with the descriptors
+ * that travel on the side channel, and the replies. Every bad message gets an Error naming the
+ * problem; a registered client is never dropped for what it sends (closing its side channel
+ * would make the daemon believe it dead while it still maps memory).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "parse-util.h"
+#include "server.h"
+#include "time-util.h"
+
+#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+
+static const char *role_name(Aqua__Role r)
+{
+        switch (r) {
+        case AQUA__ROLE__ROLE_PRODUCER:
+                return "producer";
+        case AQUA__ROLE__ROLE_CONSUMER:
+                return "consumer";
+        case AQUA__ROLE__ROLE_NEUTRAL:
+                return "neutral";
+        case AQUA__ROLE__ROLE_ADMIN:
+                return "admin";
+        default:
+                return "unspecified";
+        }
+}
+
+static int reply_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                       const char *what, const char *err)
+{
+        return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
+                                 what ? what : "", what ? ": " : "", err);
+}
+
+static void reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
+{
+        e->request_id = request_id;
+        server_send(s, c, e);
+        server_flush_notices(s);
+}
+
+static void reply_ack(struct server *s, struct client *c, uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Ack ack = AQUA__ACK__INIT;
+
+        e.body_case = AQUA__ENVELOPE__BODY_ACK;
+        e.ack = &ack;
+        reply(s, c, request_id, &e);
+}
+
+/* How many descriptors a waiting request needs. */
+static size_t fds_needed(const Aqua__Envelope *e)
+{
+        if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
+                return e->offer->n_chunks;
+        if (e->body_case == AQUA__ENVELOPE__BODY_HELLO)
+                return e->hello->n_held;
+        return 0;
+}
+
+static struct pending *find_pending(struct client *c, uint64_t request_id)
+{
+        for (struct list_node *n = c->pending.next; n != &c->pending; n = n->next) {
+                struct pending *p = list_entry(n, struct pending, node);
+                if (p->request_id == request_id)
+                        return p;
+        }
+        return NULL;
+}
+
+static struct pending *add_pending(struct server *s, struct client *c, uint64_t request_id)
+{
+        struct pending *p;
+
+        if ((int64_t)c->n_pending >= s->config->limits.pending_requests)
+                return NULL;
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return NULL;
+        p->request_id = request_id;
+        p->deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
+        list_append(&c->pending, &p->node);
+        c->n_pending++;
+        return p;
+}
+
+/* ------------------------------------------------------------------------------ hello */
+
+static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
+                         size_t n_fds)
+{
+        const Aqua__Hello *h = e->hello;
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__Welcome w = AQUA__WELCOME__INIT;
+        struct pool_welcome pw = {0};
+        char err[POOL_ERR_MAX];
+        struct pool_hello ph = {
+            .uuid = h->gpu_uuid,
+            .role = h->role,
+            .ordinal = h->gpu_ordinal,
+            .capacity = h->gpu_capacity,
+            .granularity = h->granularity,
+            .client_name = h->client_name,
+            .pid = c->cred.pid,
+            .links = h->links,
+            .n_links = h->n_links,
+            .held = h->held,
+            .n_held = h->n_held,
+            .held_fds = fds,
+        };
+        int code;
+
+        code = pool_register(s->pool, &ph, c, &pw, err);
+        side_close_fds(fds, n_fds); /* those the pool did not take */
+        if (code < 0) {
+                log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
+                server_flush_notices(s);
+                reply_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
+                return;
+        }
+        if (code > 0) {
+                server_flush_notices(s);
+                reply_error(s, c, e->request_id, code, NULL, err);
+                return;
+        }
+        c->registered = true;
+        c->role = h->role;
+        c->gpu = pw.gpu;
+        log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
+                 (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, role_name(h->role),
+                 pw.n_lost_leases ? " (with lost leases)" : "");
+        w.client_id = c->id;
+        w.daemon_version = AQUA_PROTOCOL_VERSION;
+        w.paired_with = pw.gpu->paired ? pw.gpu->paired->uuid : "";
+        w.dram_budget = pw.gpu->dram_bytes;
+        w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        w.lost_leases = pw.lost_leases;
+        w.n_lost_leases = pw.n_lost_leases;
+        r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
+        r.welcome = &w;
+        reply(s, c, e->request_id, &r);
+        free(pw.lost_leases);
+}
+
+/* Takes e. */
+static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
+{
+        const Aqua__Hello *h = e->hello;
+        struct client *c = server_find_by_routing(s, rid, rlen);
+        struct pending *p;
+        size_t need;
+
+        if (c && c->registered) {
+                server_send_error(s, rid, rlen, e->request_id, E(INVALID),
+                                  "hello: already registered as client %" PRIu64, c->id);
+                goto done;
+        }
+        c = server_find_by_token(s, h->token.data, h->token.len);
+        if (!c) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "hello: unknown token; connect the side channel at %s and send "
+                                  "the token it gives",
+                                  s->config->side_socket);
+                goto done;
+        }
+        memcpy(c->routing_id, rid, rlen);
+        c->routing_id_len = rlen;
+
+        if (h->role == AQUA__ROLE__ROLE_ADMIN) {
+                Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+                Aqua__Welcome w = AQUA__WELCOME__INIT;
+
+                c->registered = true;
+                c->role = h->role;
+                w.client_id = c->id;
+                w.daemon_version = AQUA_PROTOCOL_VERSION;
+                w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+                r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
+                r.welcome = &w;
+                reply(s, c, e->request_id, &r);
+                goto done;
+        }
+        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? h->n_held : 0;
+        if (need == 0) {
+                finish_hello(s, c, e, NULL, 0);
+                goto done;
+        }
+        /* A producer re-registering: its handles come as REREGISTER_FDS frames. */
+        p = find_pending(c, e->request_id);
+        if (p && !p->env && p->n_fds == need) {
+                int *fds = TAKE_PTR(p->fds);
+                size_t n = p->n_fds;
+                p->n_fds = 0;
+                client_free_pending(c, p);
+                finish_hello(s, c, e, fds, n);
+                side_close_fds(fds, n);
+                free(fds);
+                goto done;
+        }
+        if (p && (p->env || p->n_fds > need)) {
+                reply_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
+                            p->env ? "request id already waiting"
+                                   : "more descriptors than held chunks");
+                client_free_pending(c, p);
+                goto done;
+        }
+        if (!p && !(p = add_pending(s, c, e->request_id))) {
+                reply_error(s, c, e->request_id, E(THROTTLED), "hello",
+                            "too many requests waiting for descriptors");
+                goto done;
+        }
+        p->env = TAKE_PTR(e);
+done:
+        if (e)
+                aqua__envelope__free_unpacked(e, NULL);
+}
+
+/* ------------------------------------------------------------------------------ offer */
+
+static void finish_offer(struct server *s, struct client *c, const Aqua__Envelope *e, int *fds,
+                         size_t n)
+{
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__OfferReply o = AQUA__OFFER_REPLY__INIT;
+        _cleanup_free_ uint64_t *sizes = calloc(n + 1, sizeof(uint64_t));
+        _cleanup_free_ uint64_t *refs = calloc(n + 1, sizeof(uint64_t));
+        _cleanup_free_ uint64_t *ids = calloc(n + 1, sizeof(uint64_t));
+        char err[POOL_ERR_MAX];
+        int code;
+
+        if (!sizes || !refs || !ids) {
+                reply_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < n; i++) {
+                sizes[i] = e->offer->chunks[i]->size;
+                refs[i] = e->offer->chunks[i]->client_ref;
+        }
+        code = pool_offer(s->pool, c->gpu, sizes, refs, fds, n, ids, err);
+        if (code != 0) {
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "offer: out of memory" : err);
+                return;
+        }
+        log_debug("GPU %s offered %zu chunks", c->gpu->uuid, n);
+        o.chunk_ids = ids;
+        o.n_chunk_ids = n;
+        r.body_case = AQUA__ENVELOPE__BODY_OFFER_REPLY;
+        r.offer_reply = &o;
+        reply(s, c, e->request_id, &r);
+        /* A consumer may have been waiting for exactly this memory: nothing to do, it asks. */
+}
+
+/* Complete a request whose descriptors have all arrived. */
+static void complete(struct server *s, struct client *c, struct pending *p)
+{
+        Aqua__Envelope *e = TAKE_PTR(p->env);
+        int *fds = TAKE_PTR(p->fds);
+        size_t n = p->n_fds;
+
+        p->n_fds = 0;
+        client_free_pending(c, p);
+        if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
+                finish_offer(s, c, e, fds, n);
+        else
+                finish_hello(s, c, e, fds, n);
+        side_close_fds(fds, n);
+        free(fds);
+        aqua__envelope__free_unpacked(e, NULL);
+}
+
+/* Takes e. */
+static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        struct pending *p = find_pending(c, e->request_id);
+        size_t need = e->offer->n_chunks;
+
+        if (need == 0) {
+                reply_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
+                goto done;
+        }
+        if (p && p->env) {
+                reply_error(s, c, e->request_id, E(INVALID), "offer",
+                            "a request with this id is already waiting for descriptors");
+                goto done;
+        }
+        if (p && p->n_fds > need) {
+                char msg[96];
+                snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds, need);
+                reply_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
+                client_free_pending(c, p);
+                goto done;
+        }
+        if (!p && !(p = add_pending(s, c, e->request_id))) {
+                reply_error(s, c, e->request_id, E(THROTTLED), "offer",
+                            "too many requests waiting for descriptors");
+                goto done;
+        }
+        p->env = TAKE_PTR(e);
+        if (p->n_fds == need)
+                complete(s, c, p);
+done:
+        if (e)
+                aqua__envelope__free_unpacked(e, NULL);
+}
+
+void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f, int *fds,
+                         size_t n_fds)
+{
+        struct pending *p;
+        size_t need, cap = s->limits.max_repeated;
+        int *a;
+
+        if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&
+            f->kind != AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS) {
+                log_debug("Client %" PRIu64 " sent a side frame of kind %d; ignored", c->id,
+                          f->kind);
+                side_close_fds(fds, n_fds);
+                return;
+        }
+        p = find_pending(c, f->request_id);
+        if (!p && !(p = add_pending(s, c, f->request_id))) {
+                log_notice("Client %" PRIu64 " sent descriptors for request %" PRIu64
+                           " beyond its pending limit; closed",
+                           c->id, f->request_id);
+                side_close_fds(fds, n_fds);
+                return;
+        }
+        need = p->env ? fds_needed(p->env) : cap;
+        if (p->n_fds + n_fds > need) {
+                char msg[128];
+                snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds + n_fds,
+                         need);
+                side_close_fds(fds, n_fds);
+                if (p->env && c->routing_id_len)
+                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL), wire_body_name(p->env),
+                                    msg);
+                else
+                        log_notice("Client %" PRIu64 ": %s", c->id, msg);
+                client_free_pending(c, p);
+                return;
+        }
+        a = reallocarray(p->fds, p->n_fds + n_fds + 1, sizeof(int));
+        if (!a) {
+                side_close_fds(fds, n_fds);
+                return;
+        }
+        p->fds = a;
+        memcpy(p->fds + p->n_fds, fds, n_fds * sizeof(int));
+        p->n_fds += n_fds;
+        if (p->env && p->n_fds == need)
+                complete(s, c, p);
+}
+
+void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns)
+{
+        struct list_node *pos, *tmp;
+
+        list_for_each(pos, tmp, &c->pending)
+        {
+                struct pending *p = list_entry(pos, struct pending, node);
+                char msg[160];
+
+                if (now_ns < p->deadline_ns)
+                        continue;
+                if (p->env && c->routing_id_len) {
+                        snprintf(msg, sizeof(msg),
+                                 "%zu of %zu descriptors arrived on the side channel in time",
+                                 p->n_fds, fds_needed(p->env));
+                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL), wire_body_name(p->env),
+                                    msg);
+                } else
+                        log_notice("Client %" PRIu64 ": descriptors for request %" PRIu64
+                                   " came without a request; closed",
+                                   c->id, p->request_id);
+                client_free_pending(c, p);
+        }
+}
+
+/* ------------------------------------------------------------------------------ borrow */
+
+static int send_grant_fds(struct server *s, struct client *c, struct lease *l)
+{
+        uint64_t ids[SIDE_MAX_FDS];
+        int fds[SIDE_MAX_FDS];
+        struct list_node *pos = l->chunks.next;
+
+        while (pos != &l->chunks) {
+                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+                size_t n = 0;
+                int r;
+
+                for (; pos != &l->chunks && n < SIDE_MAX_FDS; pos = pos->next, n++) {
+                        struct chunk *ch = list_entry(pos, struct chunk, lease_node);
+                        ids[n] = ch->id;
+                        fds[n] = ch->fd;
+                }
+                f.kind = AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
+                f.lease_id = l->id;
+                f.chunk_ids = ids;
+                f.n_chunk_ids = n;
+                r = side_send(c->side_fd, &f, fds, n);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__Borrow *b = e->borrow;
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__Grant g = AQUA__GRANT__INIT;
+        _cleanup_free_ Aqua__GrantedChunk *chunks = NULL;
+        _cleanup_free_ Aqua__GrantedChunk **ptrs = NULL;
+        struct pool_grant pg;
+        char err[POOL_ERR_MAX];
+        size_t i = 0;
+        int code;
+
+        code = pool_borrow(s->pool, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err);
+        if (code != 0) {
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "borrow: out of memory" : err);
+                return;
+        }
+        if (pg.lease) {
+                chunks = calloc(pg.lease->n_chunks, sizeof(*chunks));
+                ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
+                code = !chunks || !ptrs ? -ENOMEM : send_grant_fds(s, c, pg.lease);
+                if (code < 0) {
+                        char msg[160];
+                        snprintf(msg, sizeof(msg),
+                                 "could not pass the descriptors of lease %" PRIu64 ": %s",
+                                 pg.lease->id, strerror(-code));
+                        pool_undo_grant(s->pool, c->gpu, &pg);
+                        reply_error(s, c, e->request_id,
+                                    code == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL), "borrow",
+                                    msg);
+                        server_flush_notices(s);
+                        return;
+                }
+                for (struct list_node *n = pg.lease->chunks.next; n != &pg.lease->chunks;
+                     n = n->next, i++) {
+                        struct chunk *ch = list_entry(n, struct chunk, lease_node);
+                        aqua__granted_chunk__init(&chunks[i]);
+                        chunks[i].chunk_id = ch->id;
+                        chunks[i].size = ch->size;
+                        chunks[i].producer_uuid = ch->producer->uuid;
+                        ptrs[i] = &chunks[i];
+                }
+                g.lease_id = pg.lease->id;
+                g.chunks = ptrs;
+                g.n_chunks = i;
+        }
+        g.dram_bytes = pg.dram_bytes;
+        g.partial = pg.partial;
+        r.body_case = AQUA__ENVELOPE__BODY_GRANT;
+        r.grant = &g;
+        reply(s, c, e->request_id, &r);
+}
+
+/* ------------------------------------------------------------------------------ the rest */
+
+static void handle_return(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__Return *rt = e->return_;
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__ReturnReply rr = AQUA__RETURN_REPLY__INIT;
+        char err[POOL_ERR_MAX];
+        uint32_t returned = 0;
+        int code;
+
+        code = pool_return(s->pool, c->gpu, rt->lease_id, rt->chunk_ids, rt->n_chunk_ids,
+                           rt->dram_bytes, &returned, err);
+        if (code != 0) {
+                server_flush_notices(s);
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "return: out of memory" : err);
+                return;
+        }
+        rr.lease_id = rt->lease_id;
+        rr.returned = returned;
+        r.body_case = AQUA__ENVELOPE__BODY_RETURN_REPLY;
+        r.return_reply = &rr;
+        reply(s, c, e->request_id, &r);
+}
+
+static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__ReclaimRequest *rq = e->reclaim_request;
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+        _cleanup_(pool_reclaim_clear) struct pool_reclaim res = {0};
+        char err[POOL_ERR_MAX];
+        int code;
+
+        code = pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res, err);
+        if (code != 0) {
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "reclaim: out of memory" : err);
+                return;
+        }
+        rr.chunk_ids = res.free_ids;
+        rr.n_chunk_ids = res.n_free;
+        rr.pending_chunk_ids = res.pending_ids;
+        rr.n_pending_chunk_ids = res.n_pending;
+        rr.deadline_ms = res.deadline_ms;
+        r.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
+        r.reclaim_reply = &rr;
+        reply(s, c, e->request_id, &r);
+}
+
+static void handle_load(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__LoadReport *l = e->load;
+        struct gpu *g = c->gpu;
+
+        g->load = l->load;
+        g->used_bytes = l->used_bytes;
+        g->free_bytes = l->free_bytes;
+        g->migrations = l->migrations;
+        g->bytes_moved = l->bytes_moved;
+        g->dram_in_use = l->dram_bytes;
+        reply_ack(s, c, e->request_id);
+}
+
+/* Which role a request needs; ROLE_UNSPECIFIED: any registered GPU client. */
+static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, const char **need)
+{
+        Aqua__Role want;
+
+        switch (body) {
+        case AQUA__ENVELOPE__BODY_OFFER:
+        case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
+                want = AQUA__ROLE__ROLE_PRODUCER;
+                break;
+        case AQUA__ENVELOPE__BODY_BORROW:
+        case AQUA__ENVELOPE__BODY_RETURN:
+                want = AQUA__ROLE__ROLE_CONSUMER;
+                break;
+        case AQUA__ENVELOPE__BODY_LOAD:
+                *need = "a GPU client";
+                return c->gpu != NULL;
+        default:
+                return true;
+        }
+        *need = role_name(want);
+        return c->role == want;
+}
+
+void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const void *data,
+                       size_t size)
+{
+        Aqua__Envelope *e = NULL;
+        struct client *c;
+        const char *need = NULL;
+        char err[512];
+        int r;
+
+        r = wire_decode(data, size, &s->limits, &e, err, sizeof(err));
+        if (r != 0) {
+                server_send_error(s, rid, rlen, 0, r < 0 ? E(INTERNAL) : wire_error_code(r), "%s",
+                                  r < 0 ? "out of memory decoding" : err);
+                return;
+        }
+        if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
+                handle_hello(s, rid, rlen, e);
+                return;
+        }
+        c = server_find_by_routing(s, rid, rlen);
+        if (!c || !c->registered) {
+                server_send_error(s, rid, rlen, e->request_id, E(NOT_REGISTERED),
+                                  "%s before a successful Hello", wire_body_name(e));
+                goto done;
+        }
+        if (!role_allows(c, e->body_case, &need)) {
+                server_send_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
+                                  "%s: needs a %s, this client registered as %s", wire_body_name(e),
+                                  need, role_name(c->role));
+                goto done;
+        }
+        switch (e->body_case) {
+        case AQUA__ENVELOPE__BODY_OFFER:
+                handle_offer(s, c, TAKE_PTR(e));
+                break;
+        case AQUA__ENVELOPE__BODY_BORROW:
+                handle_borrow(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_RETURN:
+                handle_return(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
+                handle_reclaim(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_LOAD:
+                handle_load(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
+        case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:
+        case AQUA__ENVELOPE__BODY_ADMIN_DRAIN:
+        case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
+        case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
+                admin_handle(s, c, e);
+                break;
+        default:
+                server_send_error(s, rid, rlen, e->request_id, E(INVALID),
+                                  "%s is not a request a client sends", wire_body_name(e));
+                break;
+        }
+done:
+        if (e)
+                aqua__envelope__free_unpacked(e, NULL);
+}

@@ -1,0 +1,95 @@
+/* aquad: the aqua coordinator. Parses the command line, loads the config, runs the server. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+#include "wire.h"
+
+static void usage(FILE *f)
+{
+        fprintf(f,
+                "Usage: aquad [-c PATH] [--check-config] [-v]\n"
+                "  -c, --config PATH   configuration file (default %s)\n"
+                "      --check-config  validate the configuration and exit\n"
+                "  -v, --verbose       log debug messages\n"
+                "  -h, --help          show this help\n"
+                "      --version       print the version\n",
+                CONFIG_DEFAULT_PATH);
+}
+
+/* Readiness is known here; under systemd this is where READY=1 is sent. */
+static void ready(struct server *s, void *userdata)
+{
+        log_info("Ready");
+}
+
+int main(int argc, char **argv)
+{
+        static const struct option options[] = {
+            {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
+            {"verbose", no_argument, NULL, 'v'},      {"help", no_argument, NULL, 'h'},
+            {"version", no_argument, NULL, 'V'},      {},
+        };
+        _cleanup_(server_freep) struct server *s = NULL;
+        _cleanup_(config_freep) struct config *config = NULL;
+        _cleanup_free_ char *error = NULL;
+        const char *path = CONFIG_DEFAULT_PATH;
+        bool check = false, verbose = false;
+        int c, r;
+
+        while ((c = getopt_long(argc, argv, "c:vh", options, NULL)) >= 0) {
+                switch (c) {
+                case 'c':
+                        path = optarg;
+                        break;
+                case 'C':
+                        check = true;
+                        break;
+                case 'v':
+                        verbose = true;
+                        break;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                case 'V':
+                        printf("aquad protocol %d.%d\n", AQUA_PROTOCOL_VERSION / 100,
+                               AQUA_PROTOCOL_VERSION % 100);
+                        return 0;
+                default:
+                        usage(stderr);
+                        return 2;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "aquad: unexpected argument \"%s\"\n", argv[optind]);
+                usage(stderr);
+                return 2;
+        }
+
+        log_setup("aquad", verbose ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
+        r = config_load(path, NULL, 0, &config, &error);
+        if (r < 0) {
+                if (error)
+                        fprintf(stderr, "%s\n", error);
+                else
+                        fprintf(stderr, "%s: %s\n", path, strerror(-r));
+                return 1;
+        }
+        if (check) {
+                printf("%s: ok\n", path);
+                return 0;
+        }
+        log_setup("aquad", verbose ? LOG_LEVEL_DEBUG : config->log_level);
+
+        r = server_new(config, path, &s);
+        if (r < 0)
+                return 1; /* the reason is logged */
+        config = NULL;    /* the server owns it now */
+        s->verbose = verbose;
+        server_set_ready(s, ready, NULL);
+        r = server_run(s);
+        return r < 0 ? 1 : 0;
+}

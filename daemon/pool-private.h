@@ -1,0 +1,49 @@
+/* Object lifecycle shared by the pool's modules (pool.c, lease.c, register.c); not for callers. */
+#pragma once
+
+#include "pool.h"
+
+struct gpu *gpu_ensure(struct pool *p, const char *uuid);
+/* Free g if nothing refers to it any more (no client, chunks, leases, pins, budget or bar). */
+void gpu_gc(struct pool *p, struct gpu *g);
+/* Set or clear g's pair; queues PairChanged for both sides that have a client. */
+void gpu_set_pair(struct pool *p, struct gpu *g, struct gpu *mate, const char *source,
+                  double bandwidth);
+
+struct chunk *chunk_new(struct pool *p, struct gpu *producer, uint64_t id, uint64_t size,
+                        uint64_t client_ref, int fd);
+/* Remove a chunk from the pool for good: journaled, its handle closed. */
+void chunk_drop(struct pool *p, struct chunk *c);
+/* FREE -> LEASED into l. */
+void chunk_lease(struct pool *p, struct chunk *c, struct lease *l);
+/* LEASED or RECLAIMING -> FREE (back in its producer's free list when grantable). */
+void chunk_release(struct pool *p, struct chunk *c);
+/* Whether the chunk can be granted: free, with a handle, producer connected and not draining. */
+bool chunk_grantable(const struct chunk *c);
+void chunk_set_free_listed(struct chunk *c);
+
+struct lease *lease_new(struct pool *p, uint64_t id, struct gpu *consumer, struct gpu *producer);
+/* Free an empty lease (remaining chunks are released first); journaled. */
+void lease_free(struct pool *p, struct lease *l);
+/* Derive the lease state from its chunks. */
+void lease_update_state(struct lease *l);
+
+void journal_chunk(struct pool *p, const struct chunk *c);
+void journal_lease(struct pool *p, const struct lease *l);
+void journal_gpu(struct pool *p, const struct gpu *g);
+void journal_del(struct pool *p, bool chunk, uint64_t id);
+void journal_pin(struct pool *p, const char *producer, const char *consumer, bool del);
+
+/* Destroy without journaling (replay, snapshots, teardown). */
+void chunk_destroy(struct pool *p, struct chunk *c);
+void lease_destroy(struct pool *p, struct lease *l);
+/* Forget all chunks, leases and per-GPU state; drop config pins (config_only) or all pins. */
+void pool_clear(struct pool *p);
+void pins_clear(struct pool *p, bool config_only);
+void pool_ops_clear(struct pool *p);
+
+void notice_queue(struct pool *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+                  const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
+
+/* Bring the pool's earliest deadline forward to at least deadline_ns. */
+void pool_note_deadline(struct pool *p, uint64_t deadline_ns);

@@ -1,0 +1,292 @@
+/*
+ * The daemon's model of the domain: GPUs, pairs, the lending pool of chunks, leases and the DRAM
+ * budget, with every flow of the control plane as an operation on it. No I/O here: operations
+ * queue journal operations (written by pool_commit() before any reply) and notices for clients
+ * (taken by the caller after the commit), so every flow can be tested without sockets.
+ *
+ * Outcomes: 0, a negative errno, or a positive Aqua__ErrorCode with a message in err that names
+ * the problem; the caller answers the client with it.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "aqua.pb-c.h"
+#include "events.h"
+#include "journal.h"
+#include "journal.pb-c.h"
+#include "list.h"
+
+#define POOL_ERR_MAX 256
+
+enum chunk_state {
+        CHUNK_FREE,       /* in the pool, grantable when the daemon holds its fd */
+        CHUNK_LEASED,     /* mapped by a consumer */
+        CHUNK_RECLAIMING, /* its consumer was asked to return it */
+        _CHUNK_STATE_MAX,
+};
+
+enum lease_state {
+        LEASE_GRANTED,
+        LEASE_RECLAIMING, /* some of its chunks are being reclaimed */
+        LEASE_RETURNED,   /* all chunks back: about to be freed */
+        LEASE_LOST,       /* could not be reconciled after a restart */
+        _LEASE_STATE_MAX,
+};
+
+struct gpu_link {
+        char *uuid;
+        double bandwidth;
+};
+
+struct gpu {
+        struct list_node node; /* pool.gpus */
+        char *uuid;
+        uint32_t ordinal;
+        uint64_t capacity;
+        uint64_t granularity;
+        Aqua__Role role;
+        void *owner; /* the connected client (opaque here), NULL when none */
+        char *client_name;
+        pid_t pid;
+        struct gpu_link *links;
+        size_t n_links;
+
+        struct gpu *paired;
+        const char *pair_source; /* "config", "auto", "aquactl" (static strings) */
+        double pair_bandwidth;
+
+        struct list_node chunks;      /* producer: every chunk it offered (chunk.producer_node) */
+        struct list_node free_chunks; /* producer: grantable chunks (chunk.free_node) */
+        struct list_node leases;      /* consumer: its leases (lease.consumer_node) */
+        uint64_t offered_bytes;       /* producer: chunks in the pool, leased or not */
+        uint64_t lent_bytes;          /* producer: chunks leased out */
+        uint64_t borrowed_bytes;      /* consumer */
+        uint64_t dram_bytes;          /* consumer: DRAM budget granted */
+
+        bool barred;   /* missed a reclaim deadline: no new leases */
+        bool draining; /* operator drain: no new offers or grants */
+        bool restored; /* known from the journal, its client has not re-registered yet */
+
+        double load;
+        uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
+};
+
+struct chunk {
+        uint64_t id; /* first member: the key of pool.chunks_by_id */
+        struct gpu *producer;
+        struct lease *lease; /* NULL when free */
+        uint64_t size;
+        uint64_t client_ref;
+        int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
+        enum chunk_state state;
+        bool orphan;          /* producer gone: dropped once the consumer returns it */
+        uint64_t deadline_ns; /* reclaiming: monotonic; 0: no deadline */
+        uint64_t deadline_ms; /* the same as wall clock, for the journal */
+        struct list_node producer_node, free_node, lease_node;
+};
+
+struct lease {
+        uint64_t id; /* first member: the key of pool.leases_by_id */
+        struct gpu *consumer;
+        struct gpu *producer;
+        enum lease_state state;
+        struct list_node chunks;
+        struct list_node consumer_node, pool_node;
+        size_t n_chunks;
+        uint64_t bytes;
+        uint64_t created_ms; /* wall clock */
+        uint64_t created_ns; /* monotonic */
+        bool overdue;        /* a deadline passed with chunks still mapped */
+        bool confirmed;      /* restored: its consumer re-registered it */
+        char *reason;        /* why it is being reclaimed */
+};
+
+/* A pinned pair (from the config or an operator), by uuid: either GPU may not exist yet. */
+struct pool_pin {
+        char *producer, *consumer;
+        const char *source;
+};
+
+enum notice_kind {
+        NOTICE_RECLAIM,      /* ReclaimNotice to a consumer */
+        NOTICE_RECLAIMED,    /* Reclaimed to a producer */
+        NOTICE_PAIR_CHANGED, /* PairChanged to either */
+        _NOTICE_KIND_MAX,
+};
+
+struct notice {
+        struct list_node node;
+        enum notice_kind kind;
+        struct gpu *gpu; /* recipient; the pool never frees a GPU with notices queued */
+        uint64_t lease_id;
+        uint64_t *chunk_ids;
+        size_t n_chunk_ids;
+        uint64_t deadline_ms;
+        char *text; /* reason, or the new pair */
+};
+
+struct pool_settings {
+        uint64_t dram_budget;
+        uint64_t reclaim_deadline_ns;
+        uint64_t reconcile_timeout_ns;
+        uint64_t max_chunks;
+        uint64_t max_leases;
+        uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
+        bool auto_pairing;
+};
+
+struct pool_stats {
+        uint64_t deadline_misses;
+        uint64_t leases_granted;
+        uint64_t leases_lost;
+        uint64_t chunks_offered;
+        uint64_t journal_errors;
+};
+
+struct pool {
+        struct pool_settings settings;
+        struct list_node gpus;
+        size_t n_gpus;
+        void *chunks_by_id;      /* tsearch tree of struct chunk * */
+        void *leases_by_id;      /* tsearch tree of struct lease * */
+        struct list_node leases; /* every lease, oldest first */
+        size_t n_chunks, n_leases;
+        uint64_t pool_bytes, lent_bytes;
+        uint64_t next_chunk_id, next_lease_id;
+        uint64_t dram_granted;
+        struct pool_pin *pins;
+        size_t n_pins;
+        struct pool_stats stats;
+        struct events events;
+
+        uint64_t
+            next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
+        uint64_t reconcile_deadline_ns;
+
+        bool replaying;
+        struct journal *journal; /* NULL: nothing persists (tests) */
+        uint64_t compact_threshold;
+        Aquaj__JOp **ops; /* not yet committed */
+        size_t n_ops, alloc_ops;
+        struct list_node notices;
+};
+
+/* ------------------------------------------------------------- pool.c: objects and persistence */
+
+int pool_new(const struct pool_settings *settings, struct pool **ret);
+struct pool *pool_free(struct pool *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct pool *, pool_free);
+
+/* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
+int pool_set_config_pins(struct pool *p, const char *const *producers, const char *const *consumers,
+                         size_t n);
+
+/* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
+int pool_pins_add(struct pool *p, const char *producer, const char *consumer, const char *source);
+size_t pool_pins_remove(struct pool *p, const char *uuid);
+
+/* Replay a journal record into an empty pool (the journal_open() callback). */
+int pool_apply(const Aquaj__JournalRecord *rec, void *userdata);
+/* After replay: take ownership of j, start the reconcile window for restored state. */
+void pool_attach_journal(struct pool *p, struct journal *j, uint64_t compact_threshold);
+/* Write the queued journal operations (one record, fsync'd); compact when the log has grown. */
+int pool_commit(struct pool *p);
+/* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
+int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret);
+
+/* Take the queued notices (append them to `into`, an initialized list head). */
+void pool_take_notices(struct pool *p, struct list_node *into);
+struct notice *notice_free(struct notice *n);
+
+struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
+struct chunk *pool_find_chunk(struct pool *p, uint64_t id);
+struct lease *pool_find_lease(struct pool *p, uint64_t id);
+
+/* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
+int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+
+const char *chunk_state_to_string(enum chunk_state s);
+const char *lease_state_to_string(enum lease_state s);
+
+/* ----------------------------------------------------- register.c: hello, reconcile, pairing */
+
+struct pool_hello {
+        const char *uuid;
+        Aqua__Role role;
+        uint32_t ordinal;
+        uint64_t capacity;
+        uint64_t granularity;
+        const char *client_name;
+        pid_t pid;
+        Aqua__PeerLink *const *links;
+        size_t n_links;
+        Aqua__HeldChunk *const *held;
+        size_t n_held;
+        int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
+};
+
+struct pool_welcome {
+        struct gpu *gpu;
+        uint64_t *lost_leases;
+        size_t n_lost_leases;
+};
+
+/* Register a client's GPU (owner: the client), reconciling what it says it holds. */
+int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struct pool_welcome *ret,
+                  char *err);
+/* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
+void pool_gpu_gone(struct pool *p, struct gpu *g);
+/* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
+int pool_repair(struct pool *p);
+/* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
+int pool_pin(struct pool *p, const char *producer, const char *consumer, char *err);
+int pool_unpin(struct pool *p, const char *gpu, char *err);
+
+/* ------------------------------------------------------ lease.c: the lease state machine */
+
+/* Producer: put chunks into the pool; fds are taken on success. ret_ids gets n daemon ids. */
+int pool_offer(struct pool *p, struct gpu *producer, const uint64_t *sizes,
+               const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err);
+
+struct pool_grant {
+        struct lease *lease; /* NULL when only DRAM was granted */
+        uint64_t dram_bytes;
+        bool partial;
+};
+
+/* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
+int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+                bool allow_dram, struct pool_grant *ret, char *err);
+/* Take a grant back that could not be delivered (its fds could not be sent). */
+void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_grant *g);
+
+/* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
+int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,
+                size_t n, uint64_t dram_bytes, uint32_t *ret_returned, char *err);
+
+struct pool_reclaim {
+        uint64_t *free_ids; /* dropped from the pool now */
+        size_t n_free;
+        uint64_t *pending_ids; /* leased: will come back as Reclaimed notices */
+        size_t n_pending;
+        uint64_t deadline_ms; /* relative, as sent to consumers */
+};
+void pool_reclaim_clear(struct pool_reclaim *r);
+
+/*
+ * Producer (or an operator for it): take memory back. bytes == 0 && all: everything. With
+ * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
+ * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
+ */
+int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all, bool leased_only,
+                 const char *reason, struct pool_reclaim *ret, char *err);
+
+/* Operator drain: no new offers or grants from producer; everything goes back to it. */
+int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, char *err);
+
+/* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
+void pool_tick(struct pool *p, uint64_t now_ns);

@@ -1,0 +1,742 @@
+/* aquad's sockets, clients, signals and the poll loop; requests themselves go to dispatch.c. */
+#include "server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <zmq.h>
+
+#include "log.h"
+#include "time-util.h"
+
+/* Work done per wakeup before looking at the other sources again: no source starves another. */
+#define BATCH 256
+
+/* ------------------------------------------------------------------------------ sending */
+
+int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e)
+{
+        _cleanup_free_ void *buf = NULL;
+        size_t n;
+        int r;
+
+        /* Nothing leaves before the state it acknowledges is on disk. */
+        (void)pool_commit(s->pool);
+        r = wire_encode(e, &buf, &n);
+        if (r < 0)
+                return r;
+        if (zmq_send(s->router, routing_id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->router, buf, n, ZMQ_DONTWAIT) < 0) {
+                s->stats.send_dropped++;
+                log_debug("Dropped a %s message: %s", wire_body_name(e), zmq_strerror(errno));
+                return -errno;
+        }
+        return 0;
+}
+
+int server_send(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        return server_send_to(s, c->routing_id, c->routing_id_len, e);
+}
+
+int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                      int code, const char *fmt, ...)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Error err = AQUA__ERROR__INIT;
+        char msg[512];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        s->stats.errors++;
+        log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
+        err.code = code;
+        err.message = msg;
+        e.request_id = request_id;
+        e.body_case = AQUA__ENVELOPE__BODY_ERROR;
+        e.error = &err;
+        return server_send_to(s, routing_id, len, &e);
+}
+
+static void send_notice(struct server *s, const struct notice *m)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimNotice rn = AQUA__RECLAIM_NOTICE__INIT;
+        Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
+        Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
+        size_t max = s->limits.max_repeated;
+
+        switch (m->kind) {
+        case NOTICE_RECLAIM:
+                rn.lease_id = m->lease_id;
+                rn.chunk_ids = m->chunk_ids;
+                rn.n_chunk_ids = m->n_chunk_ids;
+                rn.deadline_ms = m->deadline_ms;
+                rn.reason = m->text ? m->text : "";
+                e.body_case = AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
+                e.reclaim_notice = &rn;
+                /* A lease never has more chunks than one Grant could carry. */
+                break;
+        case NOTICE_RECLAIMED:
+                e.body_case = AQUA__ENVELOPE__BODY_RECLAIMED;
+                e.reclaimed = &rd;
+                /* Split long lists so no message exceeds what the peer accepts. */
+                for (size_t off = 0; off < m->n_chunk_ids; off += max) {
+                        rd.chunk_ids = m->chunk_ids + off;
+                        rd.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
+                        server_send(s, m->gpu->owner, &e);
+                }
+                return;
+        case NOTICE_PAIR_CHANGED:
+                pc.paired_with = m->text ? m->text : "";
+                e.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
+                e.pair_changed = &pc;
+                break;
+        default:
+                return;
+        }
+        server_send(s, m->gpu->owner, &e);
+}
+
+void server_flush_notices(struct server *s)
+{
+        struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
+
+        (void)pool_commit(s->pool);
+        pool_take_notices(s->pool, &list);
+        list_for_each(pos, tmp, &list)
+        {
+                struct notice *m = list_entry(pos, struct notice, node);
+                if (m->gpu->owner)
+                        send_notice(s, m);
+                notice_free(m);
+        }
+}
+
+/* ------------------------------------------------------------------------------ clients */
+
+struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len)
+{
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (c->routing_id_len == len && memcmp(c->routing_id, routing_id, len) == 0)
+                        return c;
+        }
+        return NULL;
+}
+
+struct client *server_find_by_token(struct server *s, const void *token, size_t len)
+{
+        if (len != SIDE_TOKEN_LEN)
+                return NULL;
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (!c->registered && memcmp(c->token, token, len) == 0)
+                        return c;
+        }
+        return NULL;
+}
+
+bool client_is_admin(const struct server *s, const struct client *c)
+{
+        return config_access_allows(&s->config->admin, c->cred.uid, c->cred.gid, c->groups,
+                                    c->n_groups);
+}
+
+void client_free_pending(struct client *c, struct pending *p)
+{
+        list_unlink(&p->node);
+        c->n_pending--;
+        side_close_fds(p->fds, p->n_fds);
+        free(p->fds);
+        if (p->env)
+                aqua__envelope__free_unpacked(p->env, NULL);
+        free(p);
+}
+
+static void client_free(struct server *s, struct client *c)
+{
+        while (!list_empty(&c->pending))
+                client_free_pending(c, list_entry(c->pending.next, struct pending, node));
+        if (c->gpu) {
+                log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
+                         (int)c->cred.pid, c->gpu->uuid);
+                pool_gpu_gone(s->pool, c->gpu);
+                c->gpu = NULL;
+        } else if (c->registered)
+                log_debug("Client %" PRIu64 " (pid %d) gone", c->id, (int)c->cred.pid);
+        list_unlink(&c->node);
+        s->n_clients--;
+        safe_close(c->side_fd);
+        free(c);
+        server_flush_notices(s);
+}
+
+static void reject(struct server *s, int fd, const char *fmt, ...) _printf_(3, 4);
+static void reject(struct server *s, int fd, const char *fmt, ...)
+{
+        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        char text[256];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof(text), fmt, ap);
+        va_end(ap);
+        f.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
+        f.text = text;
+        (void)side_send(fd, &f, NULL, 0);
+        s->stats.refused++;
+        log_notice("Refused a side-channel connection: %s", text);
+        events_add(&s->pool->events, "refused", "%s", text);
+}
+
+static void accept_side(struct server *s)
+{
+        for (int i = 0; i < BATCH; i++) {
+                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+                _cleanup_close_ int fd = -1;
+                struct side_cred cred;
+                gid_t groups[CLIENT_MAX_GROUPS];
+                socklen_t glen = sizeof(groups);
+                size_t n_groups = 0;
+                struct client *c;
+
+                fd = accept4(s->side_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0) {
+                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                                log_warning_errno(-errno, "Failed to accept a side channel: %m");
+                        return;
+                }
+                if (side_peer_cred(fd, &cred) < 0) {
+                        log_warning_errno(-errno, "Failed to read peer credentials: %m");
+                        continue;
+                }
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
+                        n_groups = glen / sizeof(gid_t);
+                if (s->stopping) {
+                        reject(s, fd, "aquad is stopping");
+                        continue;
+                }
+                if (!config_access_allows(&s->config->allow, cred.uid, cred.gid, groups,
+                                          n_groups) &&
+                    !config_access_allows(&s->config->admin, cred.uid, cred.gid, groups,
+                                          n_groups)) {
+                        reject(s, fd,
+                               "uid %u gid %u (pid %d) is not in the allowed users or "
+                               "groups",
+                               cred.uid, cred.gid, (int)cred.pid);
+                        continue;
+                }
+                if ((int64_t)s->n_clients >= s->config->limits.clients) {
+                        reject(s, fd, "the limit of %" PRId64 " clients is reached",
+                               s->config->limits.clients);
+                        continue;
+                }
+                c = calloc(1, sizeof(*c));
+                if (!c) {
+                        log_error("Out of memory accepting a client");
+                        continue;
+                }
+                c->cred = cred;
+                memcpy(c->groups, groups, n_groups * sizeof(gid_t));
+                c->n_groups = n_groups;
+                list_init(&c->pending);
+                if (getrandom(c->token, sizeof(c->token), 0) != sizeof(c->token)) {
+                        log_error_errno(-errno, "Failed to draw a token: %m");
+                        free(c);
+                        continue;
+                }
+                f.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
+                f.token = (ProtobufCBinaryData){.len = sizeof(c->token), .data = c->token};
+                if (side_send(fd, &f, NULL, 0) < 0) {
+                        free(c);
+                        continue;
+                }
+                c->id = s->next_client_id++;
+                c->side_fd = TAKE_FD(fd);
+                c->hello_deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
+                list_append(&s->clients, &c->node);
+                s->n_clients++;
+                log_debug("Side channel from pid %d uid %u gid %u: client %" PRIu64, (int)cred.pid,
+                          cred.uid, cred.gid, c->id);
+        }
+}
+
+/* Read what a client's side socket holds; false when the client is gone (and freed). */
+static bool read_side(struct server *s, struct client *c)
+{
+        for (int i = 0; i < BATCH; i++) {
+                Aqua__SideFrame *f = NULL;
+                int fds[SIDE_MAX_FDS];
+                size_t n = 0;
+                int r;
+
+                r = side_recv(c->side_fd, &f, fds, SIDE_MAX_FDS, &n);
+                if (r == -EAGAIN)
+                        return true;
+                if (r == SIDE_E_EOF || r == -ECONNRESET) {
+                        client_free(s, c);
+                        return false;
+                }
+                if (r == SIDE_E_MALFORMED) {
+                        log_notice("Client %" PRIu64 " sent a malformed side frame; ignored",
+                                   c->id);
+                        continue;
+                }
+                if (r < 0) {
+                        log_warning_errno(r, "Side channel of client %" PRIu64 " failed: %m",
+                                          c->id);
+                        client_free(s, c);
+                        return false;
+                }
+                dispatch_side_frame(s, c, f, fds, n);
+                aqua__side_frame__free_unpacked(f, NULL);
+        }
+        return true;
+}
+
+static void read_router(struct server *s)
+{
+        for (int i = 0; i < BATCH; i++) {
+                zmq_msg_t id, body, extra;
+                size_t frames = 2;
+
+                zmq_msg_init(&id);
+                if (zmq_msg_recv(&id, s->router, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&id);
+                        return;
+                }
+                if (!zmq_msg_more(&id)) {
+                        zmq_msg_close(&id);
+                        continue;
+                }
+                zmq_msg_init(&body);
+                if (zmq_msg_recv(&body, s->router, 0) < 0) {
+                        zmq_msg_close(&body);
+                        zmq_msg_close(&id);
+                        return;
+                }
+                /* More parts than one: drain them, the request is malformed. */
+                bool more = zmq_msg_more(&body);
+                while (more) {
+                        zmq_msg_init(&extra);
+                        if (zmq_msg_recv(&extra, s->router, 0) < 0)
+                                more = false;
+                        else
+                                more = zmq_msg_more(&extra);
+                        zmq_msg_close(&extra);
+                        frames++;
+                }
+                s->stats.requests++;
+                if (frames > 2 || zmq_msg_size(&id) > CLIENT_MAX_ROUTING)
+                        server_send_error(s, zmq_msg_data(&id), zmq_msg_size(&id), 0,
+                                          AQUA__ERROR_CODE__ERROR_CODE_MALFORMED,
+                                          "a message of %zu parts; send one Envelope per message",
+                                          frames - 1);
+                else
+                        dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
+                                          zmq_msg_data(&body), zmq_msg_size(&body));
+                zmq_msg_close(&body);
+                zmq_msg_close(&id);
+        }
+}
+
+/* ------------------------------------------------------------------------------ setup */
+
+static void raise_fd_limit(void)
+{
+        struct rlimit rl;
+
+        /* Every chunk in the pool is a descriptor the daemon holds. */
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+}
+
+static int make_parent_dir(const char *path)
+{
+        _cleanup_free_ char *dir = strdup(path);
+        char *slash;
+
+        if (!dir)
+                return -ENOMEM;
+        slash = strrchr(dir, '/');
+        if (!slash || slash == dir)
+                return 0;
+        *slash = '\0';
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        return 0;
+}
+
+static int set_socket_access(const struct config *c, const char *path)
+{
+        if (chmod(path, c->socket_mode) < 0)
+                return -errno;
+        if (c->socket_group) {
+                struct group *gr = getgrnam(c->socket_group);
+                gid_t gid = gr ? gr->gr_gid : (gid_t)strtoul(c->socket_group, NULL, 10);
+                if (chown(path, (uid_t)-1, gid) < 0)
+                        return -errno;
+        }
+        return 0;
+}
+
+static int open_side(struct server *s)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        const char *path = s->config->side_socket;
+        struct stat st;
+        int r;
+
+        r = make_parent_dir(path);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the folder of %s: %m", path);
+        s->side_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (s->side_fd < 0)
+                return log_error_errno(-errno, "Failed to create the side-channel socket: %m");
+        /* A socket left by an aquad that died: the journal lock says none runs now. */
+        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+                unlink(path);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        if (bind(s->side_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return log_error_errno(-errno, "Failed to bind %s: %m", path);
+        r = set_socket_access(s->config, path);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set the mode or group of %s: %m", path);
+        if (listen(s->side_fd, 128) < 0)
+                return log_error_errno(-errno, "Failed to listen on %s: %m", path);
+        return 0;
+}
+
+static int open_router(struct server *s)
+{
+        const char *ep = s->config->endpoint;
+        int one = 1, zero = 0;
+        /* Messages up to this size get an error reply; larger ones cost the peer its pipe. */
+        int64_t max = MAX((int64_t)s->config->limits.message_size * 4, INT64_C(16) << 20);
+        int r;
+
+        s->zctx = zmq_ctx_new();
+        if (!s->zctx)
+                return log_error_errno(-errno, "Failed to create a ZeroMQ context: %m");
+        s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+        if (!s->router)
+                return log_error_errno(-errno, "Failed to create the ROUTER socket: %m");
+        if (zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+            zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0)
+                return log_error_errno(-errno, "Failed to set ROUTER options: %m");
+        if (strncmp(ep, "ipc://", 6) == 0) {
+                s->ipc_path = strdup(ep + 6);
+                if (!s->ipc_path)
+                        return -ENOMEM;
+                r = make_parent_dir(s->ipc_path);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to create the folder of %s: %m",
+                                               s->ipc_path);
+        }
+        if (zmq_bind(s->router, ep) < 0)
+                return log_error_errno(-errno, "Failed to bind %s: %s", ep, zmq_strerror(errno));
+        if (s->ipc_path) {
+                r = set_socket_access(s->config, s->ipc_path);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to set the mode or group of %s: %m",
+                                               s->ipc_path);
+        }
+        return 0;
+}
+
+static int open_signals(struct server *s)
+{
+        sigset_t mask;
+
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return -errno;
+        s->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+        if (s->signal_fd < 0)
+                return log_error_errno(-errno, "Failed to create a signalfd: %m");
+        signal(SIGPIPE, SIG_IGN);
+        return 0;
+}
+
+static int open_journal(struct server *s)
+{
+        struct journal_replay_stats st = {0};
+        struct journal *j = NULL;
+        int r;
+
+        r = journal_open(s->config->journal, pool_apply, s->pool, &j, &st);
+        if (r == -EBUSY)
+                return log_error_errno(r, "Journal %s is held by another aquad",
+                                       s->config->journal);
+        if (r == -EBADMSG)
+                return log_error_errno(r,
+                                       "%s is not an aqua journal (or a corrupt one); move it "
+                                       "away to start afresh",
+                                       s->config->journal);
+        if (r < 0)
+                return log_error_errno(r, "Failed to open the journal %s: %m", s->config->journal);
+        pool_attach_journal(s->pool, j, s->config->journal_compact_bytes);
+        if (st.dropped_bytes)
+                log_warning("Journal %s: cut off a torn tail of %" PRIu64 " bytes (a crash while "
+                            "writing)",
+                            s->config->journal, st.dropped_bytes);
+        if (s->pool->n_chunks || s->pool->n_leases)
+                log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
+                           " ms for clients to re-register",
+                           s->pool->n_chunks, s->pool->n_leases, s->config->journal,
+                           s->config->reconcile_timeout_ns / NSEC_PER_MSEC);
+        return 0;
+}
+
+int server_new(struct config *config, const char *config_path, struct server **ret)
+{
+        _cleanup_(server_freep) struct server *s = NULL;
+        struct pool_settings none = {0};
+        int r;
+
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->side_fd = s->signal_fd = -1;
+        list_init(&s->clients);
+        s->next_client_id = 1;
+        s->start_ns = now_mono_ns();
+        s->config_path = strdup(config_path);
+        if (!s->config_path)
+                return -ENOMEM;
+        r = pool_new(&none, &s->pool);
+        if (r < 0)
+                return r;
+        s->config = config;
+        server_apply_settings(s);
+        r = server_apply_pins(s);
+        if (r >= 0)
+                r = open_journal(s);
+        if (r < 0) {
+                s->config = NULL; /* the caller still owns it on failure */
+                return r;
+        }
+        raise_fd_limit();
+        r = open_signals(s);
+        if (r >= 0)
+                r = open_side(s);
+        if (r >= 0)
+                r = open_router(s);
+        if (r >= 0)
+                r = pool_repair(s->pool);
+        if (r < 0) {
+                s->config = NULL;
+                return r;
+        }
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+struct server *server_free(struct server *s)
+{
+        if (!s)
+                return NULL;
+        while (!list_empty(&s->clients)) {
+                struct client *c = list_entry(s->clients.next, struct client, node);
+                /* Not a client death: their state stays in the journal for the next start. */
+                c->gpu = NULL;
+                while (!list_empty(&c->pending))
+                        client_free_pending(c, list_entry(c->pending.next, struct pending, node));
+                list_unlink(&c->node);
+                safe_close(c->side_fd);
+                free(c);
+        }
+        if (s->router)
+                zmq_close(s->router);
+        if (s->zctx)
+                zmq_ctx_term(s->zctx);
+        if (s->side_fd >= 0 && s->config)
+                unlink(s->config->side_socket);
+        safe_close(s->side_fd);
+        safe_close(s->signal_fd);
+        pool_free(s->pool);
+        config_free(s->config);
+        free(s->ipc_path);
+        free(s->config_path);
+        free(s);
+        return NULL;
+}
+
+void server_set_ready(struct server *s, server_ready_fn fn, void *userdata)
+{
+        s->on_ready = fn;
+        s->ready_userdata = userdata;
+}
+
+/* ------------------------------------------------------------------------------ the loop */
+
+static void stop(struct server *s, const char *why)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__DaemonStopping st = AQUA__DAEMON_STOPPING__INIT;
+        Aquaj__JournalRecord *snap = NULL;
+        int linger = 1000;
+
+        log_notice("Stopping (%s): telling %zu clients", why, s->n_clients);
+        s->stopping = true;
+        st.reason = (char *)why;
+        e.body_case = AQUA__ENVELOPE__BODY_STOPPING;
+        e.stopping = &st;
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (c->registered)
+                        server_send(s, c, &e);
+        }
+        (void)pool_commit(s->pool);
+        /* Leave a compact journal for the next start. */
+        if (s->pool->journal && pool_snapshot(s->pool, &snap) >= 0) {
+                int r = journal_compact(s->pool->journal, snap);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to compact the journal at stop: %m");
+                aquaj__journal_record__free_unpacked(snap, NULL);
+        }
+        /* Give the stopping notices time to leave. */
+        zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger));
+}
+
+static void handle_signals(struct server *s)
+{
+        struct signalfd_siginfo si;
+
+        while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
+                switch (si.ssi_signo) {
+                case SIGHUP:
+                        server_reload(s);
+                        break;
+                case SIGTERM:
+                case SIGINT:
+                        if (!s->stopping)
+                                stop(s, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+                        break;
+                default:
+                        break;
+                }
+        }
+}
+
+static uint64_t next_deadline(struct server *s)
+{
+        uint64_t next = s->pool->next_deadline_ns;
+
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (!c->registered && (!next || c->hello_deadline_ns < next))
+                        next = c->hello_deadline_ns;
+                for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next) {
+                        uint64_t d = list_entry(k, struct pending, node)->deadline_ns;
+                        if (!next || d < next)
+                                next = d;
+                }
+        }
+        return next;
+}
+
+static void expire(struct server *s, uint64_t now)
+{
+        struct list_node *pos, *tmp;
+
+        pool_tick(s->pool, now);
+        list_for_each(pos, tmp, &s->clients)
+        {
+                struct client *c = list_entry(pos, struct client, node);
+                if (!c->registered && now >= c->hello_deadline_ns) {
+                        log_notice("Client %" PRIu64 " (pid %d) sent no Hello in time; closing "
+                                   "its side channel",
+                                   c->id, (int)c->cred.pid);
+                        client_free(s, c);
+                        /* client_free may have freed no other client, but restart to be safe. */
+                        tmp = s->clients.next;
+                        continue;
+                }
+                dispatch_expire(s, c, now);
+        }
+        server_flush_notices(s);
+}
+
+int server_run(struct server *s)
+{
+        _cleanup_free_ zmq_pollitem_t *items = NULL;
+        _cleanup_free_ struct client **owners = NULL;
+        size_t alloc = 0;
+
+        log_info("Serving %s (side channel %s), journal %s", s->config->endpoint,
+                 s->config->side_socket, s->config->journal);
+        if (s->on_ready)
+                s->on_ready(s, s->ready_userdata);
+
+        while (!s->stopping) {
+                size_t n = 3 + s->n_clients, k = 3;
+                uint64_t deadline = next_deadline(s);
+                long timeout = -1;
+                int r;
+
+                if (n > alloc) {
+                        zmq_pollitem_t *a = reallocarray(items, n * 2, sizeof(*a));
+                        struct client **o = reallocarray(owners, n * 2, sizeof(*o));
+                        if (a)
+                                items = a;
+                        if (o)
+                                owners = o;
+                        if (!a || !o)
+                                return log_error_errno(-ENOMEM, "Out of memory polling");
+                        alloc = n * 2;
+                }
+                items[0] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
+                items[1] = (zmq_pollitem_t){.fd = s->side_fd, .events = ZMQ_POLLIN};
+                items[2] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
+                for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                        owners[k] = list_entry(x, struct client, node);
+                        items[k] = (zmq_pollitem_t){.fd = owners[k]->side_fd, .events = ZMQ_POLLIN};
+                        k++;
+                }
+                if (deadline)
+                        timeout = ms_until(deadline) + 1;
+                r = zmq_poll(items, (int)k, timeout);
+                if (r < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return log_error_errno(-errno, "zmq_poll failed: %s", zmq_strerror(errno));
+                }
+                if (items[2].revents)
+                        handle_signals(s);
+                if (s->stopping)
+                        break;
+                /* Side channels first: a client's death (EOF) or its fds come before its
+                 * requests that may depend on them. */
+                for (size_t i = 3; i < k; i++)
+                        if (items[i].revents)
+                                read_side(s, owners[i]);
+                if (items[1].revents)
+                        accept_side(s);
+                if (items[0].revents)
+                        read_router(s);
+                expire(s, now_mono_ns());
+        }
+        return s->exit_status;
+}

@@ -1,0 +1,124 @@
+/*
+ * aquad's event loop: the ZeroMQ ROUTER, the side-channel listener and every client's side
+ * socket, a signalfd and the pool's deadlines, all in one zmq_poll(). Single-threaded: nothing
+ * here locks.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "aqua.pb-c.h"
+#include "config.h"
+#include "list.h"
+#include "pool.h"
+#include "side.h"
+#include "wire.h"
+
+#define CLIENT_MAX_GROUPS  64
+#define CLIENT_MAX_ROUTING 256
+
+struct server;
+
+/* A request waiting for its descriptors, or descriptors waiting for their request. */
+struct pending {
+        struct list_node node;
+        uint64_t request_id;
+        Aqua__Envelope *env; /* NULL while only fds have arrived */
+        int *fds;
+        size_t n_fds;
+        uint64_t deadline_ns;
+};
+
+struct client {
+        struct list_node node;
+        uint64_t id;
+        int side_fd;
+        struct side_cred cred;
+        gid_t groups[CLIENT_MAX_GROUPS];
+        size_t n_groups;
+        uint8_t token[SIDE_TOKEN_LEN];
+        uint8_t routing_id[CLIENT_MAX_ROUTING];
+        size_t routing_id_len; /* 0 until Hello */
+        bool registered;
+        Aqua__Role role;
+        struct gpu *gpu; /* producer, consumer or neutral */
+        uint64_t hello_deadline_ns;
+        struct list_node pending;
+        size_t n_pending;
+};
+
+/* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
+typedef void (*server_ready_fn)(struct server *s, void *userdata);
+
+struct server_stats {
+        uint64_t requests;
+        uint64_t errors;
+        uint64_t refused;      /* side-channel connections refused */
+        uint64_t send_dropped; /* replies or notices the ROUTER could not queue */
+};
+
+struct server {
+        struct config *config;
+        char *config_path;
+        struct pool *pool;
+        struct wire_limits limits;
+
+        void *zctx;
+        void *router;
+        int side_fd;
+        int signal_fd;
+        char *ipc_path; /* file of an ipc:// endpoint, for its mode */
+
+        struct list_node clients;
+        size_t n_clients;
+        uint64_t next_client_id;
+
+        bool stopping;
+        bool verbose; /* -v: debug logging whatever the config says */
+        int exit_status;
+        uint64_t start_ns;
+        server_ready_fn on_ready;
+        void *ready_userdata;
+        struct server_stats stats;
+};
+
+/* Set up from config (taken on success): journal replay, sockets, signals. */
+int server_new(struct config *config, const char *config_path, struct server **ret);
+struct server *server_free(struct server *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);
+void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
+/* Serve until SIGTERM or SIGINT; returns 0 after a clean stop. */
+int server_run(struct server *s);
+
+/* settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
+void server_apply_settings(struct server *s);
+int server_apply_pins(struct server *s);
+void server_reload(struct server *s);
+
+/* ------------------------------------------------------------ for dispatch.c and admin.c */
+
+/* Commit the journal, then send e to client c. */
+int server_send(struct server *s, struct client *c, Aqua__Envelope *e);
+/* Send to a routing id (a peer that may not be registered). */
+int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
+int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                      int code, const char *fmt, ...) _printf_(6, 7);
+/* Send the notices the pool queued. */
+void server_flush_notices(struct server *s);
+struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
+struct client *server_find_by_token(struct server *s, const void *token, size_t len);
+void client_free_pending(struct client *c, struct pending *p);
+bool client_is_admin(const struct server *s, const struct client *c);
+
+/* dispatch.c */
+void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,
+                       const void *data, size_t size);
+void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *frame, int *fds,
+                         size_t n_fds);
+/* A request still waiting at now_ns past its deadline is answered with an error. */
+void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns);
+
+/* admin.c */
+void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e);

@@ -1,0 +1,147 @@
+/* aquad's config: defaults, every key, and the errors an operator sees. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+
+static int load(const char *text, struct config **ret, char **ret_error)
+{
+        return config_load("aquad.yaml", text, strlen(text), ret, ret_error);
+}
+
+static void expect_error(const char *text, const char *message)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL;
+
+        cr_assert_eq(load(text, &c, &error), -EINVAL);
+        cr_assert_null(c);
+        cr_assert_not_null(error);
+        cr_assert_str_eq(error, message);
+}
+
+Test(config, has_defaults_for_an_empty_file)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL;
+
+        cr_assert_eq(load("{}\n", &c, &error), 0, "%s", error);
+        cr_assert_str_eq(c->endpoint, CONFIG_DEFAULT_ENDPOINT);
+        cr_assert_str_eq(c->side_socket, CONFIG_DEFAULT_SIDE);
+        cr_assert_str_eq(c->journal, CONFIG_DEFAULT_JOURNAL);
+        cr_assert_eq(c->socket_mode, 0660);
+        cr_assert_eq(c->pairing, CONFIG_PAIRING_AUTO);
+        cr_assert_eq(c->limits.message_size, 1u << 20);
+        cr_assert_eq(c->log_level, LOG_LEVEL_INFO);
+        cr_assert_null(c->metrics);
+}
+
+Test(config, reads_every_key)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL;
+
+        cr_assert_eq(load("endpoint: ipc:///tmp/x/aquad.sock\n"
+                          "side-socket: /tmp/x/aquad.side\n"
+                          "socket-mode: 0600\n"
+                          "socket-group: root\n"
+                          "allow: {users: [root, 1234], groups: [0]}\n"
+                          "admin: {users: [root]}\n"
+                          "dram-budget: 64GiB\n"
+                          "limits:\n"
+                          "  clients: 8\n"
+                          "  chunks: 100\n"
+                          "  leases: 10\n"
+                          "  pending-requests: 2\n"
+                          "  message-size: 64KiB\n"
+                          "  repeated-items: 300\n"
+                          "reclaim-deadline: 250ms\n"
+                          "reconcile-timeout: 3s\n"
+                          "request-timeout: 2s\n"
+                          "pairing: static\n"
+                          "pairs:\n"
+                          "  - {producer: GPU-1, consumer: GPU-0}\n"
+                          "journal: /tmp/x/journal\n"
+                          "journal-compact-size: 1MiB\n"
+                          "metrics: 127.0.0.1:9400\n"
+                          "log-level: debug\n",
+                          &c, &error),
+                     0, "%s", error);
+        cr_assert_str_eq(c->side_socket, "/tmp/x/aquad.side");
+        cr_assert_eq(c->socket_mode, 0600);
+        cr_assert_eq(c->allow.n_users, 2);
+        cr_assert_eq(c->allow.uids[0], 0);
+        cr_assert_eq(c->allow.uids[1], 1234);
+        cr_assert_eq(c->allow.gids[0], 0);
+        cr_assert_eq(c->admin.n_users, 1);
+        cr_assert_eq(c->dram_budget, UINT64_C(64) << 30);
+        cr_assert_eq(c->limits.clients, 8);
+        cr_assert_eq(c->limits.pending_requests, 2);
+        cr_assert_eq(c->limits.message_size, 64 << 10);
+        cr_assert_eq(c->reclaim_deadline_ns, UINT64_C(250000000));
+        cr_assert_eq(c->pairing, CONFIG_PAIRING_STATIC);
+        cr_assert_eq(c->n_pairs, 1);
+        cr_assert_str_eq(c->pairs[0].producer, "GPU-1");
+        cr_assert_eq(c->journal_compact_bytes, 1u << 20);
+        cr_assert_str_eq(c->metrics, "127.0.0.1:9400");
+        cr_assert_eq(c->log_level, LOG_LEVEL_DEBUG);
+}
+
+Test(config, names_file_line_and_key_of_a_bad_value)
+{
+        expect_error("limits:\n  clients: 0\n",
+                     "aquad.yaml:2:12: limits.clients: 0 is out of range [1, 65536]");
+}
+
+Test(config, rejects_unknown_keys)
+{
+        expect_error("endpiont: ipc:///x\n", "aquad.yaml:1:1: endpiont: unknown key");
+}
+
+Test(config, rejects_a_gpu_in_two_pairs)
+{
+        expect_error("pairs:\n  - {producer: A, consumer: B}\n  - {producer: C, consumer: A}\n",
+                     "aquad.yaml: pairs[1]: A is already in pairs[0]; pairs are one-to-one");
+}
+
+Test(config, rejects_an_unknown_user)
+{
+        expect_error("allow: {users: [no-such-user-aqua]}\n",
+                     "aquad.yaml: allow.users[0]: no user \"no-such-user-aqua\"");
+}
+
+Test(config, rejects_an_endpoint_of_another_transport)
+{
+        expect_error("endpoint: udp://x\n",
+                     "aquad.yaml: endpoint: \"udp://x\" is neither ipc:// nor tcp://");
+}
+
+Test(config, rejects_a_relative_side_socket)
+{
+        expect_error("side-socket: run/aquad.side\n",
+                     "aquad.yaml: side-socket: \"run/aquad.side\" must be an absolute path of at "
+                     "most 107 bytes");
+}
+
+Test(config, admits_root_and_self_when_no_list_is_given)
+{
+        struct config_access a = {0};
+
+        cr_assert(config_access_allows(&a, 0, 0, NULL, 0));
+        cr_assert(config_access_allows(&a, geteuid(), 12345, NULL, 0));
+}
+
+Test(config, admits_by_user_primary_group_or_supplementary_group)
+{
+        uid_t uids[] = {1000};
+        gid_t gids[] = {2000};
+        gid_t extra[] = {5, 2000};
+        struct config_access a = {.n_users = 1, .n_groups = 1, .uids = uids, .gids = gids};
+
+        cr_assert(config_access_allows(&a, 1000, 1, NULL, 0));
+        cr_assert(config_access_allows(&a, 1001, 2000, NULL, 0));
+        cr_assert(config_access_allows(&a, 1001, 1, extra, 2));
+        cr_assert_not(config_access_allows(&a, 1001, 1, extra, 1));
+        cr_assert_not(config_access_allows(&a, 0, 0, NULL, 0));
+}

@@ -1,0 +1,43 @@
+/*
+ * Integration-test harness: runs a real aquad on a private endpoint in a temporary folder.
+ *
+ *     struct aquad *d;
+ *     cr_assert_eq(aquad_start("reclaim-deadline: 200ms\n", &d), 0);
+ *     ... connect to aquad_endpoint(d) and aquad_side_path(d) ...
+ *     cr_assert_eq(aquad_stop(d), 0);   // SIGTERM; 0 when aquad exited cleanly
+ *
+ * The aquad binary is $AQUAD (tests/meson.build sets it), else build/daemon/aquad. The child
+ * dies with the test process (PR_SET_PDEATHSIG), so a crashed test leaves nothing running.
+ * Set AQUA_TEST_VERBOSE=1 to run aquad with -v.
+ */
+#pragma once
+
+#include <sys/types.h>
+
+struct aquad;
+
+/*
+ * Write a config into a fresh temporary folder and start aquad on it; returns once it accepts
+ * connections. The config sets endpoint (ipc://DIR/aquad.sock), side-socket (DIR/aquad.side)
+ * and journal (DIR/journal); extra_yaml (may be NULL) adds further top-level keys and must not
+ * repeat those three. Returns 0, or a negative errno (-ETIMEDOUT, -ECHILD when aquad exited).
+ */
+int aquad_start(const char *extra_yaml, struct aquad **ret);
+
+/* Start aquad again on the same folder, config and journal (after aquad_kill). */
+int aquad_restart(struct aquad *d);
+
+/* Send sig and wait for aquad to exit; returns its exit status, or 128 + signal if killed. */
+int aquad_kill(struct aquad *d, int sig);
+
+/*
+ * Stop aquad with SIGTERM (if it runs), remove the folder and free d. Returns aquad's exit
+ * status (0: a clean stop, no leak under ASan), or -1 when it was not running.
+ */
+int aquad_stop(struct aquad *d);
+
+const char *aquad_endpoint(const struct aquad *d);  /* "ipc://DIR/aquad.sock" */
+const char *aquad_side_path(const struct aquad *d); /* "DIR/aquad.side" */
+const char *aquad_dir(const struct aquad *d);
+const char *aquad_config_path(const struct aquad *d);
+pid_t aquad_pid(const struct aquad *d);
