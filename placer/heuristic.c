@@ -19,6 +19,8 @@
 #define ROLE_FIRST 1.0
 #define MAX_RUNS 16
 
+struct pair;
+
 struct state {
         const struct place_problem *p;
         unsigned *server_of;
@@ -28,6 +30,8 @@ struct state {
         unsigned *first; /* [n_servers]: where a server's members start in member[] */
         unsigned *n_members;
         unsigned *member;
+        unsigned *group_of;  /* [n_types]: scratch for pairs, UINT32_MAX between uses */
+        struct pair *pairs;  /* [2]: the best step so far and the one being tried */
         double target_mem, target_bal; /* per server */
 };
 
@@ -176,12 +180,6 @@ static void maxima(const struct state *st, int64_t *ret_m, int *ret_e)
         *ret_e = e;
 }
 
-struct move {
-        double gain;
-        unsigned i, j; /* j == UINT32_MAX: move i to server to */
-        unsigned to;
-};
-
 static inline bool within(int64_t mem, int bal, int64_t cap_m, int cap_e)
 {
         return (mem < 0 ? -mem : mem) <= cap_m && abs(bal) <= cap_e;
@@ -189,7 +187,7 @@ static inline bool within(int64_t mem, int bal, int64_t cap_m, int cap_e)
 
 /*
  * Partners worth trying for a worst server: on large clusters only the servers at the
- * extremes of memory and role balance and those with the most free GPUs, so that one move
+ * extremes of memory and role balance and those with the most free GPUs, so that one step
  * costs a few thousand evaluations rather than one per model in the cluster.
  */
 #define ALL_PARTNERS_UP_TO 64
@@ -241,90 +239,170 @@ static unsigned partners(const struct state *st, unsigned *out)
         return count;
 }
 
-/* The best move or swap between s1 and a partner server that keeps both caps. */
-static struct move best_move(const struct state *st, unsigned s1, const unsigned *partner,
-                             unsigned n_partners, int64_t cap_m, int cap_e)
+/*
+ * A step re-splits the models of two servers between them. Servers of a kind are identical and
+ * models of a type interchangeable, so a split is how many models of each type the first server
+ * keeps: two servers of 8 models of the benchmark's 8 types have at most a few thousand splits,
+ * and trying them all escapes the local optima that single moves and swaps stop in (a server at
+ * the maximum often needs two or three models exchanged at once). Where a pair has too many
+ * splits to enumerate, only those that move at most FEW_CHANGES models are tried, which still
+ * include every move and swap.
+ */
+#define MAX_PAIR_GROUPS (2 * PLACE_MAX_GPUS)
+#define SPLIT_LIMIT     20000
+#define FEW_CHANGES     3
+
+struct pair {
+        unsigned s[2];
+        unsigned n_groups;
+        unsigned type[MAX_PAIR_GROUPS];
+        unsigned count[MAX_PAIR_GROUPS]; /* models of the type on the two servers */
+        unsigned now[MAX_PAIR_GROUPS];   /* of which on s[0] now */
+        unsigned take[MAX_PAIR_GROUPS];  /* of which on s[0] in the split being tried */
+        unsigned best[MAX_PAIR_GROUPS];  /* ... and in the best split found */
+        double gain;                     /* of the best split: sum of phi before - after */
+};
+
+struct split_search {
+        const struct place_problem *p;
+        struct pair *pr;
+        unsigned gpus[2];              /* each server's GPUs */
+        unsigned rest[MAX_PAIR_GROUPS + 1]; /* GPUs of groups g and after */
+        unsigned kind[2];
+        int64_t mem_total;
+        int bal_total;
+        int64_t cap_m;
+        int cap_e;
+        unsigned max_changes;
+        double before, best_phi;
+        bool found;
+};
+
+static void split_dfs(struct split_search *x, unsigned g, unsigned used, int64_t mem, int bal,
+                      unsigned changes)
 {
-        const struct place_problem *p = st->p;
-        struct move best = {.gain = 1e-12, .i = UINT32_MAX};
-        double phi1 = phi(p, st->mem[s1], st->bal[s1]);
-        const unsigned *m1 = &st->member[st->first[s1]];
+        struct pair *pr = x->pr;
+        const struct place_type *t;
 
-        for (unsigned k = 0; k < n_partners; k++) {
-                unsigned s2 = partner[k];
-                const unsigned *m2 = &st->member[st->first[s2]];
-                double before;
+        if (g == pr->n_groups) {
+                int64_t mem1 = x->mem_total - mem;
+                int bal1 = x->bal_total - bal;
+                double v;
 
-                if (s2 == s1)
-                        continue;
-                before = phi1 + phi(p, st->mem[s2], st->bal[s2]);
-                /* Swaps and moves out of s1. */
-                for (unsigned a = 0; a < st->n_members[s1]; a++) {
-                        unsigned i = m1[a];
-                        const struct place_type *ti = &p->types[p->models[i].type];
-                        bool i_fits = allowed(st, i, s2);
-
-                        if (i_fits && st->free_gpus[s2] >= ti->tp) {
-                                int64_t x1 = st->mem[s1] - ti->memory, x2 = st->mem[s2] + ti->memory;
-                                int b1 = st->bal[s1] - ti->balance, b2 = st->bal[s2] + ti->balance;
-                                double g = before - phi(p, x1, b1) - phi(p, x2, b2);
-
-                                if (g > best.gain && within(x1, b1, cap_m, cap_e) &&
-                                    within(x2, b2, cap_m, cap_e))
-                                        best = (struct move){g, i, UINT32_MAX, s2};
-                        }
-                        if (!i_fits)
-                                continue;
-                        for (unsigned b = 0; b < st->n_members[s2]; b++) {
-                                unsigned j = m2[b];
-                                const struct place_type *tj = &p->types[p->models[j].type];
-
-                                if (tj == ti || st->free_gpus[s2] + tj->tp < ti->tp ||
-                                    st->free_gpus[s1] + ti->tp < tj->tp || !allowed(st, j, s1))
-                                        continue;
-                                int64_t d = tj->memory - ti->memory;
-                                int e = tj->balance - ti->balance;
-                                int64_t x1 = st->mem[s1] + d, x2 = st->mem[s2] - d;
-                                int b1 = st->bal[s1] + e, b2 = st->bal[s2] - e;
-                                double g = before - phi(p, x1, b1) - phi(p, x2, b2);
-
-                                if (g > best.gain && within(x1, b1, cap_m, cap_e) &&
-                                    within(x2, b2, cap_m, cap_e))
-                                        best = (struct move){g, i, j, s2};
-                        }
+                if (changes == 0 || !within(mem, bal, x->cap_m, x->cap_e) ||
+                    !within(mem1, bal1, x->cap_m, x->cap_e))
+                        return;
+                v = phi(x->p, mem, bal) + phi(x->p, mem1, bal1);
+                if (v < x->best_phi) {
+                        x->best_phi = v;
+                        x->found = true;
+                        memcpy(pr->best, pr->take, pr->n_groups * sizeof(*pr->take));
                 }
-                /* Moves into s1. */
-                for (unsigned b = 0; b < st->n_members[s2]; b++) {
-                        unsigned j = m2[b];
-                        const struct place_type *tj = &p->types[p->models[j].type];
-
-                        if (st->free_gpus[s1] < tj->tp || !allowed(st, j, s1))
-                                continue;
-                        int64_t x1 = st->mem[s1] + tj->memory, x2 = st->mem[s2] - tj->memory;
-                        int b1 = st->bal[s1] + tj->balance, b2 = st->bal[s2] - tj->balance;
-                        double g = before - phi(p, x1, b1) - phi(p, x2, b2);
-
-                        if (g > best.gain && within(x1, b1, cap_m, cap_e) &&
-                            within(x2, b2, cap_m, cap_e))
-                                best = (struct move){g, j, UINT32_MAX, s1};
-                }
+                return;
         }
-        return best;
+        t = &x->p->types[pr->type[g]];
+        for (unsigned n = 0; n <= pr->count[g]; n++) {
+                unsigned u = used + n * t->tp;
+                unsigned diff = n > pr->now[g] ? n - pr->now[g] : pr->now[g] - n;
+
+                if (u > x->gpus[0] || (n > 0 && !(t->kinds & (UINT64_C(1) << x->kind[0]))))
+                        break;
+                if (changes + diff > x->max_changes ||
+                    (n < pr->count[g] && !(t->kinds & (UINT64_C(1) << x->kind[1]))))
+                        continue;
+                /* The second server gets at least what the first cannot take later. */
+                if (u + x->rest[g + 1] + x->gpus[1] < x->rest[0])
+                        continue;
+                pr->take[g] = n;
+                split_dfs(x, g + 1, u, mem + (int64_t)n * t->memory, bal + (int)n * t->balance,
+                          changes + diff);
+        }
 }
 
-static void apply(struct state *st, const struct move *mv)
+/* Group the models of s0 and s1 by type; group_of[] is all UINT32_MAX before and after. */
+static void pair_gather(const struct state *st, unsigned s0, unsigned s1, struct pair *pr)
 {
-        if (mv->j == UINT32_MAX) {
-                del(st, mv->i);
-                add(st, mv->i, mv->to);
-        } else {
-                unsigned s1 = st->server_of[mv->i], s2 = st->server_of[mv->j];
+        const struct place_problem *p = st->p;
 
-                del(st, mv->i);
-                del(st, mv->j);
-                add(st, mv->i, s2);
-                add(st, mv->j, s1);
+        pr->s[0] = s0;
+        pr->s[1] = s1;
+        pr->n_groups = 0;
+        for (unsigned side = 0; side < 2; side++) {
+                unsigned s = pr->s[side];
+                const unsigned *m = &st->member[st->first[s]];
+
+                for (unsigned k = 0; k < st->n_members[s]; k++) {
+                        unsigned t = p->models[m[k]].type, g = st->group_of[t];
+
+                        if (g == UINT32_MAX) {
+                                g = st->group_of[t] = pr->n_groups++;
+                                pr->type[g] = t;
+                                pr->count[g] = pr->now[g] = 0;
+                        }
+                        pr->count[g]++;
+                        pr->now[g] += side == 0;
+                }
         }
+        for (unsigned g = 0; g < pr->n_groups; g++)
+                st->group_of[pr->type[g]] = UINT32_MAX;
+}
+
+/* The best split of s0 and s1 that keeps both caps and lowers the sum of phi; 0 gain if none. */
+static void pair_best(const struct state *st, unsigned s0, unsigned s1, int64_t cap_m, int cap_e,
+                      struct pair *pr)
+{
+        const struct place_problem *p = st->p;
+        struct split_search x = {.p = p, .pr = pr, .cap_m = cap_m, .cap_e = cap_e};
+        double splits = 1;
+
+        pair_gather(st, s0, s1, pr);
+        for (unsigned side = 0; side < 2; side++) {
+                unsigned s = pr->s[side];
+
+                x.kind[side] = p->servers[s].kind;
+                x.gpus[side] = p->kinds[x.kind[side]].gpus;
+                x.mem_total += st->mem[s];
+                x.bal_total += st->bal[s];
+        }
+        x.rest[pr->n_groups] = 0;
+        for (unsigned g = pr->n_groups; g-- > 0;) {
+                x.rest[g] = x.rest[g + 1] + pr->count[g] * p->types[pr->type[g]].tp;
+                splits *= pr->count[g] + 1;
+        }
+        x.max_changes = splits <= SPLIT_LIMIT ? UINT32_MAX : FEW_CHANGES;
+        x.before = phi(p, st->mem[s0], st->bal[s0]) + phi(p, st->mem[s1], st->bal[s1]);
+        x.best_phi = x.before - 1e-9;
+        split_dfs(&x, 0, 0, 0, 0, 0);
+        pr->gain = x.found ? x.before - x.best_phi : 0;
+}
+
+static void pair_apply(struct state *st, const struct pair *pr)
+{
+        unsigned moved[MAX_PAIR_GROUPS], n = 0, left[MAX_PAIR_GROUPS];
+
+        for (unsigned side = 0; side < 2; side++) {
+                unsigned s = pr->s[side];
+
+                while (st->n_members[s] > 0) {
+                        moved[n] = st->member[st->first[s]];
+                        del(st, moved[n++]);
+                }
+        }
+        for (unsigned g = 0; g < pr->n_groups; g++) {
+                st->group_of[pr->type[g]] = g;
+                left[g] = pr->best[g];
+        }
+        for (unsigned k = 0; k < n; k++) {
+                unsigned g = st->group_of[st->p->models[moved[k]].type];
+
+                if (left[g] > 0) {
+                        left[g]--;
+                        add(st, moved[k], pr->s[0]);
+                } else
+                        add(st, moved[k], pr->s[1]);
+        }
+        for (unsigned g = 0; g < pr->n_groups; g++)
+                st->group_of[pr->type[g]] = UINT32_MAX;
 }
 
 /*
@@ -334,6 +412,7 @@ static void apply(struct state *st, const struct move *mv)
 static void local_search(struct state *st, unsigned *partner, double deadline)
 {
         const struct place_problem *p = st->p;
+        struct pair *best = &st->pairs[0], *cand = &st->pairs[1];
 
         for (;;) {
                 int64_t cap_m;
@@ -349,14 +428,23 @@ static void local_search(struct state *st, unsigned *partner, double deadline)
                         for (unsigned s = 0; s < p->n_servers; s++) {
                                 bool worst = (st->mem[s] < 0 ? -st->mem[s] : st->mem[s]) == cap_m ||
                                              abs(st->bal[s]) == cap_e;
-                                struct move mv;
 
                                 if ((pass == 0) != worst)
                                         continue;
-                                mv = best_move(st, s, partner, n_partners, cap_m, cap_e);
-                                if (mv.i == UINT32_MAX)
+                                best->gain = 0;
+                                for (unsigned k = 0; k < n_partners; k++) {
+                                        if (partner[k] == s)
+                                                continue;
+                                        pair_best(st, s, partner[k], cap_m, cap_e, cand);
+                                        if (cand->gain > best->gain) {
+                                                struct pair *tmp = best;
+                                                best = cand;
+                                                cand = tmp;
+                                        }
+                                }
+                                if (best->gain <= 0)
                                         continue;
-                                apply(st, &mv);
+                                pair_apply(st, best);
                                 moved = true;
                                 if (pass == 0)
                                         break;
@@ -368,6 +456,7 @@ static void local_search(struct state *st, unsigned *partner, double deadline)
         }
 }
 
+
 static void state_done(struct state *st)
 {
         free(st->mem);
@@ -376,6 +465,8 @@ static void state_done(struct state *st)
         free(st->first);
         free(st->n_members);
         free(st->member);
+        free(st->group_of);
+        free(st->pairs);
 }
 
 int place_heuristic(const struct place_problem *p, const struct place_options *o,
@@ -401,14 +492,18 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
                 gpus += p->kinds[p->servers[s].kind].gpus;
         }
         st.member = calloc(gpus, sizeof(unsigned));
+        st.group_of = malloc((p->n_types + 1) * sizeof(unsigned));
+        st.pairs = calloc(2, sizeof(struct pair));
         trial = calloc(p->n_models + 1, sizeof(unsigned));
         partner = calloc(p->n_servers + 1, sizeof(unsigned));
         if (!partner ||!st.mem || !st.bal || !st.free_gpus || !st.first || !st.n_members || !st.member ||
-            !trial) {
+            !trial || !st.group_of || !st.pairs) {
                 state_done(&st);
                 return -ENOMEM;
         }
         st.server_of = trial;
+        for (unsigned t = 0; t < p->n_types; t++)
+                st.group_of[t] = UINT32_MAX;
         for (unsigned i = 0; i < p->n_models; i++) {
                 total_mem += p->models[i].memory;
                 total_bal += p->types[p->models[i].type].balance;
