@@ -33,6 +33,7 @@ struct state {
         unsigned *group_of;  /* [n_types]: scratch for pairs, UINT32_MAX between uses */
         struct pair *pairs;  /* [2]: the best step so far and the one being tried */
         double target_mem, target_bal; /* per server */
+        unsigned long rnd;
 };
 
 static double phi(const struct place_problem *p, int64_t mem, int bal)
@@ -90,6 +91,7 @@ struct order_key {
         unsigned tp;
         int64_t size;
         unsigned long noise;
+        double progress; /* rank among the models of its TP degree and role, from 0 to 1 */
 };
 
 static int cmp_order(const void *a, const void *b)
@@ -105,9 +107,23 @@ static int cmp_order(const void *a, const void *b)
         return x->model < y->model ? -1 : x->model > y->model;
 }
 
+static int cmp_progress(const void *a, const void *b)
+{
+        const struct order_key *x = a, *y = b;
+
+        if (x->tp != y->tp)
+                return x->tp > y->tp ? -1 : 1;
+        if (x->progress != y->progress)
+                return x->progress < y->progress ? -1 : 1;
+        return x->model < y->model ? -1 : x->model > y->model;
+}
+
 /*
  * Largest TP groups first, then the largest memory: each goes where the server stays closest
- * to its share for the GPUs it has filled so far.
+ * to its share for the GPUs it has filled so far. Producers and consumers are interleaved,
+ * each role from its largest to its smallest at the same pace: placing all large producers
+ * before any consumer leaves the last free GPUs to whatever is left, which on large clusters
+ * put servers 100 GiB off their share.
  */
 static int construct(struct state *st, unsigned long seed, char **ret_error)
 {
@@ -130,6 +146,20 @@ static int construct(struct state *st, unsigned long seed, char **ret_error)
                                               .noise = seed > 1 ? next_random(&rnd) : 0};
         }
         qsort(order, p->n_models, sizeof(*order), cmp_order);
+        for (unsigned k = 0; k < p->n_models;) {
+                unsigned end = k, n[_PLACE_ROLE_MAX] = {0}, rank[_PLACE_ROLE_MAX] = {0};
+
+                while (end < p->n_models && order[end].tp == order[k].tp)
+                        n[p->models[order[end++].model].role]++;
+                for (; k < end; k++) {
+                        enum place_role role = p->models[order[k].model].role;
+                        /* Restarts jitter the interleaving, for other local optima. */
+                        double at = seed > 1 ? (double)(next_random(&rnd) % 1024) / 1024 : 0.5;
+
+                        order[k].progress = (rank[role]++ + at) / n[role];
+                }
+        }
+        qsort(order, p->n_models, sizeof(*order), cmp_progress);
 
         for (unsigned k = 0; k < p->n_models; k++) {
                 unsigned i = order[k].model;
@@ -274,8 +304,10 @@ struct split_search {
         int64_t cap_m;
         int cap_e;
         unsigned max_changes;
+        bool sideways;          /* look for a split with the same sum of phi, not a lower one */
+        unsigned long *rnd;     /* to pick one of several sideways splits */
+        unsigned n_found;
         double before, best_phi;
-        bool found;
 };
 
 static void split_dfs(struct split_search *x, unsigned g, unsigned used, int64_t mem, int bal,
@@ -293,9 +325,11 @@ static void split_dfs(struct split_search *x, unsigned g, unsigned used, int64_t
                     !within(mem1, bal1, x->cap_m, x->cap_e))
                         return;
                 v = phi(x->p, mem, bal) + phi(x->p, mem1, bal1);
-                if (v < x->best_phi) {
+                if (x->sideways ? fabs(v - x->before) <= 1e-9 * MAX(1.0, x->before) &&
+                                          next_random(x->rnd) % ++x->n_found == 0
+                                : v < x->best_phi) {
                         x->best_phi = v;
-                        x->found = true;
+                        x->n_found += !x->sideways;
                         memcpy(pr->best, pr->take, pr->n_groups * sizeof(*pr->take));
                 }
                 return;
@@ -347,12 +381,16 @@ static void pair_gather(const struct state *st, unsigned s0, unsigned s1, struct
                 st->group_of[pr->type[g]] = UINT32_MAX;
 }
 
-/* The best split of s0 and s1 that keeps both caps and lowers the sum of phi; 0 gain if none. */
-static void pair_best(const struct state *st, unsigned s0, unsigned s1, int64_t cap_m, int cap_e,
-                      struct pair *pr)
+/*
+ * The best split of s0 and s1 that keeps both caps and lowers the sum of phi, or with sideways
+ * a random one that leaves it as it is; returns whether there is one.
+ */
+static bool pair_best(struct state *st, unsigned s0, unsigned s1, int64_t cap_m, int cap_e,
+                      bool sideways, struct pair *pr)
 {
         const struct place_problem *p = st->p;
-        struct split_search x = {.p = p, .pr = pr, .cap_m = cap_m, .cap_e = cap_e};
+        struct split_search x = {.p = p, .pr = pr, .cap_m = cap_m, .cap_e = cap_e,
+                                 .sideways = sideways, .rnd = &st->rnd};
         double splits = 1;
 
         pair_gather(st, s0, s1, pr);
@@ -371,9 +409,10 @@ static void pair_best(const struct state *st, unsigned s0, unsigned s1, int64_t 
         }
         x.max_changes = splits <= SPLIT_LIMIT ? UINT32_MAX : FEW_CHANGES;
         x.before = phi(p, st->mem[s0], st->bal[s0]) + phi(p, st->mem[s1], st->bal[s1]);
-        x.best_phi = x.before - 1e-9;
+        x.best_phi = x.before - 1e-9 * MAX(1.0, x.before);
         split_dfs(&x, 0, 0, 0, 0, 0);
-        pr->gain = x.found ? x.before - x.best_phi : 0;
+        pr->gain = x.n_found && !sideways ? x.before - x.best_phi : 0;
+        return x.n_found > 0;
 }
 
 static void pair_apply(struct state *st, const struct pair *pr)
@@ -405,14 +444,79 @@ static void pair_apply(struct state *st, const struct pair *pr)
                 st->group_of[pr->type[g]] = UINT32_MAX;
 }
 
+/* The server-to-server step that lowers the sum of phi most for server s, if any. */
+static bool improve_server(struct state *st, unsigned s, const unsigned *partner,
+                           unsigned n_partners, int64_t cap_m, int cap_e)
+{
+        struct pair *best = &st->pairs[0], *cand = &st->pairs[1];
+
+        best->gain = 0;
+        for (unsigned k = 0; k < n_partners; k++) {
+                if (partner[k] == s)
+                        continue;
+                pair_best(st, s, partner[k], cap_m, cap_e, false, cand);
+                if (cand->gain > best->gain) {
+                        struct pair *tmp = best;
+                        best = cand;
+                        cand = tmp;
+                }
+        }
+        if (best->gain <= 0)
+                return false;
+        pair_apply(st, best);
+        return true;
+}
+
+static bool at_max(const struct state *st, unsigned s, int64_t cap_m, int cap_e)
+{
+        return (st->mem[s] < 0 ? -st->mem[s] : st->mem[s]) == cap_m || abs(st->bal[s]) == cap_e;
+}
+
+/*
+ * A sideways step: a server at a maximum trades models with a random partner so that both
+ * keep their imbalances (the sum of phi stays). When every server must land on the average
+ * exactly, a server one step above it often has no partner whose models can even out the
+ * difference (all its differences are twice that step); moving the excess to a server of
+ * another composition lets it meet one that can.
+ */
+static bool sideways(struct state *st, const unsigned *partner, unsigned n_partners,
+                     int64_t cap_m, int cap_e, unsigned ret_servers[static 2])
+{
+        const struct place_problem *p = st->p;
+        unsigned n_worst = 0, pick = UINT32_MAX, start;
+
+        for (unsigned s = 0; s < p->n_servers; s++)
+                if (at_max(st, s, cap_m, cap_e) && next_random(&st->rnd) % ++n_worst == 0)
+                        pick = s;
+        if (pick == UINT32_MAX)
+                return false;
+        start = (unsigned)(next_random(&st->rnd) % n_partners);
+        for (unsigned k = 0; k < n_partners; k++) {
+                unsigned s2 = partner[(start + k) % n_partners];
+
+                if (s2 != pick && pair_best(st, pick, s2, cap_m, cap_e, true, &st->pairs[0])) {
+                        pair_apply(st, &st->pairs[0]);
+                        ret_servers[0] = pick;
+                        ret_servers[1] = s2;
+                        return true;
+                }
+        }
+        return false;
+}
+
 /*
  * Improve the servers at either maximum first; when none of them can improve, smooth the
- * rest (which makes room for the next round), until nothing improves or time is up.
+ * rest (which makes room for the next round); when nothing improves, take sideways steps
+ * (at most SIDEWAYS_PER_SERVER per server in a row) until something does, or time is up.
+ * After a sideways step only pairs with one of its two servers can have become better, so
+ * only those are tried.
  */
+#define SIDEWAYS_PER_SERVER 20
+
 static void local_search(struct state *st, unsigned *partner, double deadline)
 {
         const struct place_problem *p = st->p;
-        struct pair *best = &st->pairs[0], *cand = &st->pairs[1];
+        unsigned long side = 0;
 
         for (;;) {
                 int64_t cap_m;
@@ -426,36 +530,33 @@ static void local_search(struct state *st, unsigned *partner, double deadline)
                 n_partners = partners(st, partner);
                 for (int pass = 0; pass < 2 && !moved; pass++)
                         for (unsigned s = 0; s < p->n_servers; s++) {
-                                bool worst = (st->mem[s] < 0 ? -st->mem[s] : st->mem[s]) == cap_m ||
-                                             abs(st->bal[s]) == cap_e;
-
-                                if ((pass == 0) != worst)
+                                if ((pass == 0) != at_max(st, s, cap_m, cap_e))
                                         continue;
-                                best->gain = 0;
-                                for (unsigned k = 0; k < n_partners; k++) {
-                                        if (partner[k] == s)
-                                                continue;
-                                        pair_best(st, s, partner[k], cap_m, cap_e, cand);
-                                        if (cand->gain > best->gain) {
-                                                struct pair *tmp = best;
-                                                best = cand;
-                                                cand = tmp;
-                                        }
-                                }
-                                if (best->gain <= 0)
+                                if (pass == 1 && place_now() > deadline)
+                                        return;
+                                if (!improve_server(st, s, partner, n_partners, cap_m, cap_e))
                                         continue;
-                                pair_apply(st, best);
                                 moved = true;
                                 if (pass == 0)
                                         break;
-                                if (place_now() > deadline)
-                                        return;
                         }
-                if (!moved)
-                        return;
+                if (moved) {
+                        side = 0;
+                        continue;
+                }
+                for (;;) {
+                        unsigned two[2];
+
+                        if (side++ >= (unsigned long)SIDEWAYS_PER_SERVER * p->n_servers ||
+                            place_now() > deadline ||
+                            !sideways(st, partner, n_partners, cap_m, cap_e, two))
+                                return;
+                        if (improve_server(st, two[0], partner, n_partners, cap_m, cap_e) ||
+                            improve_server(st, two[1], partner, n_partners, cap_m, cap_e))
+                                break;
+                }
         }
 }
-
 
 static void state_done(struct state *st)
 {
@@ -502,6 +603,7 @@ int place_heuristic(const struct place_problem *p, const struct place_options *o
                 return -ENOMEM;
         }
         st.server_of = trial;
+        st.rnd = o->seed * 0x9E3779B97F4A7C15UL + 1;
         for (unsigned t = 0; t < p->n_types; t++)
                 st.group_of[t] = UINT32_MAX;
         for (unsigned i = 0; i < p->n_models; i++) {
