@@ -532,7 +532,8 @@ static void local_search(struct state *st, unsigned *partner, double deadline)
                         for (unsigned s = 0; s < p->n_servers; s++) {
                                 if ((pass == 0) != at_max(st, s, cap_m, cap_e))
                                         continue;
-                                if (pass == 1 && place_now() > deadline)
+                                /* One server's partners can take milliseconds: check often. */
+                                if (place_now() > deadline)
                                         return;
                                 if (!improve_server(st, s, partner, n_partners, cap_m, cap_e))
                                         continue;
