@@ -60,6 +60,7 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_ENUM(struct config, pairing, "pairing", pairing_names, 0),
     CONF_FIELD_LIST(struct config, pairs, n_pairs, "pairs", CONF_ELEM_STRUCT(&pair_schema), 1024,
                     0),
+    CONF_FIELD_STRING(struct config, plan, "plan", 0),
     CONF_FIELD_STRING(struct config, journal, "journal", 0),
     CONF_FIELD_SIZE(struct config, journal_compact_bytes, "journal-compact-size", 4096,
                     INT64_C(1) << 40, 0),
@@ -184,6 +185,73 @@ static int resolve_access(struct config_access *a, const char *name, const char 
         return 0;
 }
 
+/* aqua-place -p writes one file per server: `pairs: [{producer: N, consumer: N}]`, GPU ordinals. */
+struct plan_pair {
+        int64_t producer;
+        int64_t consumer;
+};
+
+struct plan {
+        struct plan_pair *pairs;
+        size_t n_pairs;
+};
+
+static const struct conf_field plan_pair_fields[] = {
+    CONF_FIELD_INT(struct plan_pair, producer, "producer", 0, 4095, CONF_REQUIRED),
+    CONF_FIELD_INT(struct plan_pair, consumer, "consumer", 0, 4095, CONF_REQUIRED),
+    CONF_FIELD_END,
+};
+static const struct conf_schema plan_pair_schema = {"plan pair", plan_pair_fields};
+static const struct conf_field plan_fields[] = {
+    CONF_FIELD_LIST(struct plan, pairs, n_pairs, "pairs", CONF_ELEM_STRUCT(&plan_pair_schema), 1024,
+                    CONF_REQUIRED),
+    CONF_FIELD_END,
+};
+static const struct conf_schema plan_schema = {"plan", plan_fields};
+
+/* Append the plan's pairs to c->pairs as ordinals in text, which pins match like UUIDs. */
+static int load_plan(struct config *c, const char *name, char **ret_error)
+{
+        _cleanup_free_ char *path = NULL, *error = NULL;
+        struct plan plan = {0};
+        struct config_pair *pairs;
+        const char *slash;
+        int r = 0;
+
+        /* A relative plan path is relative to the config file, as operators expect. */
+        slash = strrchr(name, '/');
+        if (c->plan[0] != '/' && slash)
+                r = asprintf(&path, "%.*s/%s", (int)(slash - name), name, c->plan);
+        else
+                path = strdup(c->plan);
+        if (r < 0 || !path)
+                return -ENOMEM;
+        r = conf_load(&plan_schema, path, &plan, &error);
+        if (r < 0) {
+                conf_free(&plan_schema, &plan);
+                return invalid(ret_error, name, "plan: %s", error ? error : strerror(-r));
+        }
+        pairs = reallocarray(c->pairs, c->n_pairs + plan.n_pairs + 1, sizeof(*pairs));
+        if (!pairs) {
+                conf_free(&plan_schema, &plan);
+                return -ENOMEM;
+        }
+        c->pairs = pairs;
+        for (size_t i = 0; i < plan.n_pairs && r == 0; i++) {
+                struct config_pair *p = &c->pairs[c->n_pairs];
+
+                *p = (struct config_pair){0};
+                if (asprintf(&p->producer, "%lld", (long long)plan.pairs[i].producer) < 0 ||
+                    asprintf(&p->consumer, "%lld", (long long)plan.pairs[i].consumer) < 0) {
+                        free(p->producer);
+                        r = -ENOMEM;
+                } else
+                        c->n_pairs++;
+        }
+        conf_free(&plan_schema, &plan);
+        return r;
+}
+
 static int check(struct config *c, const char *name, char **ret_error)
 {
         int r;
@@ -203,6 +271,11 @@ static int check(struct config *c, const char *name, char **ret_error)
         if (c->socket_mode & ~0777u)
                 return invalid(ret_error, name, "socket-mode: %o has bits beyond 0777",
                                c->socket_mode);
+        if (c->plan) {
+                r = load_plan(c, name, ret_error);
+                if (r < 0)
+                        return r;
+        }
         for (size_t i = 0; i < c->n_pairs; i++) {
                 if (strcmp(c->pairs[i].producer, c->pairs[i].consumer) == 0)
                         return invalid(ret_error, name, "pairs[%zu]: a GPU cannot pair with itself",

@@ -21,7 +21,7 @@ enum config_pairing {
 };
 
 struct config_pair {
-        char *producer; /* gpu uuid */
+        char *producer; /* gpu uuid, or its ordinal in decimal */
         char *consumer;
 };
 
@@ -60,6 +60,7 @@ struct config {
         int pairing;            /* enum config_pairing */
         struct config_pair *pairs;
         size_t n_pairs;
+        char *plan;             /* aqua-place's pairs file for this server; its pairs join `pairs` */
         char *journal;
         uint64_t journal_compact_bytes; /* rewrite the journal as a snapshot past this size */
         char *metrics;                  /* reserved: address of the metrics endpoint */

@@ -113,6 +113,15 @@ void pool_take_notices(struct pool *p, struct list_node *into)
 
 /* ------------------------------------------------------------------------------ objects */
 
+bool gpu_is(const struct gpu *g, const char *key)
+{
+        int64_t ordinal;
+
+        if (strcmp(g->uuid, key) == 0)
+                return true;
+        return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
+}
+
 struct gpu *pool_find_gpu(struct pool *p, const char *key)
 {
         struct list_node *pos, *tmp;
@@ -192,8 +201,7 @@ static void gpu_destroy(struct pool *p, struct gpu *g)
 static bool pinned(const struct pool *p, const struct gpu *g)
 {
         for (size_t i = 0; i < p->n_pins; i++)
-                if (strcmp(p->pins[i].producer, g->uuid) == 0 ||
-                    strcmp(p->pins[i].consumer, g->uuid) == 0)
+                if (gpu_is(g, p->pins[i].producer) || gpu_is(g, p->pins[i].consumer))
                         return true;
         return false;
 }

@@ -202,6 +202,8 @@ int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret);
 void pool_take_notices(struct pool *p, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
+/* Whether key names g: its uuid, or its ordinal in decimal (as config pairs and plans may). */
+bool gpu_is(const struct gpu *g, const char *key);
 struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
 struct chunk *pool_find_chunk(struct pool *p, uint64_t id);
 struct lease *pool_find_lease(struct pool *p, uint64_t id);

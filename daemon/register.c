@@ -321,10 +321,10 @@ fail:
 
 /* ------------------------------------------------------------------------------ pairing */
 
-static size_t index_of(struct gpu *const *gpus, size_t n, const char *uuid)
+static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
 {
         for (size_t i = 0; i < n; i++)
-                if (strcmp(gpus[i]->uuid, uuid) == 0)
+                if (gpu_is(gpus[i], key))
                         return i;
         return SIZE_MAX;
 }

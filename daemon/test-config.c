@@ -1,6 +1,8 @@
 /* aquad's config: defaults, every key, and the errors an operator sees. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "log.h"
@@ -144,4 +146,66 @@ Test(config, admits_by_user_primary_group_or_supplementary_group)
         cr_assert(config_access_allows(&a, 1001, 1, extra, 2));
         cr_assert_not(config_access_allows(&a, 1001, 1, extra, 1));
         cr_assert_not(config_access_allows(&a, 0, 0, NULL, 0));
+}
+
+/* Write text to dir/name; returns the path for the caller to free. */
+static char *write_file(const char *dir, const char *name, const char *text)
+{
+        char *path = NULL;
+        FILE *f;
+
+        cr_assert_geq(asprintf(&path, "%s/%s", dir, name), 0);
+        f = fopen(path, "we");
+        cr_assert_not_null(f);
+        fputs(text, f);
+        fclose(f);
+        return path;
+}
+
+Test(config, takes_pairs_from_a_placer_plan_beside_it)
+{
+        char dir[] = "/tmp/aquad-plan-XXXXXX";
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *conf = NULL, *plan = NULL;
+
+        cr_assert_not_null(mkdtemp(dir));
+        plan = write_file(dir, "server-3.yaml",
+                          "pairs:\n  - producer: 2\n    consumer: 0\n  - {producer: 3, consumer: 1}\n");
+        conf = write_file(dir, "aquad.yaml", "pairing: static\nplan: server-3.yaml\n");
+        cr_assert_eq(config_load(conf, NULL, 0, &c, &error), 0, "%s", error);
+        cr_assert_eq(c->n_pairs, 2);
+        cr_assert_str_eq(c->pairs[0].producer, "2");
+        cr_assert_str_eq(c->pairs[0].consumer, "0");
+        cr_assert_str_eq(c->pairs[1].producer, "3");
+        cr_assert_str_eq(c->pairs[1].consumer, "1");
+        unlink(plan);
+        unlink(conf);
+        rmdir(dir);
+}
+
+Test(config, names_the_plan_and_its_problem)
+{
+        char dir[] = "/tmp/aquad-plan-XXXXXX";
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *conf = NULL, *plan = NULL, *expected = NULL;
+
+        cr_assert_not_null(mkdtemp(dir));
+        plan = write_file(dir, "p.yaml", "pairs:\n  - producer: GPU-1\n    consumer: 0\n");
+        conf = write_file(dir, "aquad.yaml", "plan: p.yaml\n");
+        cr_assert_eq(config_load(conf, NULL, 0, &c, &error), -EINVAL);
+        cr_assert_geq(asprintf(&expected,
+                               "%s: plan: %s:2:15: pairs[0].producer: expected an integer, got "
+                               "\"GPU-1\"",
+                               conf, plan),
+                      0);
+        cr_assert_str_eq(error, expected);
+        unlink(plan);
+        unlink(conf);
+        rmdir(dir);
+}
+
+Test(config, names_a_missing_plan_file)
+{
+        expect_error("pairs: [{producer: \"2\", consumer: \"5\"}]\nplan: /nonexistent/p.yaml\n",
+                     "aquad.yaml: plan: /nonexistent/p.yaml: No such file or directory");
 }

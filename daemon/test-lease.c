@@ -540,3 +540,38 @@ Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_rec
         cr_assert_eq(n, 1);
         cr_assert_str_eq(reason, "producer load");
 }
+
+/* Pins from a placer plan name GPUs by ordinal; they must win over automatic pairing. */
+Test(pins, pair_gpus_named_by_ordinal)
+{
+        static const char *const prod[] = {"2", "3"}, *const cons[] = {"1", "0"};
+        const char *uuids[] = {"GPU-A", "GPU-B", "GPU-C", "GPU-D"};
+        Aqua__Role roles[] = {AQUA__ROLE__ROLE_CONSUMER, AQUA__ROLE__ROLE_CONSUMER,
+                              AQUA__ROLE__ROLE_PRODUCER, AQUA__ROLE__ROLE_PRODUCER};
+        Aqua__PeerLink links[4], *plinks[4];
+        struct gpu *g[4];
+        int owners[4];
+
+        cr_assert_eq(pool_new(&settings, &pool), 0);
+        cr_assert_eq(pool_set_config_pins(pool, prod, cons, 2), 0);
+        for (int i = 0; i < 4; i++) {
+                aqua__peer_link__init(&links[i]);
+                links[i].gpu_uuid = (char *)uuids[i];
+                links[i].bandwidth_gbps = 400;
+                plinks[i] = &links[i];
+        }
+        for (uint32_t i = 0; i < 4; i++) {
+                struct pool_hello h = {.uuid = uuids[i], .ordinal = i, .role = roles[i],
+                                       .granularity = 2 * MiB, .links = plinks, .n_links = 4,
+                                       .client_name = uuids[i]};
+                struct pool_welcome w = {0};
+
+                cr_assert_eq(pool_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                free(w.lost_leases);
+                g[i] = w.gpu;
+        }
+        cr_assert_eq(g[0]->paired, g[3], "consumer 0 pinned to producer 3");
+        cr_assert_eq(g[1]->paired, g[2], "consumer 1 pinned to producer 2");
+        drain_notices();
+        pool = pool_free(pool);
+}
