@@ -1,0 +1,333 @@
+/*
+ * libaqua: lend idle GPU memory to a paired GPU, or borrow it, through the aquad daemon.
+ *
+ * One aqua_ctx per GPU per process. A producer offers memory of its GPU and reclaims it when its
+ * own load rises; a consumer borrows that memory, mapped into its GPU's address space, and gives
+ * it back on request. Everything is coordinated by aquad over a ZeroMQ socket plus a Unix side
+ * channel that carries the memory's file descriptors.
+ *
+ * Return values: 0 on success; a negative errno for failures; a positive AQUA_* outcome (below)
+ * for expected results the caller must handle. Outputs are the last parameters, named ret_*, and
+ * are written only when the function returns 0 (or where a function says so, an AQUA_* outcome).
+ *
+ * Threads: a context is not thread-safe. All calls on one aqua_ctx (and on its leases) must be
+ * serialized by the caller, typically by making them from the engine's scheduler thread.
+ * Different contexts are independent and may be used from different threads at once.
+ * aqua_strerror() and aqua_version() may be called from any thread at any time.
+ *
+ * Device addresses are plain uint64_t (a CUdeviceptr) so that this header needs no cuda.h.
+ * libaqua loads the CUDA driver at run time: $AQUA_CUDA_LIBRARY if set, else libcuda.so.1.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define AQUA_API __attribute__((visibility("default")))
+#else
+#define AQUA_API
+#endif
+
+#define AQUA_VERSION_MAJOR 0
+#define AQUA_VERSION_MINOR 1
+
+/* The daemon's endpoint when neither the options nor $AQUA_ENDPOINT name one. */
+#define AQUA_DEFAULT_ENDPOINT "ipc:///run/aqua/aquad.sock"
+
+/* "Everything": for aqua_reclaim() and friends. */
+#define AQUA_ALL UINT64_MAX
+
+/* Wait without a limit, for the timeout_ms parameters. */
+#define AQUA_FOREVER (-1)
+
+/* Expected outcomes, returned as positive ints. */
+enum {
+        AQUA_PENDING = 1, /* accepted; the result arrives later as events from aqua_poll() */
+        AQUA_TIMEOUT,     /* the timeout passed first; what was done so far is reported */
+        AQUA_NO_MEMORY,   /* borrow: not even min_bytes could be granted */
+        AQUA_BARRED,      /* borrow: this consumer missed a reclaim deadline, no new leases */
+        AQUA_LIMIT,       /* a limit of the daemon (chunks, leases, clients) was reached */
+        AQUA_THROTTLED,   /* too many requests in flight; try again later */
+        _AQUA_OUTCOME_MAX,
+};
+
+enum aqua_role {
+        AQUA_ROLE_PRODUCER = 1, /* lends memory of its GPU */
+        AQUA_ROLE_CONSUMER = 2, /* borrows memory for its GPU */
+        AQUA_ROLE_NEUTRAL = 3,  /* registered, neither lends nor borrows (yet) */
+};
+
+typedef struct aqua_ctx aqua_ctx;
+typedef struct aqua_lease aqua_lease;
+
+/*
+ * A short description of r: a positive AQUA_* outcome, a negative errno, or 0. Never NULL; the
+ * string is static. Thread-safe.
+ */
+AQUA_API const char *aqua_strerror(int r);
+
+/* The library's version as "major.minor.patch". Thread-safe. */
+AQUA_API const char *aqua_version(void);
+
+/* ------------------------------------------------------------------------------ logging */
+
+enum aqua_log_level {
+        AQUA_LOG_ERROR = 0,
+        AQUA_LOG_WARNING,
+        AQUA_LOG_NOTICE,
+        AQUA_LOG_INFO,
+        AQUA_LOG_DEBUG,
+};
+
+/* Receives one message (no trailing newline); message is valid only during the call. */
+typedef void (*aqua_log_fn)(enum aqua_log_level level, const char *message, void *userdata);
+
+/*
+ * Route the library's messages of level max_level and more severe to fn; fn == NULL (the
+ * default) silences them. The library writes nothing to stdout or stderr by itself. The setting
+ * is process-wide: set it before opening contexts, or while no other thread is in libaqua.
+ * fn may be called from inside any libaqua function, on the calling thread.
+ */
+AQUA_API void aqua_set_log(aqua_log_fn fn, void *userdata, enum aqua_log_level max_level);
+
+/* ------------------------------------------------------------------------------ context */
+
+struct aqua_options {
+        /* sizeof(struct aqua_options) as the caller was compiled: fields may be added later. */
+        size_t size;
+        /* The daemon's ZeroMQ endpoint. NULL: $AQUA_ENDPOINT, else AQUA_DEFAULT_ENDPOINT. */
+        const char *endpoint;
+        /*
+         * The daemon's side channel (an AF_UNIX SOCK_SEQPACKET socket path). NULL:
+         * $AQUA_SIDE_PATH, else derived from an ipc:// endpoint: its path with ".side" appended
+         * ("ipc:///run/aqua/aquad.sock" -> "/run/aqua/aquad.sock.side"). A tcp:// endpoint
+         * needs it given.
+         */
+        const char *side_path;
+        /* Shown to operators (aquactl). NULL: the program's name. */
+        const char *client_name;
+        /* Limit for connecting and for each blocking request. 0: 5000 ms. */
+        int timeout_ms;
+        /*
+         * Producer: the size of each chunk aqua_offer() allocates, rounded up to the device's
+         * allocation granularity. 0: 32 MiB. It is also the unit of reclaim and of borrowing.
+         */
+        uint64_t chunk_bytes;
+};
+
+#define AQUA_OPTIONS_INIT {.size = sizeof(struct aqua_options)}
+
+/*
+ * Open a context for CUDA device ordinal `device`, connect to aquad and register the GPU with
+ * `role`. opts may be NULL (all defaults). Blocks for at most opts->timeout_ms.
+ * The context uses the device's primary CUDA context and leaves the caller's current context
+ * as it found it. Free it with aqua_close().
+ * Errors: -EINVAL (bad argument), -ENODEV (no such device), -ELIBACC (no usable CUDA driver),
+ * -ECONNREFUSED or -ENOENT (no daemon at the endpoint), -EACCES (the daemon refused this user),
+ * -EBUSY (the GPU is registered by another live process), -ETIMEDOUT, -ENOMEM.
+ */
+AQUA_API int aqua_open(int device, enum aqua_role role, const struct aqua_options *opts,
+                       aqua_ctx **ret_ctx);
+
+/*
+ * Close the context: unmap and release every lease and chunk it holds, then disconnect. The
+ * daemon sees the disconnect at once and returns this consumer's chunks to their pool; memory a
+ * producer lent stays alive as long as a consumer maps it. Accepts NULL; returns NULL.
+ */
+AQUA_API aqua_ctx *aqua_close(aqua_ctx *ctx);
+
+struct aqua_info {
+        int device;
+        enum aqua_role role;
+        char gpu_uuid[48];       /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+        char paired_with[48];    /* uuid of the paired GPU; empty when unpaired */
+        uint64_t capacity;       /* bytes of device memory */
+        uint64_t granularity;    /* allocation granularity of the device */
+        uint64_t chunk_bytes;    /* producer: size of an offered chunk */
+        uint64_t client_id;      /* the daemon's id for this context; 0 while disconnected */
+        bool connected;
+        uint64_t dram_budget;    /* consumer: DRAM bytes the daemon allows it to pin */
+        uint64_t reclaim_deadline_ms;
+        uint64_t offered_bytes;  /* producer: in the daemon's pool (leased or not) */
+        uint64_t borrowed_bytes; /* consumer: peer memory currently mapped */
+        uint64_t dram_bytes;     /* consumer: data moved to DRAM by reclaims, still held */
+};
+
+/* Fill *ret with the context's state as last known locally (no round trip). */
+AQUA_API int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret);
+
+/* ------------------------------------------------------------------------------ producer */
+
+/*
+ * Allocate `bytes` (rounded up to whole chunks) of exportable memory on the context's GPU and
+ * offer it to the daemon's pool. The memory stays owned by libaqua until reclaimed; the producer
+ * never touches it. On a partial allocation (the GPU ran out of memory), what was allocated is
+ * offered. *ret_offered (may be NULL) receives the bytes actually offered.
+ * Errors: -EPERM (not a producer), -ENOMEM (not one chunk could be allocated), AQUA_LIMIT,
+ * -ENOTCONN (no daemon), -ETIMEDOUT.
+ */
+AQUA_API int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered);
+
+/*
+ * Take back `bytes` (rounded up to whole chunks; AQUA_ALL: everything offered) and free them on
+ * the GPU. Unleased chunks are freed at once; leased ones when their consumer has moved off them
+ * (the daemon asks it to, with a deadline). Blocks until all are free or timeout_ms passes
+ * (AQUA_FOREVER: no limit). *ret_freed (may be NULL) receives the bytes freed during the call,
+ * also when the result is AQUA_TIMEOUT: the rest is freed later inside aqua_poll(), which
+ * reports it as AQUA_EVENT_RECLAIMED.
+ * Returns 0, AQUA_TIMEOUT, -EPERM (not a producer), -ENOTCONN, -ENOMEM.
+ */
+AQUA_API int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_t *ret_freed);
+
+/*
+ * The non-blocking form of aqua_reclaim(): send the request and return AQUA_PENDING at once.
+ * Every chunk freed as a result, including those the daemon frees at once, is reported by
+ * aqua_poll() as AQUA_EVENT_RECLAIMED after libaqua has released it.
+ */
+AQUA_API int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes);
+
+/* ------------------------------------------------------------------------------ consumer */
+
+/* For aqua_borrow()'s flags. */
+#define AQUA_BORROW_ALLOW_DRAM (1u << 0) /* a DRAM budget may make up what peers cannot */
+
+struct aqua_grant {
+        /* The new lease; NULL when no peer memory was granted. Owned by the context. */
+        aqua_lease *lease;
+        /* Device address, on the context's GPU, where the lease's chunks are mapped back to
+         * back, readable and writable by kernels on this GPU. 0 without a lease. */
+        uint64_t dptr;
+        uint64_t bytes;      /* peer memory mapped at dptr */
+        uint64_t dram_bytes; /* DRAM budget granted: host memory the caller may pin */
+        bool partial;        /* less than asked for */
+};
+
+/*
+ * Borrow `bytes` of peer GPU memory, accepting no less than min_bytes (peer memory plus, with
+ * AQUA_BORROW_ALLOW_DRAM, a DRAM budget). libaqua imports the granted chunks, reserves one
+ * address range, maps them there and grants this GPU access. Blocks for at most the context's
+ * timeout. Returns 0 (possibly a partial grant), AQUA_NO_MEMORY (nothing granted), AQUA_BARRED,
+ * AQUA_LIMIT, AQUA_THROTTLED, -EPERM (not a consumer), -EINVAL (min_bytes > bytes),
+ * -ENOTCONN, -ETIMEDOUT, -ENOMEM, -EIO (the driver failed to import or map).
+ */
+AQUA_API int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
+                         struct aqua_grant *ret);
+
+/*
+ * Give a lease back: unmap its range, release its chunks and tell the daemon. Data a reclaim
+ * had moved to DRAM is freed too. `lease` is invalid afterwards; queued events naming it are
+ * dropped. Local cleanup always completes; the result says whether the daemon acknowledged it
+ * (-ENOTCONN, -ETIMEDOUT otherwise; the daemon reconciles when it sees this client again).
+ */
+AQUA_API int aqua_return(aqua_ctx *ctx, aqua_lease *lease);
+
+/* Give back `bytes` of DRAM budget (the caller unpinned that much host memory). */
+AQUA_API int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes);
+
+/* Where one chunk of a lease lives now. */
+enum aqua_tier {
+        AQUA_TIER_PEER = 1, /* the producer's GPU memory, mapped at the lease's range */
+        AQUA_TIER_DRAM = 2, /* host memory, moved there by a reclaim (see aqua_chunk_info.host) */
+};
+
+struct aqua_lease_info {
+        uint64_t lease_id; /* the daemon's id */
+        uint64_t dptr;     /* start of the lease's device range */
+        uint64_t bytes;    /* length of the range */
+        uint64_t peer_bytes;
+        uint64_t dram_bytes;
+        size_t n_chunks;
+        uint64_t chunk_bytes;
+};
+
+AQUA_API int aqua_lease_get_info(aqua_ctx *ctx, const aqua_lease *lease,
+                                 struct aqua_lease_info *ret);
+
+struct aqua_chunk_info {
+        uint64_t chunk_id; /* the daemon's id */
+        uint64_t offset;   /* within the lease's range */
+        uint64_t bytes;
+        enum aqua_tier tier;
+        /* AQUA_TIER_DRAM only: NULL when the DRAM is mapped at dptr + offset (the device
+         * address is unchanged), else the host address now holding the chunk's bytes. */
+        void *host;
+};
+
+/* Chunk `index` (0 .. n_chunks - 1) of a lease. Returns -ERANGE past the end. */
+AQUA_API int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t index,
+                                  struct aqua_chunk_info *ret);
+
+/* ------------------------------------------------------------------------------ both roles */
+
+struct aqua_load {
+        double load;         /* 0..1 of the engine's capacity */
+        uint64_t used_bytes; /* device memory the engine uses itself */
+        uint64_t free_bytes; /* device memory it could spare */
+};
+
+/*
+ * Tell the daemon the engine's load. Does not wait for an answer: cheap enough for every few
+ * engine iterations. Returns 0, -ENOTCONN (reported again once reconnected), -EAGAIN (the
+ * outgoing queue is full).
+ */
+AQUA_API int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load);
+
+enum aqua_event_type {
+        /* Producer: `bytes` of reclaimed memory were released on the GPU and are free now. */
+        AQUA_EVENT_RECLAIMED = 1,
+        /* Consumer: a reclaim moved the chunk at lease + offset to DRAM (see aqua_chunk_info:
+         * `host` NULL means the device address is unchanged, else the data is at host). */
+        AQUA_EVENT_MIGRATED,
+        /* Consumer: a reclaim notice could not be honoured (a copy or the return failed); the
+         * daemon will report the missed deadline. `error` says why. */
+        AQUA_EVENT_RECLAIM_FAILED,
+        /* Consumer: the daemon no longer knows this lease (after its restart); its chunks were
+         * moved to DRAM like a reclaim. */
+        AQUA_EVENT_LEASE_LOST,
+        /* The daemon paired this GPU with another one, or unpaired it. */
+        AQUA_EVENT_PAIR_CHANGED,
+        /* The daemon is shutting down. */
+        AQUA_EVENT_DAEMON_STOPPING,
+        /* The connection to the daemon was lost. libaqua reconnects inside aqua_poll(); the
+         * fd of aqua_fd() wakes the caller when it is time to try. Mappings stay valid. */
+        AQUA_EVENT_DISCONNECTED,
+        /* Connected and re-registered again, with what this context holds. */
+        AQUA_EVENT_RECONNECTED,
+};
+
+struct aqua_event {
+        enum aqua_event_type type;
+        aqua_lease *lease; /* MIGRATED, RECLAIM_FAILED, LEASE_LOST */
+        uint64_t offset;   /* MIGRATED: offset of the chunk in the lease */
+        uint64_t bytes;    /* RECLAIMED, MIGRATED */
+        int error;         /* RECLAIM_FAILED: a negative errno */
+};
+
+/*
+ * Handle what the daemon has sent, without a round trip and without blocking: reclaim notices
+ * are honoured here (a consumer copies the affected chunks to DRAM, unmaps them and returns
+ * them), freed chunks released (producer), replies to earlier asynchronous requests consumed.
+ * Up to n_events events are copied to `events`, their number to *ret_n; more stay queued for the
+ * next call. Call it at a safe point of each engine iteration (no kernel may be using leased
+ * memory that a reclaim could move: the copy is synchronous), or when aqua_fd() is readable.
+ * Returns 0, -ENOMEM, -EIO (a driver failure; the affected lease is also reported as an event).
+ */
+AQUA_API int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events, size_t *ret_n);
+
+/*
+ * A file descriptor that becomes readable when aqua_poll() has work: add it to an event loop
+ * (POLLIN / EPOLLIN) and call aqua_poll() when it fires. It is edge-like: call aqua_poll() until
+ * it returns no events before waiting again. The fd stays the same for the context's life; do
+ * not read from it or close it.
+ */
+AQUA_API int aqua_fd(aqua_ctx *ctx, int *ret_fd);
+
+#ifdef __cplusplus
+}
+#endif
