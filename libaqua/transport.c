@@ -338,6 +338,15 @@ int transport_side_take(struct transport *t, Aqua__SideFrame__Kind kind, uint64_
         }
 }
 
+void transport_side_drop(struct transport *t, Aqua__SideFrame__Kind kind)
+{
+        struct side_msg *m;
+
+        transport_side_pump(t);
+        while ((m = side_unqueue(t, kind, 0)))
+                side_msg_free(m);
+}
+
 int transport_side_finish(struct transport *t, uint8_t ret_token[SIDE_TOKEN_LEN])
 {
         struct side_msg *m;

@@ -90,6 +90,8 @@ int transport_side_pump(struct transport *t);
 int transport_side_take(struct transport *t, Aqua__SideFrame__Kind kind, uint64_t id,
                         uint64_t deadline_ns, struct side_msg **ret);
 struct side_msg *side_msg_free(struct side_msg *m);
+/* Read what the side channel holds, then close every queued frame of kind (stale grants). */
+void transport_side_drop(struct transport *t, Aqua__SideFrame__Kind kind);
 
 /* Send a side frame with descriptors (they stay open in the caller). */
 int transport_side_send(struct transport *t, Aqua__SideFrame *f, const int *fds, size_t n_fds);

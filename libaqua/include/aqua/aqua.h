@@ -105,9 +105,9 @@ struct aqua_options {
         const char *endpoint;
         /*
          * The daemon's side channel (an AF_UNIX SOCK_SEQPACKET socket path). NULL:
-         * $AQUA_SIDE_PATH, else derived from an ipc:// endpoint: its path with ".side" appended
-         * ("ipc:///run/aqua/aquad.sock" -> "/run/aqua/aquad.sock.side"). A tcp:// endpoint
-         * needs it given.
+         * $AQUA_SIDE_PATH, else derived from an ipc:// endpoint: its path with a ".sock" suffix
+         * replaced by (or else followed by) ".side" ("ipc:///run/aqua/aquad.sock" ->
+         * "/run/aqua/aquad.side", aquad's default). A tcp:// endpoint needs it given.
          */
         const char *side_path;
         /* Shown to operators (aquactl). NULL: the program's name. */

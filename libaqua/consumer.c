@@ -1,0 +1,427 @@
+/* The consumer's side: borrow and map chunks, honour reclaim notices, return leases. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "alog.h"
+#include "ctx.h"
+#include "time-util.h"
+
+static int check_consumer(aqua_ctx *ctx)
+{
+        if (!ctx)
+                return -EINVAL;
+        return ctx->role == AQUA_ROLE_CONSUMER ? 0 : -EPERM;
+}
+
+/* Tell the daemon we are done with chunk_ids of lease_id (all of it when n == 0), no waiting. */
+static int return_async(aqua_ctx *ctx, uint64_t lease_id, uint64_t *chunk_ids, size_t n,
+                        uint64_t dram_bytes)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT;
+        Aqua__Return ret = AQUA__RETURN__INIT;
+        int r;
+
+        if (ctx->state != SESSION_CONNECTED)
+                return -ENOTCONN;
+        ret.lease_id = lease_id;
+        ret.n_chunk_ids = n;
+        ret.chunk_ids = chunk_ids;
+        ret.dram_bytes = dram_bytes;
+        env.body_case = AQUA__ENVELOPE__BODY_RETURN;
+        env.return_ = &ret;
+        env.request_id = transport_next_id(ctx->t);
+        r = transport_send(ctx->t, &env);
+        if (r < 0)
+                return r;
+        return ctx_add_pending(ctx, env.request_id, PENDING_RETURN, 0);
+}
+
+/*
+ * Collect the fds of a grant from its GRANT_FDS frames, in the order of g->chunks. A frame that
+ * names its chunks may come in any order; one that does not fills the next places.
+ */
+static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int *fds)
+{
+        size_t got = 0;
+
+        while (got < g->n_chunks) {
+                struct side_msg *m = NULL;
+                const Aqua__SideFrame *f;
+                int r;
+
+                r = transport_side_take(ctx->t, AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS,
+                                        g->lease_id, deadline, &m);
+                if (r > 0)
+                        return -ENOTCONN;
+                if (r < 0)
+                        return r;
+                f = m->frame;
+                if (got + m->n_fds > g->n_chunks ||
+                    (f->n_chunk_ids != 0 && f->n_chunk_ids != m->n_fds)) {
+                        side_msg_free(m);
+                        return -EPROTO;
+                }
+                for (size_t i = 0; i < m->n_fds; i++) {
+                        size_t at = got + i;
+
+                        if (f->n_chunk_ids && g->chunks[at]->chunk_id != f->chunk_ids[i]) {
+                                for (at = 0; at < g->n_chunks; at++)
+                                        if (g->chunks[at]->chunk_id == f->chunk_ids[i] &&
+                                            fds[at] < 0)
+                                                break;
+                                if (at == g->n_chunks) {
+                                        side_msg_free(m);
+                                        return -EPROTO;
+                                }
+                        }
+                        if (fds[at] >= 0) {
+                                side_msg_free(m);
+                                return -EPROTO;
+                        }
+                        fds[at] = m->fds[i];
+                        m->fds[i] = -1;
+                }
+                got += m->n_fds;
+                side_msg_free(m);
+        }
+        return 0;
+}
+
+static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline,
+                     aqua_lease **ret_lease)
+{
+        _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
+        _cleanup_free_ int *fds = NULL;
+        int r;
+
+        chunks = calloc(g->n_chunks, sizeof(*chunks));
+        fds = malloc(g->n_chunks * sizeof(*fds));
+        if (!chunks || !fds)
+                return -ENOMEM;
+        for (size_t i = 0; i < g->n_chunks; i++)
+                fds[i] = -1;
+        r = grant_fds(ctx, g, deadline, fds);
+        if (r == 0) {
+                for (size_t i = 0; i < g->n_chunks; i++)
+                        chunks[i] = (struct lease_grant_chunk){.id = g->chunks[i]->chunk_id,
+                                                               .size = g->chunks[i]->size,
+                                                               .fd = fds[i]};
+                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
+                                 ret_lease);
+        }
+        side_close_fds(fds, g->n_chunks);
+        return r;
+}
+
+_public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
+                         struct aqua_grant *ret)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
+        Aqua__Borrow b = AQUA__BORROW__INIT;
+        const Aqua__Grant *g;
+        aqua_lease *lease = NULL;
+        uint64_t deadline;
+        int r;
+
+        r = check_consumer(ctx);
+        if (r < 0)
+                return r;
+        if (!ret || bytes == 0 || min_bytes > bytes || (flags & ~AQUA_BORROW_ALLOW_DRAM))
+                return -EINVAL;
+        deadline = ctx_deadline(ctx);
+        b.bytes = bytes;
+        b.min_bytes = min_bytes;
+        b.allow_dram = flags & AQUA_BORROW_ALLOW_DRAM;
+        env.body_case = AQUA__ENVELOPE__BODY_BORROW;
+        env.borrow = &b;
+        r = ctx_call(ctx, &env, deadline, &reply);
+        if (r == -ETIMEDOUT && env.request_id)
+                /* A grant arriving later would be a lease nobody uses: give it back then. */
+                ctx_add_pending(ctx, env.request_id, PENDING_BORROW, 0);
+        if (r > 0)
+                /* Fds the daemon sent before deciding to refuse are ours to close. */
+                transport_side_drop(ctx->t, AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS);
+        if (r != 0)
+                return r;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_GRANT) {
+                aqua__envelope__free_unpacked(reply, NULL);
+                return -EPROTO;
+        }
+        g = reply->grant;
+        if (g->n_chunks > 0) {
+                r = grant_map(ctx, g, deadline, &lease);
+                if (r < 0) {
+                        alog_error("could not map lease %" PRIu64 " of %zu chunks: %s",
+                                   g->lease_id, g->n_chunks, aqua_strerror(r));
+                        return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes);
+                        aqua__envelope__free_unpacked(reply, NULL);
+                        return r == -ENOTCONN || r == -ETIMEDOUT || r == -ENOMEM ? r : -EIO;
+                }
+        }
+        ctx->dram_granted += g->dram_bytes;
+        *ret = (struct aqua_grant){
+                .lease = lease,
+                .dptr = lease ? lease->dptr : 0,
+                .bytes = lease ? lease->size : 0,
+                .dram_bytes = g->dram_bytes,
+                .partial = g->partial,
+        };
+        aqua__envelope__free_unpacked(reply, NULL);
+        return 0;
+}
+
+_public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
+        Aqua__Return ret = AQUA__RETURN__INIT;
+        _cleanup_free_ uint64_t *ids = NULL;
+        uint64_t lease_id;
+        size_t n = 0;
+        int r;
+
+        r = check_consumer(ctx);
+        if (r < 0)
+                return r;
+        if (!lease_valid(&ctx->leases, lease))
+                return -EINVAL;
+        /* Chunks already moved to DRAM were returned when that happened. */
+        ids = malloc(lease->n_chunks * sizeof(*ids));
+        if (!ids)
+                return -ENOMEM;
+        for (size_t i = 0; i < lease->n_chunks; i++)
+                if (lease->chunks[i].tier == AQUA_TIER_PEER)
+                        ids[n++] = lease->chunks[i].id;
+        lease_id = lease->id;
+        /* Unmapped first: the daemon may hand the memory back to its producer at once. */
+        ctx_forget_lease_events(ctx, lease);
+        lease_destroy(&ctx->leases, ctx->gpu, lease);
+        if (n == 0)
+                return 0;
+
+        ret.lease_id = lease_id;
+        ret.n_chunk_ids = n;
+        ret.chunk_ids = ids;
+        env.body_case = AQUA__ENVELOPE__BODY_RETURN;
+        env.return_ = &ret;
+        r = ctx_call(ctx, &env, ctx_deadline(ctx), &reply);
+        if (r == -ETIMEDOUT && env.request_id)
+                ctx_add_pending(ctx, env.request_id, PENDING_RETURN, 0);
+        if (r != 0)
+                return r;
+        aqua__envelope__free_unpacked(reply, NULL);
+        return 0;
+}
+
+_public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
+        Aqua__Return ret = AQUA__RETURN__INIT;
+        int r;
+
+        r = check_consumer(ctx);
+        if (r < 0)
+                return r;
+        if (bytes == 0 || bytes > ctx->dram_granted)
+                return -EINVAL;
+        ret.dram_bytes = bytes;
+        env.body_case = AQUA__ENVELOPE__BODY_RETURN;
+        env.return_ = &ret;
+        r = ctx_call(ctx, &env, ctx_deadline(ctx), &reply);
+        if (r != 0)
+                return r;
+        ctx->dram_granted -= bytes;
+        aqua__envelope__free_unpacked(reply, NULL);
+        return 0;
+}
+
+_public_ int aqua_lease_get_info(aqua_ctx *ctx, const aqua_lease *lease,
+                                 struct aqua_lease_info *ret)
+{
+        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+                return -EINVAL;
+        *ret = (struct aqua_lease_info){
+                .lease_id = lease->id,
+                .dptr = lease->dptr,
+                .bytes = lease->size,
+                .peer_bytes = lease->peer_bytes,
+                .dram_bytes = lease->dram_bytes,
+                .n_chunks = lease->n_chunks,
+                .chunk_bytes = lease->n_chunks ? lease->chunks[0].size : 0,
+        };
+        return 0;
+}
+
+_public_ int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t index,
+                                  struct aqua_chunk_info *ret)
+{
+        const struct lease_chunk *c;
+
+        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+                return -EINVAL;
+        if (index >= lease->n_chunks)
+                return -ERANGE;
+        c = &lease->chunks[index];
+        *ret = (struct aqua_chunk_info){
+                .chunk_id = c->id,
+                .offset = c->offset,
+                .bytes = c->size,
+                .tier = c->tier,
+                .host = c->host,
+        };
+        return 0;
+}
+
+/* ---------------------------------------------------------------- notices */
+
+/* Move the listed chunks of l to DRAM; collect the ones done in ids, report runs as events. */
+static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk_ids, size_t n,
+                             uint64_t *done)
+{
+        struct aqua_event run = {.type = AQUA_EVENT_MIGRATED, .lease = l};
+        size_t n_done = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                struct lease_chunk *c = lease_chunk_by_id(&ctx->leases, chunk_ids[i]);
+                int r;
+
+                if (!c || c < l->chunks || c >= l->chunks + l->n_chunks)
+                        /* Not ours (any more): nothing maps it here, so it may go back. */
+                        goto done;
+                if (c->tier != AQUA_TIER_PEER)
+                        goto done;
+                r = lease_migrate(&ctx->leases, ctx->gpu, l, c);
+                if (r < 0) {
+                        struct aqua_event ev = {
+                                .type = AQUA_EVENT_RECLAIM_FAILED, .lease = l,
+                                .offset = c->offset, .bytes = c->size, .error = r};
+                        alog_error("lease %" PRIu64 ": could not move chunk %" PRIu64
+                                   " off its producer: %s", l->id, c->id, aqua_strerror(r));
+                        ctx_push_event(ctx, &ev);
+                        continue;
+                }
+                ctx->migrations++;
+                ctx->bytes_moved += c->size;
+                /* Neighbouring chunks make one event. */
+                if (run.bytes && run.offset + run.bytes == c->offset)
+                        run.bytes += c->size;
+                else {
+                        if (run.bytes)
+                                ctx_push_event(ctx, &run);
+                        run.offset = c->offset;
+                        run.bytes = c->size;
+                }
+        done:
+                done[n_done++] = chunk_ids[i];
+        }
+        if (run.bytes)
+                ctx_push_event(ctx, &run);
+        return n_done;
+}
+
+static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
+{
+        _cleanup_free_ uint64_t *all = NULL, *done = NULL;
+        aqua_lease *l = lease_get(&ctx->leases, rn->lease_id);
+        const uint64_t *ids = rn->chunk_ids;
+        size_t n = rn->n_chunk_ids;
+
+        alog_info("lease %" PRIu64 ": reclaim of %zu chunks (%s), deadline %" PRIu64 " ms",
+                  rn->lease_id, n, rn->reason ? rn->reason : "", rn->deadline_ms);
+        if (!l)
+                /* Returned already, or never mapped: the daemon may take it all back. */
+                return return_async(ctx, rn->lease_id, rn->chunk_ids, n, 0);
+        if (n == 0) {
+                /* The whole lease. */
+                all = malloc(l->n_chunks * sizeof(*all));
+                if (!all)
+                        return -ENOMEM;
+                for (size_t i = 0; i < l->n_chunks; i++)
+                        all[i] = l->chunks[i].id;
+                ids = all;
+                n = l->n_chunks;
+        }
+        done = malloc(n * sizeof(*done));
+        if (!done)
+                return -ENOMEM;
+        n = migrate_chunks(ctx, l, ids, n, done);
+        if (n == 0)
+                return 0;
+        return return_async(ctx, rn->lease_id, done, n, 0);
+}
+
+int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+{
+        *ret_handled = e->body_case == AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
+        if (!*ret_handled)
+                return 0;
+        return handle_reclaim(ctx, e->reclaim_notice);
+}
+
+void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
+{
+        const Aqua__Grant *g = e->grant;
+        struct side_msg *m = NULL;
+
+        /* Its fds are of no use: close them as they come. */
+        while (g->lease_id && transport_side_take(ctx->t, AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS,
+                                                  g->lease_id, 0, &m) == 0)
+                side_msg_free(m);
+        if (g->lease_id || g->dram_bytes)
+                return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes);
+}
+
+int consumer_held(aqua_ctx *ctx, struct held *ret)
+{
+        struct held h = {0};
+        size_t n = 0;
+
+        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+                for (size_t i = 0; i < l->n_chunks; i++)
+                        n += l->chunks[i].tier == AQUA_TIER_PEER;
+        if (n == 0) {
+                *ret = h;
+                return 0;
+        }
+        h.items = calloc(n, sizeof(*h.items));
+        h.ptrs = calloc(n, sizeof(*h.ptrs));
+        if (!h.items || !h.ptrs) {
+                held_clear(&h);
+                return -ENOMEM;
+        }
+        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+                for (size_t i = 0; i < l->n_chunks; i++) {
+                        Aqua__HeldChunk *hc = &h.items[h.n];
+
+                        if (l->chunks[i].tier != AQUA_TIER_PEER)
+                                continue;
+                        aqua__held_chunk__init(hc);
+                        hc->chunk_id = l->chunks[i].id;
+                        hc->size = l->chunks[i].size;
+                        hc->lease_id = l->id;
+                        h.ptrs[h.n++] = hc;
+                }
+        *ret = h;
+        return 0;
+}
+
+void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
+{
+        aqua_lease *l = lease_get(&ctx->leases, lease_id);
+        struct aqua_event ev = {.type = AQUA_EVENT_LEASE_LOST, .lease = l};
+        _cleanup_free_ uint64_t *ids = NULL, *done = NULL;
+        size_t n = 0;
+
+        if (!l)
+                return;
+        alog_warning("aquad lost lease %" PRIu64 "; moving its data to host memory", lease_id);
+        ids = malloc(l->n_chunks * sizeof(*ids));
+        done = malloc(l->n_chunks * sizeof(*done));
+        if (ids && done) {
+                for (size_t i = 0; i < l->n_chunks; i++)
+                        if (l->chunks[i].tier == AQUA_TIER_PEER)
+                                ids[n++] = l->chunks[i].id;
+                migrate_chunks(ctx, l, ids, n, done);
+        }
+        ctx_push_event(ctx, &ev);
+}

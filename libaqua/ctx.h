@@ -1,0 +1,130 @@
+/*
+ * The state of one aqua_ctx, shared by the modules that implement the public API: session.c
+ * (open, close, registration, reconnecting, aqua_poll), producer.c and consumer.c.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aqua/aqua.h"
+#include "aqua.pb-c.h"
+#include "gpu.h"
+#include "lease.h"
+#include "pool.h"
+#include "transport.h"
+
+/* An asynchronous request whose reply aqua_poll() will meet. */
+enum pending_kind {
+        PENDING_HELLO,   /* re-registration after a reconnect */
+        PENDING_RECLAIM, /* aqua_reclaim_async(), or a blocking one that timed out */
+        PENDING_RETURN,  /* chunks returned after a reclaim notice */
+        PENDING_OFFER,   /* an offer whose caller timed out: its chunks wait for ids */
+        PENDING_BORROW,  /* a borrow whose caller timed out: a late grant must go back */
+};
+
+struct pending {
+        uint64_t request_id;
+        enum pending_kind kind;
+        uint64_t arg; /* PENDING_OFFER: the pool ref of the batch's first chunk */
+};
+
+/* What a client holds, for re-registering after the daemon restarted. */
+struct held {
+        Aqua__HeldChunk *items;
+        Aqua__HeldChunk **ptrs;
+        size_t n;
+        int *fds;      /* producer: an exported fd per item, for REREGISTER_FDS */
+        uint64_t *ids; /* producer: the chunk id per item */
+};
+void held_clear(struct held *h);
+
+enum session_state {
+        SESSION_CONNECTED,
+        SESSION_RETRY,          /* lost: the timer says when to try again */
+        SESSION_AWAIT_TOKEN,    /* side channel connected, waiting for HELLO */
+        SESSION_AWAIT_WELCOME,  /* Hello sent */
+};
+
+struct aqua_ctx {
+        int device;
+        enum aqua_role role;
+        char *endpoint, *side_path, *client_name;
+        int timeout_ms;
+        uint64_t chunk_bytes;
+
+        struct gpu *gpu;
+        struct transport *t;
+
+        enum session_state state;
+        uint64_t hello_id;       /* request id of the asynchronous Hello */
+        uint64_t session_deadline_ns; /* RETRY: when to try; AWAIT_*: when to give up */
+        unsigned backoff_ms;
+        uint64_t client_id;
+        char paired_with[48];
+        uint64_t dram_budget;
+        uint64_t reclaim_deadline_ms;
+
+        /* producer */
+        struct pool pool;
+        uint64_t reclaim_token;  /* the blocking aqua_reclaim() in progress, 0: none */
+        uint64_t reclaim_freed;  /* bytes it has seen freed so far */
+        size_t reclaim_waiting;  /* its chunks still waiting */
+
+        /* consumer */
+        struct lease_table leases;
+        uint64_t dram_granted;
+        uint64_t migrations, bytes_moved;
+
+        /* events not yet handed out, a ring */
+        struct aqua_event *events;
+        size_t ev_head, ev_n, ev_cap;
+
+        struct pending *pending;
+        size_t n_pending, cap_pending;
+};
+
+/* Now + the context's timeout, in CLOCK_MONOTONIC ns. */
+uint64_t ctx_deadline(const aqua_ctx *ctx);
+
+int ctx_push_event(aqua_ctx *ctx, const struct aqua_event *ev);
+/* Drop queued events that name lease (it is being freed). */
+void ctx_forget_lease_events(aqua_ctx *ctx, const aqua_lease *lease);
+
+int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, uint64_t arg);
+/* Remove and return the pending request with this id; false when unknown. */
+bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct pending *ret);
+
+/* Reconnect (if the session was lost) before deadline_ns; 0 or -ENOTCONN. */
+int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns);
+
+/*
+ * Send req and wait for its reply, reconnecting first if the session was lost. An Error reply
+ * becomes its AQUA_* outcome or negative errno (the reply is freed); *ret_reply is set only on 0.
+ * Loss of the daemon meanwhile gives -ENOTCONN and starts reconnecting.
+ */
+int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns,
+             Aqua__Envelope **ret_reply);
+
+/* Handle one message outside of a call (aqua_poll(), or while a blocking call waits). */
+int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e);
+/* Read and dispatch what is already there without blocking. */
+int ctx_pump(aqua_ctx *ctx);
+
+/* producer.c */
+int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
+/* The chunks in the daemon's pool, each with a fresh exported fd. */
+int producer_held(aqua_ctx *ctx, struct held *ret);
+/* The daemon that knew of these offers is gone: release chunks still waiting for an id. */
+void producer_session_lost(aqua_ctx *ctx);
+/* A late OfferReply for the batch starting at ref first_ref. */
+void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e);
+
+/* consumer.c */
+int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
+/* The leased chunks still mapped from a producer. */
+int consumer_held(aqua_ctx *ctx, struct held *ret);
+/* A Grant nobody waits for any more: give it back. */
+void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e);
+/* The daemon does not know lease_id any more: move its data off and forget it there. */
+void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id);

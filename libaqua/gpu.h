@@ -1,0 +1,67 @@
+/*
+ * The one GPU of a context, through the CUDA driver loaded at run time: what libaqua needs of the
+ * Driver API (identity, exportable allocations, import, address ranges, maps, copies), with
+ * driver errors turned into negative errnos. Every call makes the device's primary context
+ * current for its duration and restores the caller's.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPU_UUID_LEN 48
+
+struct gpu;
+
+struct gpu_peer {
+        char uuid[GPU_UUID_LEN];
+        int ordinal;
+};
+
+struct gpu_info {
+        int ordinal;
+        char uuid[GPU_UUID_LEN]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+        uint64_t capacity;
+        uint64_t granularity;
+        size_t n_peers; /* devices this one can access directly */
+        struct gpu_peer peers[16];
+};
+
+/* Load the driver (once per process), open device `ordinal`. -ELIBACC: no usable driver. */
+int gpu_open(int ordinal, struct gpu **ret);
+struct gpu *gpu_free(struct gpu *g);
+const struct gpu_info *gpu_info(const struct gpu *g);
+
+/* An opaque driver allocation handle (CUmemGenericAllocationHandle). */
+typedef uint64_t gpu_handle;
+
+/* Producer: an exportable (POSIX fd) allocation of size bytes on this device. -ENOMEM: full. */
+int gpu_alloc_exportable(struct gpu *g, uint64_t size, gpu_handle *ret);
+/* A new fd for an allocation (the caller closes it). */
+int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd);
+/* Drop a handle: the allocation is freed once no mapping or importer holds it. */
+int gpu_release(struct gpu *g, gpu_handle h);
+
+/* Consumer: a handle for an allocation exported by another process (fd stays the caller's). */
+int gpu_import(struct gpu *g, int fd, gpu_handle *ret);
+/* Reserve an address range of size bytes (a multiple of the granularity). */
+int gpu_reserve(struct gpu *g, uint64_t size, uint64_t *ret_dptr);
+int gpu_unreserve(struct gpu *g, uint64_t dptr, uint64_t size);
+/* Map h at dptr and allow this device to read and write it. */
+int gpu_map(struct gpu *g, uint64_t dptr, uint64_t size, gpu_handle h);
+int gpu_unmap(struct gpu *g, uint64_t dptr, uint64_t size);
+
+/*
+ * Host memory for data moved off a peer: an allocation on the host location that can be mapped
+ * into a device range (-EOPNOTSUPP where the driver cannot), or pinned host memory.
+ */
+int gpu_alloc_host_mappable(struct gpu *g, uint64_t size, gpu_handle *ret);
+int gpu_host_alloc(struct gpu *g, uint64_t size, void **ret);
+int gpu_host_free(struct gpu *g, void *p);
+
+/* Copy size bytes between device or host addresses (unified addressing), synchronously. */
+int gpu_copy(struct gpu *g, uint64_t dst, uint64_t src, uint64_t size);
+
+/* cuMemGetInfo on this device. */
+int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total);

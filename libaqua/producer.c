@@ -1,0 +1,373 @@
+/* The producer's side: offer exportable chunks, reclaim them, release what the daemon frees. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "alog.h"
+#include "ctx.h"
+#include "time-util.h"
+
+/* Chunks per Offer: one side-channel datagram carries all their fds. */
+#define OFFER_BATCH 128
+
+static int check_producer(aqua_ctx *ctx)
+{
+        if (!ctx)
+                return -EINVAL;
+        return ctx->role == AQUA_ROLE_PRODUCER ? 0 : -EPERM;
+}
+
+/* Offer chunks[0..n): fds first on the side channel, then the Offer. */
+static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
+        Aqua__Offer offer = AQUA__OFFER__INIT;
+        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        Aqua__ChunkOffer items[OFFER_BATCH], *ptrs[OFFER_BATCH];
+        int fds[OFFER_BATCH];
+        size_t n_fds = 0;
+        uint64_t deadline = ctx_deadline(ctx);
+        int r;
+
+        r = ctx_ensure_connected(ctx, deadline);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                aqua__chunk_offer__init(&items[i]);
+                items[i].client_ref = chunks[i]->ref;
+                items[i].size = chunks[i]->size;
+                ptrs[i] = &items[i];
+                r = gpu_export(ctx->gpu, chunks[i]->handle, &fds[i]);
+                if (r < 0)
+                        goto out;
+                n_fds++;
+        }
+        offer.n_chunks = n;
+        offer.chunks = ptrs;
+        env.body_case = AQUA__ENVELOPE__BODY_OFFER;
+        env.offer = &offer;
+        env.request_id = transport_next_id(ctx->t);
+
+        f.kind = AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS;
+        f.request_id = env.request_id;
+        r = transport_side_send(ctx->t, &f, fds, n_fds);
+        if (r > 0)
+                r = -ENOTCONN;
+        if (r < 0)
+                goto out;
+
+        r = ctx_call(ctx, &env, deadline, &reply);
+        if (r == -ETIMEDOUT) {
+                /* The reply may still come; its ids are what the daemon will grant. */
+                if (ctx_add_pending(ctx, env.request_id, PENDING_OFFER, chunks[0]->ref) < 0)
+                        alog_warning("lost track of an unanswered offer");
+                goto out;
+        }
+        if (r != 0)
+                goto out;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_OFFER_REPLY ||
+            reply->offer_reply->n_chunk_ids != n) {
+                r = -EPROTO;
+                goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = pool_set_id(&ctx->pool, chunks[i], reply->offer_reply->chunk_ids[i]);
+                if (r < 0)
+                        goto out;
+        }
+out:
+        side_close_fds(fds, n_fds);
+        if (reply)
+                aqua__envelope__free_unpacked(reply, NULL);
+        return r;
+}
+
+_public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
+{
+        uint64_t n_chunks, offered = 0;
+        int r;
+
+        r = check_producer(ctx);
+        if (r < 0)
+                return r;
+        if (bytes == 0)
+                return -EINVAL;
+        n_chunks = bytes / ctx->chunk_bytes + (bytes % ctx->chunk_bytes != 0);
+
+        while (n_chunks > 0) {
+                struct pool_chunk *batch[OFFER_BATCH];
+                size_t n = 0, want = MIN(n_chunks, (uint64_t)OFFER_BATCH);
+                bool full = false;
+
+                for (; n < want; n++) {
+                        r = pool_alloc(&ctx->pool, ctx->gpu, ctx->chunk_bytes, &batch[n]);
+                        if (r == -ENOMEM) {
+                                full = true;
+                                break;
+                        }
+                        if (r < 0)
+                                break;
+                }
+                if (n == 0 || (r < 0 && !full)) {
+                        for (size_t i = 0; i < n; i++)
+                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                        if (offered > 0 && full)
+                                break;
+                        return r < 0 ? r : -ENOMEM;
+                }
+                r = offer_batch(ctx, batch, n);
+                if (r == -ETIMEDOUT)
+                        return r;
+                if (r != 0) {
+                        for (size_t i = 0; i < n; i++)
+                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                        /* A daemon limit ends an offer that got somewhere; report what did. */
+                        if (r == AQUA_LIMIT && offered > 0)
+                                break;
+                        return r;
+                }
+                offered += n * ctx->chunk_bytes;
+                n_chunks -= n;
+                if (full)
+                        break;
+        }
+        if (ret_offered)
+                *ret_offered = offered;
+        return 0;
+}
+
+/* Release the chunks of ids (a ReclaimReply's free ones, or a Reclaimed notice). */
+static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
+{
+        uint64_t evented = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+
+                if (!c)
+                        continue;
+                if (ctx->reclaim_token && c->waiter == ctx->reclaim_token) {
+                        ctx->reclaim_freed += c->size;
+                        ctx->reclaim_waiting--;
+                } else
+                        evented += c->size;
+                pool_release(&ctx->pool, ctx->gpu, c);
+        }
+        if (evented > 0) {
+                struct aqua_event ev = {.type = AQUA_EVENT_RECLAIMED, .bytes = evented};
+                ctx_push_event(ctx, &ev);
+        }
+}
+
+/* Mark pending chunks as reclaiming, waited for by the blocking call `token` (0: none). */
+static void mark_pending(aqua_ctx *ctx, const uint64_t *ids, size_t n, uint64_t token)
+{
+        for (size_t i = 0; i < n; i++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+
+                if (!c || c->state == POOL_RECLAIMING)
+                        continue;
+                c->state = POOL_RECLAIMING;
+                c->waiter = token;
+                if (token)
+                        ctx->reclaim_waiting++;
+        }
+}
+
+static int reclaim_send(aqua_ctx *ctx, uint64_t bytes, Aqua__Envelope *env,
+                        Aqua__ReclaimRequest *req)
+{
+        aqua__reclaim_request__init(req);
+        req->all = bytes == AQUA_ALL;
+        req->bytes = req->all ? 0 : bytes;
+        aqua__envelope__init(env);
+        env->body_case = AQUA__ENVELOPE__BODY_RECLAIM_REQUEST;
+        env->reclaim_request = req;
+        return 0;
+}
+
+_public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_t *ret_freed)
+{
+        Aqua__Envelope env, *reply = NULL;
+        Aqua__ReclaimRequest req;
+        Aqua__ReclaimReply *rr;
+        uint64_t wait_until, freed;
+        int r;
+
+        r = check_producer(ctx);
+        if (r < 0)
+                return r;
+        if (bytes == 0 || timeout_ms < AQUA_FOREVER || ctx->reclaim_token)
+                return -EINVAL;
+        wait_until = timeout_ms == AQUA_FOREVER
+                             ? UINT64_MAX
+                             : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+        reclaim_send(ctx, bytes, &env, &req);
+        r = ctx_call(ctx, &env, MIN(ctx_deadline(ctx), wait_until), &reply);
+        if (r == -ETIMEDOUT && env.request_id) {
+                /* Whatever the daemon decided still arrives, and is reported as events. */
+                ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
+                if (timeout_ms != AQUA_FOREVER && now_mono_ns() >= wait_until) {
+                        if (ret_freed)
+                                *ret_freed = 0;
+                        return AQUA_TIMEOUT;
+                }
+                return r;
+        }
+        if (r != 0)
+                return r;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
+                aqua__envelope__free_unpacked(reply, NULL);
+                return -EPROTO;
+        }
+        rr = reply->reclaim_reply;
+
+        /* One blocking reclaim at a time per context, so one token value suffices. */
+        ctx->reclaim_token = 1;
+        ctx->reclaim_freed = 0;
+        ctx->reclaim_waiting = 0;
+        /* Pending ones first: a Reclaimed notice for them may already be queued. */
+        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, ctx->reclaim_token);
+        for (size_t i = 0; i < rr->n_chunk_ids; i++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, rr->chunk_ids[i]);
+                if (c)
+                        c->waiter = ctx->reclaim_token, ctx->reclaim_waiting++;
+        }
+        release_ids(ctx, rr->chunk_ids, rr->n_chunk_ids);
+        aqua__envelope__free_unpacked(reply, NULL);
+
+        while (ctx->reclaim_waiting > 0) {
+                r = ctx_pump(ctx);
+                if (r < 0 || ctx->state != SESSION_CONNECTED)
+                        break;
+                if (ctx->reclaim_waiting == 0)
+                        break;
+                if (transport_wait(ctx->t, wait_until) == -ETIMEDOUT)
+                        break;
+        }
+        freed = ctx->reclaim_freed;
+        if (ctx->reclaim_waiting > 0) {
+                /* Whatever is still out is reported by aqua_poll() when it comes. */
+                for (size_t i = 0; i < ctx->pool.n; i++)
+                        if (ctx->pool.chunks[i]->waiter == ctx->reclaim_token)
+                                ctx->pool.chunks[i]->waiter = 0;
+                r = r < 0 ? r : ctx->state != SESSION_CONNECTED ? -ENOTCONN : AQUA_TIMEOUT;
+        } else
+                r = r < 0 ? r : 0;
+        ctx->reclaim_token = 0;
+        ctx->reclaim_waiting = 0;
+        if (r >= 0 && ret_freed)
+                *ret_freed = freed;
+        return r;
+}
+
+_public_ int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes)
+{
+        Aqua__Envelope env;
+        Aqua__ReclaimRequest req;
+        int r;
+
+        r = check_producer(ctx);
+        if (r < 0)
+                return r;
+        if (bytes == 0)
+                return -EINVAL;
+        if (ctx->state != SESSION_CONNECTED)
+                return -ENOTCONN;
+        reclaim_send(ctx, bytes, &env, &req);
+        env.request_id = transport_next_id(ctx->t);
+        r = ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
+        if (r < 0)
+                return r;
+        r = transport_send(ctx->t, &env);
+        if (r < 0) {
+                struct pending p;
+                ctx_take_pending(ctx, env.request_id, &p);
+                return r;
+        }
+        return AQUA_PENDING;
+}
+
+int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+{
+        switch (e->body_case) {
+        case AQUA__ENVELOPE__BODY_RECLAIM_REPLY:
+                mark_pending(ctx, e->reclaim_reply->pending_chunk_ids,
+                             e->reclaim_reply->n_pending_chunk_ids, 0);
+                release_ids(ctx, e->reclaim_reply->chunk_ids, e->reclaim_reply->n_chunk_ids);
+                break;
+        case AQUA__ENVELOPE__BODY_RECLAIMED:
+                release_ids(ctx, e->reclaimed->chunk_ids, e->reclaimed->n_chunk_ids);
+                break;
+        default:
+                *ret_handled = false;
+                return 0;
+        }
+        *ret_handled = true;
+        return 0;
+}
+
+int producer_held(aqua_ctx *ctx, struct held *ret)
+{
+        struct held h = {0};
+        size_t n = 0;
+        int r;
+
+        for (size_t i = 0; i < ctx->pool.n; i++)
+                n += ctx->pool.chunks[i]->id != 0;
+        if (n == 0) {
+                *ret = h;
+                return 0;
+        }
+        h.items = calloc(n, sizeof(*h.items));
+        h.ptrs = calloc(n, sizeof(*h.ptrs));
+        h.ids = calloc(n, sizeof(*h.ids));
+        h.fds = malloc(n * sizeof(*h.fds));
+        if (!h.items || !h.ptrs || !h.ids || !h.fds) {
+                held_clear(&h);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < ctx->pool.n; i++) {
+                const struct pool_chunk *c = ctx->pool.chunks[i];
+                Aqua__HeldChunk *hc = &h.items[h.n];
+
+                if (c->id == 0)
+                        continue;
+                r = gpu_export(ctx->gpu, c->handle, &h.fds[h.n]);
+                if (r < 0) {
+                        held_clear(&h);
+                        return r;
+                }
+                aqua__held_chunk__init(hc);
+                hc->chunk_id = c->id;
+                hc->size = c->size;
+                h.ids[h.n] = c->id;
+                h.ptrs[h.n++] = hc;
+        }
+        *ret = h;
+        return 0;
+}
+
+void producer_session_lost(aqua_ctx *ctx)
+{
+        /* Chunks whose offer was never answered: no daemon will ever know them. */
+        for (size_t i = ctx->pool.n; i-- > 0;)
+                if (ctx->pool.chunks[i]->state == POOL_OFFERING)
+                        pool_release(&ctx->pool, ctx->gpu, ctx->pool.chunks[i]);
+}
+
+void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
+{
+        bool ok = e->body_case == AQUA__ENVELOPE__BODY_OFFER_REPLY;
+
+        for (size_t i = ctx->pool.n; i-- > 0;) {
+                struct pool_chunk *c = ctx->pool.chunks[i];
+                uint64_t k = c->ref - first_ref;
+
+                if (c->state != POOL_OFFERING || c->ref < first_ref || k >= OFFER_BATCH)
+                        continue;
+                if (ok && k < e->offer_reply->n_chunk_ids &&
+                    pool_set_id(&ctx->pool, c, e->offer_reply->chunk_ids[k]) == 0)
+                        continue;
+                pool_release(&ctx->pool, ctx->gpu, c);
+        }
+}
