@@ -11,157 +11,38 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "fake-daemon.h"
 #include "side.h"
 #include "time-util.h"
 #include "transport.h"
 #include "util.h"
 #include "wire.h"
 
-static const uint8_t the_token[SIDE_TOKEN_LEN] = "0123456789abcdef";
-
-struct fake {
-        char dir[64];
-        char endpoint[128];
-        char side_path[128];
-        void *zctx, *router;
-        int listen_fd, side_fd;
-        zmq_msg_t peer; /* the DEALER's routing id, from its first message */
-        bool have_peer;
-};
-
 static struct fake fk;
 static struct transport *t;
 
-static void fake_start(void)
+static void setup(void)
 {
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        int linger = 0;
-
-        memset(&fk, 0, sizeof(fk));
-        fk.listen_fd = fk.side_fd = -1;
-        strcpy(fk.dir, "/tmp/aqua-test-transport-XXXXXX");
-        cr_assert_not_null(mkdtemp(fk.dir));
-        snprintf(fk.endpoint, sizeof(fk.endpoint), "ipc://%s/d.sock", fk.dir);
-        snprintf(fk.side_path, sizeof(fk.side_path), "%s/d.sock.side", fk.dir);
-        fk.zctx = zmq_ctx_new();
-        fk.router = zmq_socket(fk.zctx, ZMQ_ROUTER);
-        zmq_setsockopt(fk.router, ZMQ_LINGER, &linger, sizeof(linger));
-        cr_assert_eq(zmq_bind(fk.router, fk.endpoint), 0);
-        fk.listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        strcpy(sa.sun_path, fk.side_path);
-        cr_assert_eq(bind(fk.listen_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-        cr_assert_eq(listen(fk.listen_fd, 8), 0);
+        fake_start(&fk);
         cr_assert_eq(transport_new(fk.endpoint, fk.side_path, &t), 0);
 }
 
-static void fake_stop(void)
+static void teardown(void)
 {
-        char path[256];
-
         t = transport_free(t);
-        if (fk.have_peer)
-                zmq_msg_close(&fk.peer);
-        zmq_close(fk.router);
-        zmq_ctx_term(fk.zctx);
-        safe_close(fk.side_fd);
-        safe_close(fk.listen_fd);
-        snprintf(path, sizeof(path), "%s/d.sock", fk.dir);
-        unlink(path);
-        unlink(fk.side_path);
-        rmdir(fk.dir);
+        fake_stop(&fk);
 }
 
-TestSuite(transport, .init = fake_start, .fini = fake_stop, .timeout = 30);
-
-/* Accept the client's side connection and send it a HELLO (or a REJECT). */
-static void fake_accept(bool reject)
-{
-        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
-
-        fk.side_fd = accept4(fk.listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        cr_assert_geq(fk.side_fd, 0);
-        if (reject) {
-                f.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
-                f.text = "uid 1234 is not allowed";
-        } else {
-                f.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
-                f.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)the_token};
-        }
-        cr_assert_eq(side_send(fk.side_fd, &f, NULL, 0), 0);
-}
+TestSuite(transport, .init = setup, .fini = teardown, .timeout = 30);
 
 static void handshake(void)
 {
         uint8_t token[SIDE_TOKEN_LEN];
 
         cr_assert_eq(transport_side_start(t), 0);
-        fake_accept(false);
+        fake_accept(&fk, false);
         cr_assert_eq(transport_side_finish(t, token), 0);
-        cr_assert_arr_eq(token, the_token, SIDE_TOKEN_LEN);
-}
-
-/* Receive one Envelope on the ROUTER (blocking), remembering who sent it. */
-static Aqua__Envelope *fake_recv(void)
-{
-        struct wire_limits lim = WIRE_LIMITS_DEFAULT;
-        Aqua__Envelope *e = NULL;
-        zmq_msg_t id, body;
-
-        zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        cr_assert_geq(zmq_msg_recv(&id, fk.router, 0), 0);
-        cr_assert_geq(zmq_msg_recv(&body, fk.router, 0), 0);
-        cr_assert_eq(wire_decode(zmq_msg_data(&body), zmq_msg_size(&body), &lim, &e, NULL, 0), 0);
-        zmq_msg_close(&body);
-        if (fk.have_peer)
-                zmq_msg_close(&fk.peer);
-        fk.peer = id;
-        fk.have_peer = true;
-        return e;
-}
-
-static void fake_send_raw(const void *buf, size_t len)
-{
-        zmq_msg_t id;
-
-        cr_assert(fk.have_peer);
-        zmq_msg_init(&id);
-        zmq_msg_copy(&id, &fk.peer);
-        cr_assert_geq(zmq_msg_send(&id, fk.router, ZMQ_SNDMORE), 0);
-        cr_assert_geq(zmq_send(fk.router, buf, len, 0), 0);
-}
-
-static void fake_send(Aqua__Envelope *e)
-{
-        void *buf;
-        size_t len;
-
-        cr_assert_eq(wire_encode(e, &buf, &len), 0);
-        fake_send_raw(buf, len);
-        free(buf);
-}
-
-static void fake_send_notice(uint64_t request_id, const char *paired)
-{
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
-
-        pc.paired_with = (char *)paired;
-        e.request_id = request_id;
-        e.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
-        e.pair_changed = &pc;
-        fake_send(&e);
-}
-
-static void fake_send_ack(uint64_t request_id)
-{
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__Ack ack = AQUA__ACK__INIT;
-
-        e.request_id = request_id;
-        e.body_case = AQUA__ENVELOPE__BODY_ACK;
-        e.ack = &ack;
-        fake_send(&e);
+        cr_assert_arr_eq(token, fake_token, SIDE_TOKEN_LEN);
 }
 
 static void load_request(Aqua__Envelope *e, Aqua__LoadReport *lr)
@@ -214,7 +95,7 @@ Test(transport, reports_a_refusal_with_its_reason)
         uint8_t token[SIDE_TOKEN_LEN];
 
         cr_assert_eq(transport_side_start(t), 0);
-        fake_accept(true);
+        fake_accept(&fk, true);
         cr_assert_eq(transport_side_finish(t, token), TRANSPORT_E_REJECTED);
         cr_assert_str_eq(transport_reject_reason(t), "uid 1234 is not allowed");
         cr_assert_not(transport_side_connected(t));
@@ -249,16 +130,16 @@ struct script {
 static void *fake_daemon(void *arg)
 {
         const struct script *s = arg;
-        Aqua__Envelope *req = fake_recv();
+        Aqua__Envelope *req = fake_recv(&fk);
 
         for (int i = 0; i < s->notices_before; i++)
-                fake_send_notice(0, i == 0 ? "GPU-a" : "GPU-b");
+                fake_send_pair_changed(&fk, 0, i == 0 ? "GPU-a" : "GPU-b");
         if (s->stray_reply)
-                fake_send_ack(req->request_id + 1000);
+                fake_send_ack(&fk, req->request_id + 1000);
         if (s->close_side)
                 fk.side_fd = safe_close(fk.side_fd);
         else
-                fake_send_ack(req->request_id);
+                fake_send_ack(&fk, req->request_id);
         aqua__envelope__free_unpacked(req, NULL);
         return NULL;
 }
@@ -362,12 +243,12 @@ Test(transport, is_idle_until_a_notice_arrives_and_its_fd_says_so)
         load_request(&req, &lr);
         req.request_id = transport_next_id(t);
         cr_assert_eq(transport_send(t, &req), 0);
-        e = fake_recv();
+        e = fake_recv(&fk);
         aqua__envelope__free_unpacked(e, NULL);
 
         settle();
 
-        fake_send_notice(0, "GPU-c");
+        fake_send_pair_changed(&fk, 0, "GPU-c");
         cr_assert_eq(poll(&p, 1, 10000), 1, "the fd did not wake up");
         cr_assert_not(transport_idle(t));
         e = next_blocking();
@@ -385,11 +266,11 @@ Test(transport, drops_what_does_not_decode_and_carries_on)
         load_request(&req, &lr);
         req.request_id = transport_next_id(t);
         cr_assert_eq(transport_send(t, &req), 0);
-        e = fake_recv();
+        e = fake_recv(&fk);
         aqua__envelope__free_unpacked(e, NULL);
 
-        fake_send_raw("\xff\xff\xff garbage", 12);
-        fake_send_notice(0, "GPU-d");
+        fake_send_raw(&fk, "\xff\xff\xff garbage", 12);
+        fake_send_pair_changed(&fk, 0, "GPU-d");
         e = next_blocking();
         cr_assert_str_eq(e->pair_changed->paired_with, "GPU-d");
         aqua__envelope__free_unpacked(e, NULL);

@@ -455,6 +455,8 @@ static int zmq_next(struct transport *t, Aqua__Envelope **ret)
                         t->dropped++;
                         continue;
                 }
+                /* Until a receive says EAGAIN, more may be queued without the fd telling. */
+                t->zmq_maybe_pending = true;
                 r = wire_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &t->limits, &e, NULL, 0);
                 zmq_msg_close(&msg);
                 if (r < 0)
