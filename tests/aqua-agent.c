@@ -1,0 +1,285 @@
+/*
+ * A libaqua client process for the multi-process tests: it reads one command per line on stdin,
+ * runs it through the public API (and the CUDA driver, for data and free memory) and answers one
+ * line on stdout, "ok ..." or "err CODE TEXT". Tests start producers and consumers as agents so
+ * that they can kill them like real engines.
+ *
+ *   open ROLE DEVICE [CHUNK_BYTES]   -> ok
+ *   offer BYTES                      -> ok OFFERED
+ *   reclaim BYTES TIMEOUT_MS         -> ok RESULT FREED
+ *   borrow BYTES MIN                 -> ok INDEX BYTES        (INDEX names the lease later)
+ *   fill INDEX SEED / check INDEX SEED -> ok / ok BAD_CHUNKS
+ *   return INDEX                     -> ok
+ *   poll MS [until-EVENT]            -> ok migrated=N reclaimed=BYTES disconnected=N
+ *                                          reconnected=N lost=N failed=N
+ *   info                             -> ok connected=0|1 offered=B borrowed=B dram=B paired=UUID
+ *   free DEVICE                      -> ok FREE_BYTES          (cuMemGetInfo)
+ *   close                            -> ok
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "aqua/aqua.h"
+#include "cuda-driver.h"
+#include "time-util.h"
+#include "util.h"
+
+#define MAX_LEASES 64
+
+static aqua_ctx *ctx;
+static const struct cuda_driver *cu;
+static aqua_lease *leases[MAX_LEASES];
+static size_t n_leases;
+static int device;
+
+static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void reply(const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        putchar('\n');
+        fflush(stdout);
+}
+
+static void fail(int r)
+{
+        reply("err %d %s", r, aqua_strerror(r));
+}
+
+static int cu_ok(CUresult r)
+{
+        return r == CUDA_SUCCESS ? 0 : -EIO;
+}
+
+/* Make device's primary context current, for copies and cuMemGetInfo. */
+static int use_device(int dev)
+{
+        CUcontext c;
+        CUdevice d;
+        char *err = NULL;
+
+        if (!cu && cuda_driver_get(&cu, &err) < 0) {
+                free(err);
+                return -ELIBACC;
+        }
+        if (cu_ok(cu->cuInit(0)) < 0 || cu_ok(cu->cuDeviceGet(&d, dev)) < 0 ||
+            cu_ok(cu->cuDevicePrimaryCtxRetain(&c, d)) < 0 || cu_ok(cu->cuCtxSetCurrent(c)) < 0)
+                return -EIO;
+        /* Balanced: the library holds its own reference while it needs the context. */
+        cu->cuDevicePrimaryCtxRelease(d);
+        return 0;
+}
+
+/* Distinct for every seed, chunk and word, and cheap enough to write gigabytes of. */
+static uint64_t pattern_base(unsigned seed, uint64_t chunk)
+{
+        return (uint64_t)seed * UINT64_C(0x9e3779b97f4a7c15) ^ (chunk << 40);
+}
+
+/* Fill or check every chunk of a lease, wherever the chunk lives now. */
+static int walk(size_t index, unsigned seed, bool fill, size_t *ret_bad)
+{
+        struct aqua_lease_info li;
+        uint64_t *buf;
+        size_t bad = 0;
+        int r;
+
+        if (index >= n_leases || !leases[index])
+                return -EINVAL;
+        r = aqua_lease_get_info(ctx, leases[index], &li);
+        if (r < 0)
+                return r;
+        r = use_device(device);
+        if (r < 0)
+                return r;
+        buf = malloc(li.chunk_bytes);
+        if (!buf)
+                return -ENOMEM;
+        for (size_t c = 0; c < li.n_chunks && r == 0; c++) {
+                struct aqua_chunk_info ci;
+                size_t words;
+
+                r = aqua_lease_get_chunk(ctx, leases[index], c, &ci);
+                if (r < 0)
+                        break;
+                uint64_t base = pattern_base(seed, c);
+
+                words = ci.bytes / 8;
+                if (fill) {
+                        for (size_t i = 0; i < words; i++)
+                                buf[i] = base ^ i;
+                        if (ci.host)
+                                memcpy(ci.host, buf, ci.bytes);
+                        else
+                                r = cu_ok(cu->cuMemcpyHtoD(li.dptr + ci.offset, buf, ci.bytes));
+                        continue;
+                }
+                if (ci.host)
+                        memcpy(buf, ci.host, ci.bytes);
+                else
+                        r = cu_ok(cu->cuMemcpyDtoH(buf, li.dptr + ci.offset, ci.bytes));
+                for (size_t i = 0; i < words && r == 0; i++)
+                        if (buf[i] != (base ^ i)) {
+                                bad++;
+                                break;
+                        }
+        }
+        free(buf);
+        if (r == 0 && ret_bad)
+                *ret_bad = bad;
+        return r;
+}
+
+static void cmd_poll(int ms, const char *until)
+{
+        uint64_t deadline = now_mono_ns() + (uint64_t)ms * NSEC_PER_MSEC;
+        unsigned migrated = 0, disconnected = 0, reconnected = 0, lost = 0, failed = 0;
+        uint64_t reclaimed = 0;
+        int fd, r;
+
+        aqua_fd(ctx, &fd);
+        for (;;) {
+                struct aqua_event ev[16];
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                bool done = false;
+                size_t n = 0;
+
+                r = aqua_poll(ctx, ev, 16, &n);
+                if (r < 0) {
+                        fail(r);
+                        return;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        const char *name = "";
+
+                        switch (ev[i].type) {
+                        case AQUA_EVENT_MIGRATED:
+                                migrated++;
+                                name = "migrated";
+                                break;
+                        case AQUA_EVENT_RECLAIMED:
+                                reclaimed += ev[i].bytes;
+                                name = "reclaimed";
+                                break;
+                        case AQUA_EVENT_DISCONNECTED:
+                                disconnected++;
+                                name = "disconnected";
+                                break;
+                        case AQUA_EVENT_RECONNECTED:
+                                reconnected++;
+                                name = "reconnected";
+                                break;
+                        case AQUA_EVENT_LEASE_LOST:
+                                lost++;
+                                name = "lost";
+                                break;
+                        case AQUA_EVENT_RECLAIM_FAILED:
+                                failed++;
+                                name = "failed";
+                                break;
+                        default:
+                                break;
+                        }
+                        if (until && strcmp(until, name) == 0)
+                                done = true;
+                }
+                if (done || now_mono_ns() >= deadline)
+                        break;
+                /* The fd wakes us; the short timeout only bounds the wait for the deadline. */
+                poll(&p, 1, MIN(ms_until(deadline), 50));
+        }
+        reply("ok migrated=%u reclaimed=%llu disconnected=%u reconnected=%u lost=%u failed=%u",
+              migrated, (unsigned long long)reclaimed, disconnected, reconnected, lost, failed);
+}
+
+static void dispatch(char *line)
+{
+        char cmd[32] = "", a[64] = "", b[64] = "", c[64] = "";
+        unsigned long long x, y;
+        int r;
+
+        sscanf(line, "%31s %63s %63s %63s", cmd, a, b, c);
+        if (strcmp(cmd, "open") == 0) {
+                struct aqua_options o = AQUA_OPTIONS_INIT;
+                enum aqua_role role = strcmp(a, "producer") == 0   ? AQUA_ROLE_PRODUCER
+                                      : strcmp(a, "consumer") == 0 ? AQUA_ROLE_CONSUMER
+                                                                   : AQUA_ROLE_NEUTRAL;
+                device = atoi(b);
+                o.chunk_bytes = strtoull(c, NULL, 0);
+                o.client_name = a;
+                r = aqua_open(device, role, &o, &ctx);
+                r < 0 ? fail(r) : reply("ok");
+        } else if (strcmp(cmd, "offer") == 0) {
+                uint64_t offered = 0;
+                r = aqua_offer(ctx, strtoull(a, NULL, 0), &offered);
+                r != 0 ? fail(r) : reply("ok %llu", (unsigned long long)offered);
+        } else if (strcmp(cmd, "reclaim") == 0) {
+                uint64_t freed = 0;
+                x = strtoull(a, NULL, 0);
+                r = aqua_reclaim(ctx, x ? x : AQUA_ALL, atoi(b), &freed);
+                r < 0 ? fail(r) : reply("ok %d %llu", r, (unsigned long long)freed);
+        } else if (strcmp(cmd, "borrow") == 0) {
+                struct aqua_grant g;
+                x = strtoull(a, NULL, 0);
+                y = strtoull(b, NULL, 0);
+                r = aqua_borrow(ctx, x, y, 0, &g);
+                if (r != 0 || n_leases == MAX_LEASES) {
+                        fail(r ? r : -E2BIG);
+                        return;
+                }
+                leases[n_leases++] = g.lease;
+                reply("ok %zu %llu", n_leases - 1, (unsigned long long)g.bytes);
+        } else if (strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0) {
+                size_t bad = 0;
+                r = walk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[0] == 'f', &bad);
+                r < 0 ? fail(r) : reply("ok %zu", bad);
+        } else if (strcmp(cmd, "return") == 0) {
+                size_t i = strtoul(a, NULL, 0);
+                r = i < n_leases ? aqua_return(ctx, leases[i]) : -EINVAL;
+                if (i < n_leases)
+                        leases[i] = NULL;
+                r != 0 ? fail(r) : reply("ok");
+        } else if (strcmp(cmd, "poll") == 0) {
+                cmd_poll(atoi(a), b[0] ? b : NULL);
+        } else if (strcmp(cmd, "info") == 0) {
+                struct aqua_info in;
+                r = aqua_get_info(ctx, &in);
+                if (r < 0) {
+                        fail(r);
+                        return;
+                }
+                reply("ok connected=%d offered=%llu borrowed=%llu dram=%llu paired=%s",
+                      in.connected, (unsigned long long)in.offered_bytes,
+                      (unsigned long long)in.borrowed_bytes, (unsigned long long)in.dram_bytes,
+                      in.paired_with[0] ? in.paired_with : "-");
+        } else if (strcmp(cmd, "free") == 0) {
+                size_t free_b = 0, total = 0;
+                r = use_device(atoi(a));
+                if (r == 0)
+                        r = cu_ok(cu->cuMemGetInfo(&free_b, &total));
+                r < 0 ? fail(r) : reply("ok %zu", free_b);
+        } else if (strcmp(cmd, "close") == 0) {
+                ctx = aqua_close(ctx);
+                n_leases = 0;
+                reply("ok");
+        } else
+                reply("err %d unknown command", -EINVAL);
+}
+
+int main(void)
+{
+        char line[512];
+
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        while (fgets(line, sizeof(line), stdin))
+                dispatch(line);
+        aqua_close(ctx);
+        return 0;
+}

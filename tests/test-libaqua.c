@@ -1,0 +1,342 @@
+/*
+ * libaqua end to end: a real aquad (tests/harness.h), producer and consumer engines as separate
+ * processes (tests/aqua-agent.c) on a private simulated machine of two 16 GiB GPUs (simcuda).
+ * Lend, borrow, reclaim with data intact, and the deaths of each of the three parties.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "rawclient.h"
+#include "util.h"
+
+#define GiB   (UINT64_C(1) << 30)
+/* The other scenarios need no gigabytes: a quarter keeps them quick. */
+#define SMALL (GiB / 4)
+
+struct agent {
+        pid_t pid;
+        FILE *in, *out;
+        char line[512];
+};
+
+static struct aquad *daemon_;
+static struct agent producer, consumer;
+
+/* ---------------------------------------------------------------- agents */
+
+static void agent_start(struct agent *a)
+{
+        const char *bin = getenv("AQUA_AGENT");
+        int to[2], from[2];
+
+        cr_assert_not_null(bin, "AQUA_AGENT is not set");
+        cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
+        cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
+        a->pid = fork();
+        cr_assert_geq(a->pid, 0);
+        if (a->pid == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                dup2(to[0], 0);
+                dup2(from[1], 1);
+                execl(bin, "aqua-agent", (char *)NULL);
+                _exit(127);
+        }
+        close(to[0]);
+        close(from[1]);
+        a->in = fdopen(to[1], "w");
+        a->out = fdopen(from[0], "r");
+        setvbuf(a->in, NULL, _IOLBF, 0);
+}
+
+static void agent_send(struct agent *a, const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        vfprintf(a->in, fmt, ap);
+        va_end(ap);
+        fputc('\n', a->in);
+        fflush(a->in);
+}
+
+/* The agent's answer to the last command; it must start with "ok". */
+static const char *agent_reply(struct agent *a)
+{
+        cr_assert_not_null(fgets(a->line, sizeof(a->line), a->out), "agent %d died", a->pid);
+        a->line[strcspn(a->line, "\n")] = 0;
+        cr_assert_eq(strncmp(a->line, "ok", 2), 0, "agent %d: %s", a->pid, a->line);
+        return a->line[2] ? a->line + 3 : a->line + 2;
+}
+
+static const char *agent_do(struct agent *a, const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        vfprintf(a->in, fmt, ap);
+        va_end(ap);
+        fputc('\n', a->in);
+        fflush(a->in);
+        return agent_reply(a);
+}
+
+static uint64_t agent_num(struct agent *a, const char *fmt, ...)
+{
+        va_list ap;
+
+        va_start(ap, fmt);
+        vfprintf(a->in, fmt, ap);
+        va_end(ap);
+        fputc('\n', a->in);
+        fflush(a->in);
+        return strtoull(agent_reply(a), NULL, 0);
+}
+
+/* The value of key=... in an agent's reply. */
+static uint64_t field(const char *reply, const char *key)
+{
+        char k[64];
+        const char *p;
+
+        snprintf(k, sizeof(k), "%s=", key);
+        p = strstr(reply, k);
+        cr_assert_not_null(p, "no %s in '%s'", key, reply);
+        return strtoull(p + strlen(k), NULL, 0);
+}
+
+static void agent_kill(struct agent *a)
+{
+        if (a->pid <= 0)
+                return;
+        kill(a->pid, SIGKILL);
+        waitpid(a->pid, NULL, 0);
+        a->pid = 0;
+        fclose(a->in);
+        fclose(a->out);
+}
+
+static void agent_stop(struct agent *a)
+{
+        int status;
+
+        if (a->pid <= 0)
+                return;
+        fclose(a->in);
+        waitpid(a->pid, &status, 0);
+        fclose(a->out);
+        a->pid = 0;
+}
+
+/*
+ * Free memory on device as an agent's cuMemGetInfo sees it, once it equals want: aquad lets go
+ * of a chunk's descriptor just after it answers, so the last release may trail the reply.
+ */
+static uint64_t wait_free(struct agent *a, int device, uint64_t want)
+{
+        uint64_t got = 0;
+
+        for (int i = 0; i < 500; i++) {
+                got = agent_num(a, "free %d", device);
+                if (got == want)
+                        break;
+                usleep(20000);
+        }
+        return got;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static void sim_cleanup(void)
+{
+        char path[256];
+        struct dirent *de;
+        DIR *d;
+
+        snprintf(path, sizeof(path), "/dev/shm/aqua-sim-%u-%s", (unsigned)getuid(),
+                 getenv("AQUA_SIM_MACHINE"));
+        d = opendir(path);
+        if (!d)
+                return;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        unlinkat(dirfd(d), de->d_name, 0);
+        closedir(d);
+        rmdir(path);
+}
+
+static void setup(void)
+{
+        char id[64];
+
+        /* Every test its own machine: memory and cuMemGetInfo are not shared between tests. */
+        snprintf(id, sizeof(id), "libaqua-it-%d", (int)getpid());
+        setenv("AQUA_SIM_MACHINE", id, 1);
+        setenv("AQUA_SIM_DEVICES", "2x16GiB", 1);
+        unsetenv("AQUA_SIM_TOPOLOGY");
+        unsetenv("AQUA_SIM_RUNTIME_DIR");
+        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 20s\n", &daemon_), 0);
+        setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
+        setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
+        agent_start(&producer);
+        agent_start(&consumer);
+        agent_do(&producer, "open producer 1");
+        agent_do(&consumer, "open consumer 0");
+}
+
+static void teardown(void)
+{
+        agent_stop(&consumer);
+        agent_stop(&producer);
+        agent_kill(&consumer);
+        agent_kill(&producer);
+        aquad_stop(daemon_);
+        daemon_ = NULL;
+        sim_cleanup();
+}
+
+TestSuite(libaqua, .init = setup, .fini = teardown, .timeout = 120);
+
+/* ---------------------------------------------------------------- tests */
+
+Test(libaqua, reclaims_two_gib_from_a_consumer_with_its_data_intact)
+{
+        uint64_t free_before, free_after;
+        const char *r;
+
+        cr_assert_eq(agent_num(&producer, "offer %llu", 4 * GiB), 4 * GiB);
+        r = agent_do(&consumer, "borrow %llu %llu", 3 * GiB, 1 * GiB);
+        cr_assert_str_eq(r, "0 3221225472", "a 3 GiB lease: %s", r);
+        cr_assert_str_eq(agent_do(&consumer, "fill 0 7"), "0");
+
+        free_before = agent_num(&producer, "free 1");
+        /* The producer blocks in aqua_reclaim while the consumer's poll moves 1 GiB off. */
+        agent_send(&producer, "reclaim %llu 30000", 2 * GiB);
+        r = agent_do(&consumer, "poll 30000 migrated");
+        cr_assert_geq(field(r, "migrated"), 1);
+        r = agent_reply(&producer);
+        cr_assert_str_eq(r, "0 2147483648", "reclaim result and bytes freed: %s", r);
+        free_after = wait_free(&producer, 1, free_before + 2 * GiB);
+        cr_assert_eq(free_after - free_before, 2 * GiB);
+
+        /* All 3 GiB are still readable where they were: 2 GiB peer, 1 GiB now in DRAM. */
+        cr_assert_str_eq(agent_do(&consumer, "check 0 7"), "0");
+        r = agent_do(&consumer, "info");
+        cr_assert_eq(field(r, "borrowed"), 2 * GiB);
+        cr_assert_eq(field(r, "dram"), 1 * GiB);
+        r = agent_do(&producer, "info");
+        cr_assert_eq(field(r, "offered"), 2 * GiB);
+}
+
+Test(libaqua, gives_a_dead_consumers_chunks_back_to_the_pool)
+{
+        uint64_t free0, freed;
+        const char *r;
+
+        cr_assert_eq(agent_num(&producer, "offer %llu", SMALL), SMALL);
+        free0 = agent_num(&producer, "free 1");
+        agent_do(&consumer, "borrow %llu %llu", SMALL, SMALL);
+        agent_do(&consumer, "fill 0 3");
+        agent_kill(&consumer);
+
+        /* Unleased again: a reclaim of everything frees it at once, nobody to wait for. */
+        r = agent_do(&producer, "reclaim 0 30000");
+        cr_assert_eq(sscanf(r, "0 %llu", (unsigned long long *)&freed), 1, "%s", r);
+        cr_assert_eq(freed, SMALL);
+        cr_assert_eq(wait_free(&producer, 1, free0 + SMALL), free0 + SMALL,
+                     "the dead consumer's mappings died with it");
+}
+
+Test(libaqua, keeps_a_consumers_data_when_its_producer_dies)
+{
+        const char *r;
+
+        agent_do(&producer, "offer %llu", SMALL);
+        agent_do(&consumer, "borrow %llu %llu", SMALL, SMALL);
+        agent_do(&consumer, "fill 0 5");
+        agent_kill(&producer);
+
+        /* Its mapping keeps the memory alive ... */
+        cr_assert_str_eq(agent_do(&consumer, "check 0 5"), "0");
+        /* ... and the daemon asks it to move off, which poll does. */
+        r = agent_do(&consumer, "poll 30000 migrated");
+        cr_assert_geq(field(r, "migrated"), 1);
+        cr_assert_str_eq(agent_do(&consumer, "check 0 5"), "0");
+        r = agent_do(&consumer, "info");
+        cr_assert_eq(field(r, "borrowed"), 0);
+        cr_assert_eq(field(r, "dram"), SMALL);
+        cr_assert_eq(wait_free(&consumer, 1, 16 * GiB), 16 * GiB, "nothing left on the dead GPU");
+}
+
+/* The leases and chunks aquad knows, through its admin interface. */
+static void count_leases(size_t *ret_leases, uint64_t *ret_lease_bytes, size_t *ret_chunks)
+{
+        struct raw raw;
+        Aqua__Envelope *e;
+
+        cr_assert_eq(raw_connect(&raw, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
+        e = raw_hello(&raw, AQUA__ROLE__ROLE_ADMIN, NULL, NULL, NULL, 0, NULL);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_WELCOME);
+        raw_free(e);
+        e = raw_admin_query(&raw, AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_ADMIN_REPLY);
+        *ret_leases = e->admin_reply->n_leases;
+        *ret_lease_bytes = 0;
+        for (size_t i = 0; i < e->admin_reply->n_leases; i++)
+                *ret_lease_bytes += e->admin_reply->leases[i]->bytes;
+        raw_free(e);
+        e = raw_admin_query(&raw, AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS);
+        *ret_chunks = e->admin_reply->n_chunks;
+        raw_free(e);
+        raw_close(&raw);
+}
+
+Test(libaqua, reconciles_leases_when_aquad_is_killed_and_restarted)
+{
+        size_t leases, chunks, leases0, chunks0;
+        uint64_t bytes, bytes0;
+        const char *r;
+
+        agent_do(&producer, "offer %llu", 2 * SMALL);
+        agent_do(&consumer, "borrow %llu %llu", SMALL, SMALL);
+        agent_do(&consumer, "fill 0 9");
+        count_leases(&leases0, &bytes0, &chunks0);
+        cr_assert_eq(leases0, 1);
+        cr_assert_eq(bytes0, SMALL);
+
+        cr_assert_eq(aquad_kill(daemon_, SIGKILL), 128 + SIGKILL);
+        r = agent_do(&consumer, "poll 10000 disconnected");
+        cr_assert_eq(field(r, "disconnected"), 1);
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        r = agent_do(&consumer, "poll 30000 reconnected");
+        cr_assert_eq(field(r, "reconnected"), 1);
+        cr_assert_eq(field(r, "lost"), 0);
+        r = agent_do(&producer, "poll 30000 reconnected");
+        cr_assert_eq(field(r, "reconnected"), 1);
+
+        /* The same lease, the same chunks: nothing lost, nothing twice. */
+        count_leases(&leases, &bytes, &chunks);
+        cr_assert_eq(leases, leases0);
+        cr_assert_eq(bytes, bytes0);
+        cr_assert_eq(chunks, chunks0);
+        cr_assert_str_eq(agent_do(&consumer, "check 0 9"), "0");
+        r = agent_do(&consumer, "info");
+        cr_assert_eq(field(r, "connected"), 1);
+        cr_assert_eq(field(r, "borrowed"), SMALL);
+
+        /* And the flows work on: the producer takes everything back. */
+        agent_send(&producer, "reclaim 0 30000");
+        agent_do(&consumer, "poll 30000 migrated");
+        r = agent_reply(&producer);
+        cr_assert(strncmp(r, "0 ", 2) == 0 && strtoull(r + 2, NULL, 0) == 2 * SMALL, "%s", r);
+        cr_assert_str_eq(agent_do(&consumer, "check 0 9"), "0");
+}
