@@ -61,7 +61,7 @@ int main(int argc, char **argv)
         int rounds = 300, ready[2], done[2], o, r;
         struct aqua_options opt = AQUA_OPTIONS_INIT;
         aqua_ctx *ctx = NULL;
-        uint64_t *t;
+        uint64_t *t, *tb;
         pid_t pid;
         char c;
 
@@ -89,9 +89,10 @@ int main(int argc, char **argv)
         if (r < 0)
                 fail("consumer open", r);
         t = calloc(rounds, sizeof(*t));
+        tb = calloc(rounds, sizeof(*tb));
         for (int i = -20; i < rounds; i++) {
                 struct aqua_grant g;
-                uint64_t t0 = now_mono_ns();
+                uint64_t t0 = now_mono_ns(), t1;
 
                 r = aqua_borrow(ctx, CHUNK, CHUNK, 0, &g);
                 if (r != 0)
@@ -101,18 +102,24 @@ int main(int argc, char **argv)
                                 (unsigned long long)g.bytes);
                         return 1;
                 }
+                t1 = now_mono_ns();
                 r = aqua_return(ctx, g.lease);
                 if (r != 0)
                         fail("return", r);
-                if (i >= 0)
+                if (i >= 0) {
                         t[i] = now_mono_ns() - t0;
+                        tb[i] = t1 - t0;
+                }
         }
         qsort(t, rounds, sizeof(*t), cmp_u64);
+        qsort(tb, rounds, sizeof(*tb), cmp_u64);
         printf("borrow_return_us %.1f\n", t[rounds / 2] / 1e3);
         printf("borrow_return_p99_us %.1f\n", t[rounds * 99 / 100] / 1e3);
+        printf("borrow_us %.1f\n", tb[rounds / 2] / 1e3);
         aqua_close(ctx);
         close(done[1]);
         waitpid(pid, NULL, 0);
         free(t);
+        free(tb);
         return 0;
 }
