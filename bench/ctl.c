@@ -132,8 +132,8 @@ static void client_register(struct client *c, int index)
                 fprintf(stderr, "bench-ctl: aquad did not welcome client %d%s%s\n", index,
                         reply && reply->body_case == AQUA__ENVELOPE__BODY_ERROR ? ": " : "",
                         reply && reply->body_case == AQUA__ENVELOPE__BODY_ERROR
-                                ? reply->error->message
-                                : "");
+                            ? reply->error->message
+                            : "");
                 exit(1);
         }
         aqua__envelope__free_unpacked(reply, NULL);
@@ -324,12 +324,9 @@ static void bench_tput(void)
 int main(int argc, char **argv)
 {
         static const struct option opts[] = {
-                {"endpoint", required_argument, NULL, 'e'},
-                {"side", required_argument, NULL, 's'},
-                {"clients", required_argument, NULL, 'c'},
-                {"rounds", required_argument, NULL, 'r'},
-                {"seconds", required_argument, NULL, 't'},
-                {},
+            {"endpoint", required_argument, NULL, 'e'}, {"side", required_argument, NULL, 's'},
+            {"clients", required_argument, NULL, 'c'},  {"rounds", required_argument, NULL, 'r'},
+            {"seconds", required_argument, NULL, 't'},  {},
         };
         char dir[] = "/tmp/aqua-bench-echo-XXXXXX";
         pid_t echo;

@@ -1,8 +1,8 @@
 /* The library's only way to say something: the callback set with aqua_set_log(). */
 #pragma once
 
-#include "aqua/aqua.h"
 #include "aqua.pb-c.h"
+#include "aqua/aqua.h"
 #include "util.h"
 
 void alog_internal(enum aqua_log_level level, const char *fmt, ...) _printf_(2, 3);

@@ -50,8 +50,8 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
                 const Aqua__SideFrame *f;
                 int r;
 
-                r = transport_side_take(ctx->t, AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS,
-                                        g->lease_id, deadline, &m);
+                r = transport_side_take(ctx->t, AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS, g->lease_id,
+                                        deadline, &m);
                 if (r > 0)
                         return -ENOTCONN;
                 if (r < 0)
@@ -88,8 +88,7 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
         return 0;
 }
 
-static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline,
-                     aqua_lease **ret_lease)
+static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, aqua_lease **ret_lease)
 {
         _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
         _cleanup_free_ int *fds = NULL;
@@ -104,9 +103,8 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline,
         r = grant_fds(ctx, g, deadline, fds);
         if (r == 0) {
                 for (size_t i = 0; i < g->n_chunks; i++)
-                        chunks[i] = (struct lease_grant_chunk){.id = g->chunks[i]->chunk_id,
-                                                               .size = g->chunks[i]->size,
-                                                               .fd = fds[i]};
+                        chunks[i] = (struct lease_grant_chunk){
+                            .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
                 r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
                                  ret_lease);
         }
@@ -152,8 +150,8 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         if (g->n_chunks > 0) {
                 r = grant_map(ctx, g, deadline, &lease);
                 if (r < 0) {
-                        alog_error("could not map lease %" PRIu64 " of %zu chunks: %s",
-                                   g->lease_id, g->n_chunks, aqua_strerror(r));
+                        alog_error("could not map lease %" PRIu64 " of %zu chunks: %s", g->lease_id,
+                                   g->n_chunks, aqua_strerror(r));
                         return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes);
                         aqua__envelope__free_unpacked(reply, NULL);
                         return r == -ENOTCONN || r == -ETIMEDOUT || r == -ENOMEM ? r : -EIO;
@@ -161,11 +159,11 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         }
         ctx->dram_granted += g->dram_bytes;
         *ret = (struct aqua_grant){
-                .lease = lease,
-                .dptr = lease ? lease->dptr : 0,
-                .bytes = lease ? lease->size : 0,
-                .dram_bytes = g->dram_bytes,
-                .partial = g->partial,
+            .lease = lease,
+            .dptr = lease ? lease->dptr : 0,
+            .bytes = lease ? lease->size : 0,
+            .dram_bytes = g->dram_bytes,
+            .partial = g->partial,
         };
         aqua__envelope__free_unpacked(reply, NULL);
         return 0;
@@ -241,13 +239,13 @@ _public_ int aqua_lease_get_info(aqua_ctx *ctx, const aqua_lease *lease,
         if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
                 return -EINVAL;
         *ret = (struct aqua_lease_info){
-                .lease_id = lease->id,
-                .dptr = lease->dptr,
-                .bytes = lease->size,
-                .peer_bytes = lease->peer_bytes,
-                .dram_bytes = lease->dram_bytes,
-                .n_chunks = lease->n_chunks,
-                .chunk_bytes = lease->n_chunks ? lease->chunks[0].size : 0,
+            .lease_id = lease->id,
+            .dptr = lease->dptr,
+            .bytes = lease->size,
+            .peer_bytes = lease->peer_bytes,
+            .dram_bytes = lease->dram_bytes,
+            .n_chunks = lease->n_chunks,
+            .chunk_bytes = lease->n_chunks ? lease->chunks[0].size : 0,
         };
         return 0;
 }
@@ -263,11 +261,11 @@ _public_ int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t
                 return -ERANGE;
         c = &lease->chunks[index];
         *ret = (struct aqua_chunk_info){
-                .chunk_id = c->id,
-                .offset = c->offset,
-                .bytes = c->size,
-                .tier = c->tier,
-                .host = c->host,
+            .chunk_id = c->id,
+            .offset = c->offset,
+            .bytes = c->size,
+            .tier = c->tier,
+            .host = c->host,
         };
         return 0;
 }
@@ -292,11 +290,14 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         goto done;
                 r = lease_migrate(&ctx->leases, ctx->gpu, l, c);
                 if (r < 0) {
-                        struct aqua_event ev = {
-                                .type = AQUA_EVENT_RECLAIM_FAILED, .lease = l,
-                                .offset = c->offset, .bytes = c->size, .error = r};
+                        struct aqua_event ev = {.type = AQUA_EVENT_RECLAIM_FAILED,
+                                                .lease = l,
+                                                .offset = c->offset,
+                                                .bytes = c->size,
+                                                .error = r};
                         alog_error("lease %" PRIu64 ": could not move chunk %" PRIu64
-                                   " off its producer: %s", l->id, c->id, aqua_strerror(r));
+                                   " off its producer: %s",
+                                   l->id, c->id, aqua_strerror(r));
                         ctx_push_event(ctx, &ev);
                         continue;
                 }

@@ -7,8 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "aqua/aqua.h"
 #include "aqua.pb-c.h"
+#include "aqua/aqua.h"
 #include "gpu.h"
 #include "lease.h"
 #include "pool.h"
@@ -41,9 +41,9 @@ void held_clear(struct held *h);
 
 enum session_state {
         SESSION_CONNECTED,
-        SESSION_RETRY,          /* lost: the timer says when to try again */
-        SESSION_AWAIT_TOKEN,    /* side channel connected, waiting for HELLO */
-        SESSION_AWAIT_WELCOME,  /* Hello sent */
+        SESSION_RETRY,         /* lost: the timer says when to try again */
+        SESSION_AWAIT_TOKEN,   /* side channel connected, waiting for HELLO */
+        SESSION_AWAIT_WELCOME, /* Hello sent */
 };
 
 struct aqua_ctx {
@@ -57,7 +57,7 @@ struct aqua_ctx {
         struct transport *t;
 
         enum session_state state;
-        uint64_t hello_id;       /* request id of the asynchronous Hello */
+        uint64_t hello_id;            /* request id of the asynchronous Hello */
         uint64_t session_deadline_ns; /* RETRY: when to try; AWAIT_*: when to give up */
         unsigned backoff_ms;
         uint64_t client_id;
@@ -67,9 +67,9 @@ struct aqua_ctx {
 
         /* producer */
         struct pool pool;
-        uint64_t reclaim_token;  /* the blocking aqua_reclaim() in progress, 0: none */
-        uint64_t reclaim_freed;  /* bytes it has seen freed so far */
-        size_t reclaim_waiting;  /* its chunks still waiting */
+        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
+        uint64_t reclaim_freed; /* bytes it has seen freed so far */
+        size_t reclaim_waiting; /* its chunks still waiting */
 
         /* consumer */
         struct lease_table leases;
@@ -103,8 +103,7 @@ int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns);
  * becomes its AQUA_* outcome or negative errno (the reply is freed); *ret_reply is set only on 0.
  * Loss of the daemon meanwhile gives -ENOTCONN and starts reconnecting.
  */
-int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns,
-             Aqua__Envelope **ret_reply);
+int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply);
 
 /* Handle one message outside of a call (aqua_poll(), or while a blocking call waits). */
 int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e);

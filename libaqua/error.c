@@ -36,13 +36,13 @@ _public_ const char *aqua_version(void)
 }
 
 static const char *const outcome_text[_AQUA_OUTCOME_MAX] = {
-        [0] = "success",
-        [AQUA_PENDING] = "accepted, the result follows as events",
-        [AQUA_TIMEOUT] = "timed out before completion",
-        [AQUA_NO_MEMORY] = "no memory available to lend",
-        [AQUA_BARRED] = "barred from new leases after a missed reclaim deadline",
-        [AQUA_LIMIT] = "a limit of the daemon was reached",
-        [AQUA_THROTTLED] = "too many requests in flight",
+    [0] = "success",
+    [AQUA_PENDING] = "accepted, the result follows as events",
+    [AQUA_TIMEOUT] = "timed out before completion",
+    [AQUA_NO_MEMORY] = "no memory available to lend",
+    [AQUA_BARRED] = "barred from new leases after a missed reclaim deadline",
+    [AQUA_LIMIT] = "a limit of the daemon was reached",
+    [AQUA_THROTTLED] = "too many requests in flight",
 };
 
 _public_ const char *aqua_strerror(int r)

@@ -75,7 +75,8 @@ void fake_accept(struct fake *f, bool reject)
                 fr.text = "uid 1234 is not allowed";
         } else {
                 fr.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
-                fr.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)fake_token};
+                fr.token =
+                    (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)fake_token};
         }
         cr_assert_eq(side_send(f->side_fd, &fr, NULL, 0), 0);
 }

@@ -31,13 +31,13 @@ static void ctx_scope_end(struct ctx_scope *s)
                 s->g->d->cuCtxSetCurrent(s->saved);
 }
 
-#define WITH_PRIMARY(g)                                                         \
-        _cleanup_(ctx_scope_end) struct ctx_scope _scope_ = {.g = (g)};         \
-        do {                                                                    \
-                if ((g)->d->cuCtxGetCurrent(&_scope_.saved) == CUDA_SUCCESS &&  \
-                    _scope_.saved != (g)->primary &&                            \
-                    (g)->d->cuCtxSetCurrent((g)->primary) == CUDA_SUCCESS)      \
-                        _scope_.switched = true;                                \
+#define WITH_PRIMARY(g)                                                                            \
+        _cleanup_(ctx_scope_end) struct ctx_scope _scope_ = {.g = (g)};                            \
+        do {                                                                                       \
+                if ((g)->d->cuCtxGetCurrent(&_scope_.saved) == CUDA_SUCCESS &&                     \
+                    _scope_.saved != (g)->primary &&                                               \
+                    (g)->d->cuCtxSetCurrent((g)->primary) == CUDA_SUCCESS)                         \
+                        _scope_.switched = true;                                                   \
         } while (0)
 
 static int cu_errno(const struct gpu *g, CUresult r, const char *what)
@@ -78,10 +78,10 @@ static void format_uuid(const CUuuid *u, char *buf, size_t len)
 static CUmemAllocationProp device_prop(const struct gpu *g, bool exportable)
 {
         return (CUmemAllocationProp){
-                .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->info.ordinal},
-                .requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-                                                   : CU_MEM_HANDLE_TYPE_NONE,
+            .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->info.ordinal},
+            .requestedHandleTypes =
+                exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE,
         };
 }
 
@@ -208,7 +208,8 @@ int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd)
         int fd = -1, r;
 
         WITH_PRIMARY(g);
-        r = CU(g, cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        r = CU(g,
+               cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
         if (r < 0)
                 return r;
         *ret_fd = fd;
@@ -257,8 +258,8 @@ int gpu_unreserve(struct gpu *g, uint64_t dptr, uint64_t size)
 int gpu_map(struct gpu *g, uint64_t dptr, uint64_t size, gpu_handle h)
 {
         CUmemAccessDesc desc = {
-                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->info.ordinal},
-                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->info.ordinal},
+            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         int r;
 
@@ -281,8 +282,8 @@ int gpu_unmap(struct gpu *g, uint64_t dptr, uint64_t size)
 int gpu_alloc_host_mappable(struct gpu *g, uint64_t size, gpu_handle *ret)
 {
         CUmemAllocationProp prop = {
-                .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                .location = {.type = CU_MEM_LOCATION_TYPE_HOST},
+            .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+            .location = {.type = CU_MEM_LOCATION_TYPE_HOST},
         };
         CUmemGenericAllocationHandle h;
         CUresult cr;

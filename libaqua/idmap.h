@@ -7,7 +7,7 @@
 struct idmap {
         uint64_t *keys; /* 0: empty slot */
         void **values;
-        size_t n, cap;  /* cap is 0 or a power of two */
+        size_t n, cap; /* cap is 0 or a power of two */
 };
 
 /* Insert or replace. Returns 0 or -ENOMEM. */

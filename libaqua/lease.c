@@ -71,13 +71,12 @@ int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
         l->n_chunks = n;
         for (size_t i = 0; i < n; i++) {
                 l->chunks[i] = (struct lease_chunk){
-                        .id = chunks[i].id,
-                        .offset = size,
-                        .size = chunks[i].size,
-                        .tier = AQUA_TIER_PEER,
+                    .id = chunks[i].id,
+                    .offset = size,
+                    .size = chunks[i].size,
+                    .tier = AQUA_TIER_PEER,
                 };
-                if (chunks[i].size == 0 ||
-                    chunks[i].size % gpu_info(g)->granularity != 0 ||
+                if (chunks[i].size == 0 || chunks[i].size % gpu_info(g)->granularity != 0 ||
                     size_add_overflows(size, chunks[i].size, &size)) {
                         r = -EPROTO;
                         goto fail;
@@ -177,8 +176,7 @@ fail:
         return r;
 }
 
-int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
-                  struct lease_chunk *c)
+int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c)
 {
         gpu_handle h;
         void *host = NULL;

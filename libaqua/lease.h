@@ -20,8 +20,8 @@ struct lease_chunk {
         enum aqua_tier tier;
         bool has_handle; /* PEER: the imported handle; DRAM: a mappable host allocation */
         gpu_handle handle;
-        bool mapped;     /* at lease.dptr + offset */
-        void *host;      /* DRAM without a mappable allocation: pinned host memory */
+        bool mapped; /* at lease.dptr + offset */
+        void *host;  /* DRAM without a mappable allocation: pinned host memory */
 };
 
 struct aqua_lease {

@@ -17,8 +17,8 @@ enum pool_state {
 };
 
 struct pool_chunk {
-        uint64_t ref;  /* our reference (ChunkOffer.client_ref) */
-        uint64_t id;   /* the daemon's chunk id; 0 until the offer is answered */
+        uint64_t ref; /* our reference (ChunkOffer.client_ref) */
+        uint64_t id;  /* the daemon's chunk id; 0 until the offer is answered */
         uint64_t size;
         gpu_handle handle;
         enum pool_state state;

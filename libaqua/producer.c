@@ -199,8 +199,8 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         if (bytes == 0 || timeout_ms < AQUA_FOREVER || ctx->reclaim_token)
                 return -EINVAL;
         wait_until = timeout_ms == AQUA_FOREVER
-                             ? UINT64_MAX
-                             : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+                         ? UINT64_MAX
+                         : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
         reclaim_send(ctx, bytes, &env, &req);
         r = ctx_call(ctx, &env, MIN(ctx_deadline(ctx), wait_until), &reply);
         if (r == -ETIMEDOUT && env.request_id) {

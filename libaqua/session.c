@@ -71,7 +71,7 @@ int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, 
                 ctx->cap_pending = cap;
         }
         ctx->pending[ctx->n_pending++] =
-                (struct pending){.request_id = request_id, .kind = kind, .arg = arg};
+            (struct pending){.request_id = request_id, .kind = kind, .arg = arg};
         return 0;
 }
 
@@ -237,8 +237,8 @@ fail:
 
 static void schedule_retry(aqua_ctx *ctx)
 {
-        ctx->backoff_ms = ctx->backoff_ms ? MIN(ctx->backoff_ms * 2, BACKOFF_MAX_MS)
-                                          : BACKOFF_MIN_MS;
+        ctx->backoff_ms =
+            ctx->backoff_ms ? MIN(ctx->backoff_ms * 2, BACKOFF_MAX_MS) : BACKOFF_MIN_MS;
         ctx->state = SESSION_RETRY;
         ctx->session_deadline_ns = now_mono_ns() + ctx->backoff_ms * NSEC_PER_MSEC;
         transport_set_timer(ctx->t, ctx->session_deadline_ns);
@@ -356,13 +356,12 @@ int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
                 if (now_mono_ns() >= deadline_ns)
                         return -ENOTCONN;
                 transport_wait(ctx->t, ctx->state == SESSION_RETRY
-                                               ? MIN(deadline_ns, ctx->session_deadline_ns)
-                                               : deadline_ns);
+                                           ? MIN(deadline_ns, ctx->session_deadline_ns)
+                                           : deadline_ns);
         }
 }
 
-int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns,
-             Aqua__Envelope **ret_reply)
+int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply)
 {
         Aqua__Envelope *reply = NULL;
         int r;
@@ -402,8 +401,8 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                 } else {
                         alog_warning("aquad did not take gpu %d back: %s", ctx->device,
                                      e->body_case == AQUA__ENVELOPE__BODY_ERROR && e->error->message
-                                             ? e->error->message
-                                             : wire_body_name(e));
+                                         ? e->error->message
+                                         : wire_body_name(e));
                         transport_side_close(ctx->t);
                         schedule_retry(ctx);
                 }
@@ -535,8 +534,7 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
         int r;
 
         if (device < 0 || !ret_ctx ||
-            (role != AQUA_ROLE_PRODUCER && role != AQUA_ROLE_CONSUMER &&
-             role != AQUA_ROLE_NEUTRAL))
+            (role != AQUA_ROLE_PRODUCER && role != AQUA_ROLE_CONSUMER && role != AQUA_ROLE_NEUTRAL))
                 return -EINVAL;
         if (opts) {
                 if (opts->size < offsetof(struct aqua_options, size) + sizeof(opts->size))
@@ -612,18 +610,18 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
                 return -EINVAL;
         gi = gpu_info(ctx->gpu);
         *ret = (struct aqua_info){
-                .device = ctx->device,
-                .role = ctx->role,
-                .capacity = gi->capacity,
-                .granularity = gi->granularity,
-                .chunk_bytes = ctx->chunk_bytes,
-                .client_id = ctx->client_id,
-                .connected = ctx->state == SESSION_CONNECTED,
-                .dram_budget = ctx->dram_budget,
-                .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
-                .offered_bytes = ctx->pool.offered_bytes,
-                .borrowed_bytes = ctx->leases.peer_bytes,
-                .dram_bytes = ctx->leases.dram_bytes,
+            .device = ctx->device,
+            .role = ctx->role,
+            .capacity = gi->capacity,
+            .granularity = gi->granularity,
+            .chunk_bytes = ctx->chunk_bytes,
+            .client_id = ctx->client_id,
+            .connected = ctx->state == SESSION_CONNECTED,
+            .dram_budget = ctx->dram_budget,
+            .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
+            .offered_bytes = ctx->pool.offered_bytes,
+            .borrowed_bytes = ctx->leases.peer_bytes,
+            .dram_bytes = ctx->leases.dram_bytes,
         };
         snprintf(ret->gpu_uuid, sizeof(ret->gpu_uuid), "%s", gi->uuid);
         snprintf(ret->paired_with, sizeof(ret->paired_with), "%s", ctx->paired_with);
@@ -660,8 +658,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (_unlikely_(!ctx || !ret_n || (n_events > 0 && !events)))
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
-        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED &&
-                     transport_idle(ctx->t))) {
+        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t))) {
                 *ret_n = 0;
                 return 0;
         }

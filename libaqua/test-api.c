@@ -267,8 +267,8 @@ Test(api, reports_load_without_waiting)
 static bool serve_reconnect_step(void)
 {
         zmq_pollitem_t items[2] = {
-                {.fd = fk.listen_fd, .events = ZMQ_POLLIN},
-                {.socket = fk.router, .events = ZMQ_POLLIN},
+            {.fd = fk.listen_fd, .events = ZMQ_POLLIN},
+            {.socket = fk.router, .events = ZMQ_POLLIN},
         };
         bool welcomed = false;
 
@@ -567,7 +567,8 @@ static void *serve_offer(void *arg)
 
 static void *serve_reclaim(void *arg)
 {
-        Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT, later = AQUA__ENVELOPE__INIT;
+        Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT,
+                       later = AQUA__ENVELOPE__INIT;
         Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
         Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
         static uint64_t now_ids[] = {11}, pending_ids[] = {12};

@@ -261,8 +261,7 @@ static int side_read_one(struct transport *t)
         if (r < 0)
                 return r;
         if (f->kind == AQUA__SIDE_FRAME__KIND__KIND_REJECT) {
-                snprintf(t->reject_reason, sizeof(t->reject_reason), "%s",
-                         f->text ? f->text : "");
+                snprintf(t->reject_reason, sizeof(t->reject_reason), "%s", f->text ? f->text : "");
                 aqua__side_frame__free_unpacked(f, NULL);
                 side_close_fds(fds, n);
                 transport_side_close(t);
@@ -299,8 +298,8 @@ static struct side_msg *side_unqueue(struct transport *t, Aqua__SideFrame__Kind 
         for (struct side_msg **p = &t->side_head; *p; p = &(*p)->next) {
                 struct side_msg *m = *p;
                 uint64_t mid = kind == AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS
-                                       ? m->frame->lease_id
-                                       : m->frame->request_id;
+                                   ? m->frame->lease_id
+                                   : m->frame->request_id;
 
                 if (m->frame->kind != kind || (id != 0 && mid != id))
                         continue;

@@ -61,9 +61,10 @@ uint64_t transport_next_id(struct transport *t);
 int transport_send(struct transport *t, Aqua__Envelope *e);
 
 /*
- * Send req (with a fresh request_id stored in req, unless it has one) and wait until deadline_ns for the reply
- * carrying the same id. Envelopes that arrive meanwhile are queued for transport_next().
- * Returns 0, TRANSPORT_E_CLOSED (the daemon went away meanwhile), -ETIMEDOUT, -EAGAIN, -ENOMEM.
+ * Send req (with a fresh request_id stored in req, unless it has one) and wait until deadline_ns
+ * for the reply carrying the same id. Envelopes that arrive meanwhile are queued for
+ * transport_next(). Returns 0, TRANSPORT_E_CLOSED (the daemon went away meanwhile), -ETIMEDOUT,
+ * -EAGAIN, -ENOMEM.
  */
 int transport_call(struct transport *t, Aqua__Envelope *req, uint64_t deadline_ns,
                    Aqua__Envelope **ret_reply);

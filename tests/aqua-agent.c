@@ -17,8 +17,8 @@
  *   close                            -> ok
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

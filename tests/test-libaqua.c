@@ -19,7 +19,7 @@
 #include "rawclient.h"
 #include "util.h"
 
-#define GiB   (UINT64_C(1) << 30)
+#define GiB (UINT64_C(1) << 30)
 /* The other scenarios need no gigabytes: a quarter keeps them quick. */
 #define SMALL (GiB / 4)
 

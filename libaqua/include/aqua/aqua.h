@@ -121,7 +121,10 @@ struct aqua_options {
         uint64_t chunk_bytes;
 };
 
-#define AQUA_OPTIONS_INIT {.size = sizeof(struct aqua_options)}
+#define AQUA_OPTIONS_INIT                                                                          \
+        {                                                                                          \
+                .size = sizeof(struct aqua_options)                                                \
+        }
 
 /*
  * Open a context for CUDA device ordinal `device`, connect to aquad and register the GPU with
@@ -145,14 +148,14 @@ AQUA_API aqua_ctx *aqua_close(aqua_ctx *ctx);
 struct aqua_info {
         int device;
         enum aqua_role role;
-        char gpu_uuid[48];       /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
-        char paired_with[48];    /* uuid of the paired GPU; empty when unpaired */
-        uint64_t capacity;       /* bytes of device memory */
-        uint64_t granularity;    /* allocation granularity of the device */
-        uint64_t chunk_bytes;    /* producer: size of an offered chunk */
-        uint64_t client_id;      /* the daemon's id for this context; 0 while disconnected */
+        char gpu_uuid[48];    /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+        char paired_with[48]; /* uuid of the paired GPU; empty when unpaired */
+        uint64_t capacity;    /* bytes of device memory */
+        uint64_t granularity; /* allocation granularity of the device */
+        uint64_t chunk_bytes; /* producer: size of an offered chunk */
+        uint64_t client_id;   /* the daemon's id for this context; 0 while disconnected */
         bool connected;
-        uint64_t dram_budget;    /* consumer: DRAM bytes the daemon allows it to pin */
+        uint64_t dram_budget; /* consumer: DRAM bytes the daemon allows it to pin */
         uint64_t reclaim_deadline_ms;
         uint64_t offered_bytes;  /* producer: in the daemon's pool (leased or not) */
         uint64_t borrowed_bytes; /* consumer: peer memory currently mapped */
