@@ -185,12 +185,55 @@ static int reclaim_send(aqua_ctx *ctx, uint64_t bytes, Aqua__Envelope *env,
         return 0;
 }
 
-_public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_t *ret_freed)
+/*
+ * One ReclaimRequest of the blocking aqua_reclaim(): free what the reply frees now, mark the rest
+ * as waited for. *ret_got: bytes the reply covered (free now and pending).
+ */
+static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint64_t *ret_got)
 {
         Aqua__Envelope env, *reply = NULL;
         Aqua__ReclaimRequest req;
         Aqua__ReclaimReply *rr;
-        uint64_t wait_until, freed;
+        uint64_t got = 0;
+        int r;
+
+        reclaim_send(ctx, bytes, &env, &req);
+        r = ctx_call(ctx, &env, deadline, &reply);
+        if (r == -ETIMEDOUT && env.request_id)
+                /* Whatever the daemon decided still arrives, and is reported as events. */
+                ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
+        if (r != 0)
+                return r;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
+                aqua__envelope__free_unpacked(reply, NULL);
+                return -EPROTO;
+        }
+        rr = reply->reclaim_reply;
+        /* Pending ones first: a Reclaimed notice for them may already be queued. */
+        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, ctx->reclaim_token);
+        for (size_t i = 0; i < rr->n_pending_chunk_ids; i++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, rr->pending_chunk_ids[i]);
+                if (c)
+                        got += c->size;
+        }
+        for (size_t i = 0; i < rr->n_chunk_ids; i++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, rr->chunk_ids[i]);
+                if (!c)
+                        continue;
+                got += c->size;
+                c->waiter = ctx->reclaim_token;
+                ctx->reclaim_waiting++;
+        }
+        release_ids(ctx, rr->chunk_ids, rr->n_chunk_ids);
+        aqua__envelope__free_unpacked(reply, NULL);
+        *ret_got = got;
+        return 0;
+}
+
+_public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_t *ret_freed)
+{
+        uint64_t wait_until, wanted, covered = 0, freed;
+        bool no_reply;
         int r;
 
         r = check_producer(ctx);
@@ -201,40 +244,35 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         wait_until = timeout_ms == AQUA_FOREVER
                          ? UINT64_MAX
                          : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-        reclaim_send(ctx, bytes, &env, &req);
-        r = ctx_call(ctx, &env, MIN(ctx_deadline(ctx), wait_until), &reply);
-        if (r == -ETIMEDOUT && env.request_id) {
-                /* Whatever the daemon decided still arrives, and is reported as events. */
-                ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
-                if (timeout_ms != AQUA_FOREVER && now_mono_ns() >= wait_until) {
-                        if (ret_freed)
-                                *ret_freed = 0;
-                        return AQUA_TIMEOUT;
-                }
-                return r;
-        }
-        if (r != 0)
-                return r;
-        if (reply->body_case != AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
-                aqua__envelope__free_unpacked(reply, NULL);
-                return -EPROTO;
-        }
-        rr = reply->reclaim_reply;
+        wanted = bytes == AQUA_ALL ? ctx->pool.offered_bytes : bytes;
 
         /* One blocking reclaim at a time per context, so one token value suffices. */
         ctx->reclaim_token = 1;
         ctx->reclaim_freed = 0;
         ctx->reclaim_waiting = 0;
-        /* Pending ones first: a Reclaimed notice for them may already be queued. */
-        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, ctx->reclaim_token);
-        for (size_t i = 0; i < rr->n_chunk_ids; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, rr->chunk_ids[i]);
-                if (c)
-                        c->waiter = ctx->reclaim_token, ctx->reclaim_waiting++;
-        }
-        release_ids(ctx, rr->chunk_ids, rr->n_chunk_ids);
-        aqua__envelope__free_unpacked(reply, NULL);
+        /* A reply names at most the daemon's repeated-items limit of chunks: ask on for more. */
+        for (;;) {
+                uint64_t got = 0;
 
+                r = reclaim_round(ctx, bytes == AQUA_ALL ? AQUA_ALL : wanted - covered,
+                                  MIN(ctx_deadline(ctx), wait_until), &got);
+                if (r != 0 || got == 0)
+                        break;
+                covered += got;
+                if (covered >= wanted)
+                        break;
+        }
+        if (r != 0 && covered == 0 && r != -ETIMEDOUT) {
+                ctx->reclaim_token = 0;
+                return r;
+        }
+        if (r != 0 && covered > 0) {
+                alog_debug("reclaim: asking for more failed: %s", aqua_strerror(r));
+                r = 0;
+        }
+        no_reply = r == -ETIMEDOUT;
+
+        r = 0;
         while (ctx->reclaim_waiting > 0) {
                 r = ctx_pump(ctx);
                 if (r < 0 || ctx->state != SESSION_CONNECTED)
@@ -245,14 +283,16 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
                         break;
         }
         freed = ctx->reclaim_freed;
-        if (ctx->reclaim_waiting > 0) {
+        if (ctx->reclaim_waiting > 0 || no_reply) {
                 /* Whatever is still out is reported by aqua_poll() when it comes. */
                 for (size_t i = 0; i < ctx->pool.n; i++)
                         if (ctx->pool.chunks[i]->waiter == ctx->reclaim_token)
                                 ctx->pool.chunks[i]->waiter = 0;
-                r = r < 0 ? r : ctx->state != SESSION_CONNECTED ? -ENOTCONN : AQUA_TIMEOUT;
-        } else
-                r = r < 0 ? r : 0;
+                if (r >= 0)
+                        r = ctx->state != SESSION_CONNECTED ? -ENOTCONN
+                            : now_mono_ns() >= wait_until   ? AQUA_TIMEOUT
+                                                            : -ETIMEDOUT; /* no answer in time */
+        }
         ctx->reclaim_token = 0;
         ctx->reclaim_waiting = 0;
         if (r >= 0 && ret_freed)

@@ -681,3 +681,40 @@ Test(api, reports_what_a_reclaim_freed_before_its_timeout_and_the_rest_as_events
         cr_assert_eq(ev.bytes, 2 * CHUNK);
         cr_assert_eq(used_on(0), CHUNK);
 }
+
+/* A daemon whose replies name at most two chunks. */
+static void *serve_reclaim_in_parts(void *arg)
+{
+        static uint64_t first[] = {11, 12}, second[] = {13};
+
+        for (int part = 0; part < 2; part++) {
+                Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
+                Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+
+                cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
+                cr_assert(e->reclaim_request->all);
+                rr.n_chunk_ids = part == 0 ? 2 : 1;
+                rr.chunk_ids = part == 0 ? first : second;
+                reply.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
+                reply.reclaim_reply = &rr;
+                send_env(&reply, e->request_id);
+                aqua__envelope__free_unpacked(e, NULL);
+        }
+        return arg;
+}
+
+Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
+{
+        uint64_t freed = 0;
+        pthread_t th;
+
+        open_as(AQUA_ROLE_PRODUCER);
+        pthread_create(&th, NULL, serve_offer, NULL);
+        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
+        pthread_join(th, NULL);
+        pthread_create(&th, NULL, serve_reclaim_in_parts, NULL);
+        cr_assert_eq(aqua_reclaim(ctx, AQUA_ALL, AQUA_FOREVER, &freed), 0);
+        pthread_join(th, NULL);
+        cr_assert_eq(freed, 3 * CHUNK);
+        cr_assert_eq(used_on(0), 0);
+}

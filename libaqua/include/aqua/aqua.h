@@ -180,7 +180,9 @@ AQUA_API int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered);
 /*
  * Take back `bytes` (rounded up to whole chunks; AQUA_ALL: everything offered) and free them on
  * the GPU. Unleased chunks are freed at once; leased ones when their consumer has moved off them
- * (the daemon asks it to, with a deadline). Blocks until all are free or timeout_ms passes
+ * (the daemon asks it to, with a deadline). A daemon reply names at most its repeated-items limit
+ * of chunks; aqua_reclaim() asks again until the amount is covered or nothing more comes.
+ * Blocks until all are free or timeout_ms passes
  * (AQUA_FOREVER: no limit). *ret_freed (may be NULL) receives the bytes freed during the call,
  * also when the result is AQUA_TIMEOUT: the rest is freed later inside aqua_poll(), which
  * reports it as AQUA_EVENT_RECLAIMED.
@@ -276,8 +278,8 @@ struct aqua_load {
 
 /*
  * Tell the daemon the engine's load. Does not wait for an answer: cheap enough for every few
- * engine iterations. Returns 0, -ENOTCONN (reported again once reconnected), -EAGAIN (the
- * outgoing queue is full).
+ * engine iterations. Returns 0, -EINVAL, -ENOTCONN (nothing was sent: the daemon is away; report
+ * again after AQUA_EVENT_RECONNECTED), -EAGAIN (the outgoing queue is full).
  */
 AQUA_API int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load);
 
