@@ -7,7 +7,8 @@
  *   open ROLE DEVICE [CHUNK_BYTES]   -> ok
  *   offer BYTES                      -> ok OFFERED
  *   reclaim BYTES TIMEOUT_MS         -> ok RESULT FREED
- *   borrow BYTES MIN                 -> ok INDEX BYTES        (INDEX names the lease later)
+ *   borrow BYTES MIN [dram]          -> ok INDEX BYTES DRAM   (INDEX names the lease later)
+ *   return_dram BYTES                -> ok
  *   fill INDEX SEED / check INDEX SEED -> ok / ok BAD_CHUNKS
  *   return INDEX                     -> ok
  *   poll MS [until-EVENT]            -> ok migrated=N reclaimed=BYTES disconnected=N
@@ -229,13 +230,17 @@ static void dispatch(char *line)
                 struct aqua_grant g;
                 x = strtoull(a, NULL, 0);
                 y = strtoull(b, NULL, 0);
-                r = aqua_borrow(ctx, x, y, 0, &g);
+                r = aqua_borrow(ctx, x, y, strcmp(c, "dram") == 0 ? AQUA_BORROW_ALLOW_DRAM : 0, &g);
                 if (r != 0 || n_leases == MAX_LEASES) {
                         fail(r ? r : -E2BIG);
                         return;
                 }
                 leases[n_leases++] = g.lease;
-                reply("ok %zu %llu", n_leases - 1, (unsigned long long)g.bytes);
+                reply("ok %zu %llu %llu", n_leases - 1, (unsigned long long)g.bytes,
+                      (unsigned long long)g.dram_bytes);
+        } else if (strcmp(cmd, "return_dram") == 0) {
+                r = aqua_return_dram(ctx, strtoull(a, NULL, 0));
+                r != 0 ? fail(r) : reply("ok");
         } else if (strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0) {
                 size_t bad = 0;
                 r = walk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[0] == 'f', &bad);

@@ -185,7 +185,10 @@ static void setup(void)
         setenv("AQUA_SIM_DEVICES", "2x16GiB", 1);
         unsetenv("AQUA_SIM_TOPOLOGY");
         unsetenv("AQUA_SIM_RUNTIME_DIR");
-        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 20s\n", &daemon_), 0);
+        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 20s\n"
+                                 "dram-budget: 1GiB\n",
+                                 &daemon_),
+                     0);
         setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
         setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
         agent_start(&producer);
@@ -216,7 +219,7 @@ Test(libaqua, reclaims_two_gib_from_a_consumer_with_its_data_intact)
 
         cr_assert_eq(agent_num(&producer, "offer %llu", 4 * GiB), 4 * GiB);
         r = agent_do(&consumer, "borrow %llu %llu", 3 * GiB, 1 * GiB);
-        cr_assert_str_eq(r, "0 3221225472", "a 3 GiB lease: %s", r);
+        cr_assert_str_eq(r, "0 3221225472 0", "a 3 GiB lease: %s", r);
         cr_assert_str_eq(agent_do(&consumer, "fill 0 7"), "0");
 
         free_before = agent_num(&producer, "free 1");
@@ -280,6 +283,20 @@ Test(libaqua, keeps_a_consumers_data_when_its_producer_dies)
         cr_assert_eq(field(r, "borrowed"), 0);
         cr_assert_eq(field(r, "dram"), SMALL);
         cr_assert_eq(wait_free(&consumer, 1, 16 * GiB), 16 * GiB, "nothing left on the dead GPU");
+}
+
+Test(libaqua, grants_a_dram_budget_when_no_producer_lends)
+{
+        const char *r;
+
+        /* The producer has offered nothing: peers cannot help, the DRAM budget can. */
+        r = agent_do(&consumer, "borrow %llu %llu dram", 2 * SMALL, SMALL);
+        cr_assert_str_eq(r, "0 0 536870912", "no lease, 512 MiB of DRAM budget: %s", r);
+        agent_do(&consumer, "return_dram %llu", 2 * SMALL);
+        /* Without DRAM allowed, nothing at all can be granted. */
+        agent_send(&consumer, "borrow %llu %llu", 2 * SMALL, SMALL);
+        cr_assert_not_null(fgets(consumer.line, sizeof(consumer.line), consumer.out));
+        cr_assert_eq(strncmp(consumer.line, "err 3 ", 6), 0, "AQUA_NO_MEMORY: %s", consumer.line);
 }
 
 /* The leases and chunks aquad knows, through its admin interface. */
