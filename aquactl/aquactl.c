@@ -1,0 +1,407 @@
+/* aquactl: inspect and operate a running aquad (GPUs, pairs, leases, chunks, events; reclaim, drain, pair). */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "admin.h"
+#include "format-json.h"
+#include "format.h"
+#include "log.h"
+#include "parse-util.h"
+#include "time-util.h"
+#include "wire.h"
+
+/* Exit codes; scripts can tell these apart without parsing messages. */
+enum {
+        EXIT_OK = 0,
+        EXIT_FAILED = 1,      /* aquad refused or failed the request */
+        EXIT_USAGE = 2,       /* bad command line: unknown command, bad size, missing argument */
+        EXIT_UNREACHABLE = 3, /* aquad not running, not answering, or stopping */
+        EXIT_DENIED = 4,      /* permission denied by the socket or by aquad */
+        EXIT_UNKNOWN_GPU = 5, /* the GPU named is not one aquad knows */
+};
+
+#define TIMEOUT_DEFAULT_MS 5000
+
+struct options {
+        const char *endpoint;
+        const char *side;
+        bool json;
+        int timeout_ms;
+};
+
+static void help(FILE *out)
+{
+        fprintf(out,
+                "Usage: aquactl [OPTIONS] COMMAND [ARGS]\n"
+                "\n"
+                "Inspect and operate the aqua daemon.\n"
+                "\n"
+                "Commands:\n"
+                "  status                 daemon summary: clients, pool, leases, DRAM fallback\n"
+                "  gpus                   registered GPUs: role, client, load, bytes lent/borrowed\n"
+                "  pairs                  producer/consumer pairs\n"
+                "  leases                 leases, and what each consumer holds from whom\n"
+                "  chunks                 chunks in the lending pool\n"
+                "  events                 recent events (leases, reclaims, deadline misses)\n"
+                "  reclaim GPU [SIZE]     take SIZE (default: all) back from GPU's consumers\n"
+                "  drain GPU              stop lending GPU's memory and take it all back\n"
+                "  pair PRODUCER CONSUMER pair two GPUs\n"
+                "  unpair GPU             remove GPU's pair\n"
+                "\n"
+                "GPUs are named by ordinal or uuid; sizes like 2GiB, 512MiB, 1.5GB.\n"
+                "\n"
+                "Options:\n"
+                "  -e, --endpoint=ENDPOINT  aquad's endpoint (default $AQUA_ENDPOINT or %s)\n"
+                "      --side=PATH          side channel socket (default: derived from ENDPOINT)\n"
+                "  -j, --json               print JSON for scripts\n"
+                "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
+                "  -h, --help               show this help\n"
+                "\n"
+                "Exit status: 0 ok, 1 request failed, 2 usage, 3 aquad unreachable,\n"
+                "4 permission denied, 5 unknown GPU.\n",
+                ADMIN_ENDPOINT_DEFAULT);
+}
+
+static int exit_for_outcome(int r)
+{
+        switch (r) {
+        case ADMIN_E_NOT_RUNNING:
+        case ADMIN_E_TIMEOUT:
+        case ADMIN_E_STOPPING:
+                return EXIT_UNREACHABLE;
+        case ADMIN_E_DENIED:
+                return EXIT_DENIED;
+        default:
+                return EXIT_FAILED;
+        }
+}
+
+/* An Error reply, in words and as an exit code. */
+static int report_error(const Aqua__Error *e, const char *gpu)
+{
+        switch (e->code) {
+        case AQUA__ERROR_CODE__ERROR_CODE_PERMISSION:
+                log_error("permission denied: %s", e->message);
+                return EXIT_DENIED;
+        case AQUA__ERROR_CODE__ERROR_CODE_UNKNOWN_GPU:
+                if (gpu)
+                        log_error("unknown GPU '%s': %s", gpu, e->message);
+                else
+                        log_error("unknown GPU: %s", e->message);
+                return EXIT_UNKNOWN_GPU;
+        case AQUA__ERROR_CODE__ERROR_CODE_STOPPING:
+                log_error("aquad is stopping: %s", e->message);
+                return EXIT_UNREACHABLE;
+        default: {
+                char code[48];
+
+                log_error("aquad refused the request (%s): %s",
+                          format_enum(&aqua__error_code__descriptor, e->code, code, sizeof(code)),
+                          e->message);
+                return EXIT_FAILED;
+        }
+        }
+}
+
+static void envelope_free(Aqua__Envelope *e)
+{
+        aqua__envelope__free_unpacked(e, NULL);
+}
+DEFINE_TRIVIAL_CLEANUP_FUNC(Aqua__Envelope *, envelope_free);
+
+/* One call; on failure the message is logged and *ret_exit says how aquactl should exit. */
+static int call(struct admin *a, Aqua__Envelope *request, const char *gpu,
+                Aqua__Envelope **ret_reply, int *ret_exit)
+{
+        char err[512];
+        Aqua__Envelope *reply = NULL;
+        int r;
+
+        r = admin_call(a, request, &reply, err, sizeof(err));
+        if (r != 0) {
+                log_error("%s", err);
+                *ret_exit = r < 0 ? EXIT_FAILED : exit_for_outcome(r);
+                return -1;
+        }
+        if (reply->body_case == AQUA__ENVELOPE__BODY_ERROR) {
+                *ret_exit = report_error(reply->error, gpu);
+                aqua__envelope__free_unpacked(reply, NULL);
+                return -1;
+        }
+        *ret_reply = reply;
+        return 0;
+}
+
+static int query(struct admin *a, enum view v, Aqua__Envelope **ret_reply, int *ret_exit)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminQuery q = AQUA__ADMIN_QUERY__INIT;
+        Aqua__Envelope *reply = NULL;
+
+        q.what = view_query(v);
+        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_QUERY;
+        e.admin_query = &q;
+        if (call(a, &e, NULL, &reply, ret_exit) < 0)
+                return -1;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_ADMIN_REPLY) {
+                log_error("aquad answered a %s query with %s", view_to_string(v),
+                          wire_body_name(reply));
+                aqua__envelope__free_unpacked(reply, NULL);
+                *ret_exit = EXIT_FAILED;
+                return -1;
+        }
+        *ret_reply = reply;
+        return 0;
+}
+
+
+static int show(struct admin *a, const struct options *o, enum view v)
+{
+        _cleanup_(envelope_freep) Aqua__Envelope *data = NULL;
+        _cleanup_(envelope_freep) Aqua__Envelope *gpus = NULL;
+        int code = EXIT_OK, r;
+
+        if (query(a, v, &data, &code) < 0)
+                return code;
+        /* Other views name GPUs by ordinal and client; without that list they show uuids. */
+        if (v != VIEW_GPUS && v != VIEW_EVENTS && query(a, VIEW_GPUS, &gpus, &code) < 0)
+                log_warning("GPUs are shown by uuid");
+        if (o->json)
+                r = json_print_view(stdout, v, data->admin_reply,
+                                    gpus ? gpus->admin_reply : NULL);
+        else
+                r = format_view(stdout, v, data->admin_reply,
+                                v == VIEW_GPUS ? data->admin_reply
+                                               : gpus ? gpus->admin_reply : NULL);
+        if (r < 0 || fflush(stdout) != 0) {
+                log_error_errno(r < 0 ? r : -EIO, "Failed to print %s: %m", view_to_string(v));
+                return EXIT_FAILED;
+        }
+        return EXIT_OK;
+}
+
+/* The reply's body message, for --json output of changing commands. */
+static const ProtobufCMessage *body_of(const Aqua__Envelope *e)
+{
+        const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(&aqua__envelope__descriptor, e->body_case);
+
+        return f ? *(const ProtobufCMessage *const *)((const char *)e + f->offset) : NULL;
+}
+
+static int change(struct admin *a, const struct options *o, Aqua__Envelope *request,
+                  const char *gpu, const char *done)
+{
+        _cleanup_(envelope_freep) Aqua__Envelope *reply = NULL;
+        const ProtobufCMessage *body;
+        int code = EXIT_OK;
+
+        if (call(a, request, gpu, &reply, &code) < 0)
+                return code;
+        body = body_of(reply);
+        if (o->json) {
+                if (body && json_print_message(stdout, body) < 0)
+                        return EXIT_FAILED;
+                return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
+        }
+        printf("%s\n", done);
+        if (reply->body_case == AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
+                const Aqua__ReclaimReply *rr = reply->reclaim_reply;
+                char d[32];
+
+                printf("%zu chunks free now, %zu to come back from consumers", rr->n_chunk_ids,
+                       rr->n_pending_chunk_ids);
+                if (rr->n_pending_chunk_ids)
+                        printf(" within %s",
+                               format_duration(d, sizeof(d), rr->deadline_ms * NSEC_PER_MSEC));
+                printf("\n");
+        }
+        return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
+}
+
+static int cmd_reclaim(struct admin *a, const struct options *o, char **args, int n)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminReclaim rc = AQUA__ADMIN_RECLAIM__INIT;
+        char done[256], size[32];
+        uint64_t bytes = 0;
+
+        if (n > 1 && strcmp(args[1], "all") != 0) {
+                int r = parse_size(args[1], &bytes);
+
+                if (r < 0 || bytes == 0) {
+                        log_error("invalid size '%s': give a positive amount like 2GiB, 512MiB "
+                                  "or 1.5GB, or 'all'",
+                                  args[1]);
+                        return EXIT_USAGE;
+                }
+        }
+        rc.gpu = args[0];
+        rc.bytes = bytes;
+        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RECLAIM;
+        e.admin_reclaim = &rc;
+        if (bytes)
+                snprintf(done, sizeof(done), "reclaiming %s from GPU %s",
+                         format_size(size, sizeof(size), bytes), args[0]);
+        else
+                snprintf(done, sizeof(done), "reclaiming everything lent from GPU %s", args[0]);
+        return change(a, o, &e, args[0], done);
+}
+
+static int cmd_drain(struct admin *a, const struct options *o, char **args, int n)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminDrain d = AQUA__ADMIN_DRAIN__INIT;
+        char done[256];
+
+        d.gpu = args[0];
+        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_DRAIN;
+        e.admin_drain = &d;
+        snprintf(done, sizeof(done), "GPU %s is draining: it lends nothing more and its leases are "
+                                     "being reclaimed",
+                 args[0]);
+        return change(a, o, &e, args[0], done);
+}
+
+static int cmd_pair(struct admin *a, const struct options *o, char **args, int n)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
+        char done[256];
+
+        p.producer = args[0];
+        p.consumer = args[1];
+        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_PAIR;
+        e.admin_pair = &p;
+        snprintf(done, sizeof(done), "paired producer GPU %s with consumer GPU %s", args[0],
+                 args[1]);
+        return change(a, o, &e, NULL, done);
+}
+
+static int cmd_unpair(struct admin *a, const struct options *o, char **args, int n)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
+        char done[256];
+
+        u.gpu = args[0];
+        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_UNPAIR;
+        e.admin_unpair = &u;
+        snprintf(done, sizeof(done), "GPU %s is unpaired", args[0]);
+        return change(a, o, &e, args[0], done);
+}
+
+struct command {
+        const char *name;
+        int min_args, max_args;
+        int (*run)(struct admin *a, const struct options *o, char **args, int n);
+        const char *usage;
+};
+
+static const struct command commands[] = {
+        {"reclaim", 1, 2, cmd_reclaim, "reclaim GPU [SIZE]"},
+        {"drain", 1, 1, cmd_drain, "drain GPU"},
+        {"pair", 2, 2, cmd_pair, "pair PRODUCER CONSUMER"},
+        {"unpair", 1, 1, cmd_unpair, "unpair GPU"},
+};
+
+static int parse_options(int argc, char **argv, struct options *o)
+{
+        static const struct option longopts[] = {
+                {"endpoint", required_argument, NULL, 'e'},
+                {"side", required_argument, NULL, 's'},
+                {"json", no_argument, NULL, 'j'},
+                {"timeout", required_argument, NULL, 't'},
+                {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        uint64_t ns;
+        int c;
+
+        /* "+": options end at the command, so "reclaim 1 -5" is not read as an option. */
+        while ((c = getopt_long(argc, argv, "+e:jt:h", longopts, NULL)) >= 0) {
+                switch (c) {
+                case 'e':
+                        o->endpoint = optarg;
+                        break;
+                case 's':
+                        o->side = optarg;
+                        break;
+                case 'j':
+                        o->json = true;
+                        break;
+                case 't':
+                        if (parse_duration(optarg, &ns) < 0 || ns < NSEC_PER_MSEC ||
+                            ns > 3600 * NSEC_PER_SEC) {
+                                log_error("invalid timeout '%s': give a duration like 5s or 500ms",
+                                          optarg);
+                                return -EINVAL;
+                        }
+                        o->timeout_ms = (int)(ns / NSEC_PER_MSEC);
+                        break;
+                case 'h':
+                        help(stdout);
+                        return 0;
+                default:
+                        return -EINVAL;
+                }
+        }
+        return 1;
+}
+
+int main(int argc, char **argv)
+{
+        struct options o = {.timeout_ms = TIMEOUT_DEFAULT_MS};
+        _cleanup_(admin_freep) struct admin *a = NULL;
+        _cleanup_free_ char *side = NULL;
+        const struct command *cmd = NULL;
+        char err[512];
+        enum view v = _VIEW_INVALID;
+        int r, n_args;
+
+        log_setup("aquactl", LOG_LEVEL_WARNING);
+        r = parse_options(argc, argv, &o);
+        if (r <= 0)
+                return r < 0 ? EXIT_USAGE : EXIT_OK;
+        if (optind >= argc) {
+                help(stderr);
+                return EXIT_USAGE;
+        }
+        n_args = argc - optind - 1;
+        v = view_from_string(argv[optind]);
+        for (size_t i = 0; v < 0 && i < ARRAY_SIZE(commands); i++)
+                if (strcmp(argv[optind], commands[i].name) == 0)
+                        cmd = &commands[i];
+        if (v < 0 && !cmd) {
+                log_error("unknown command '%s'; see aquactl --help", argv[optind]);
+                return EXIT_USAGE;
+        }
+        if ((v >= 0 && n_args != 0) ||
+            (cmd && (n_args < cmd->min_args || n_args > cmd->max_args))) {
+                log_error("usage: aquactl %s", cmd ? cmd->usage : view_to_string(v));
+                return EXIT_USAGE;
+        }
+
+        if (!o.endpoint)
+                o.endpoint = getenv("AQUA_ENDPOINT");
+        if (!o.endpoint || !*o.endpoint)
+                o.endpoint = ADMIN_ENDPOINT_DEFAULT;
+        if (!o.side) {
+                side = admin_side_path(o.endpoint);
+                if (!side) {
+                        log_error("out of memory");
+                        return EXIT_FAILED;
+                }
+                o.side = side;
+        }
+
+        r = admin_connect(o.endpoint, o.side, "aquactl", o.timeout_ms, &a, err, sizeof(err));
+        if (r != 0) {
+                log_error("%s", err);
+                return r < 0 ? EXIT_FAILED : exit_for_outcome(r);
+        }
+        if (cmd)
+                return cmd->run(a, &o, argv + optind + 1, n_args);
+        return show(a, &o, v);
+}

@@ -1,0 +1,154 @@
+/* --json output parsed back: every field under its proto name, exact 64-bit sizes, enum names. */
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "format-json.h"
+#include "test-canned.h"
+
+static struct canned c;
+
+static void setup(void)
+{
+        canned_init(&c);
+}
+
+TestSuite(format_json, .init = setup);
+
+/* Print view v and parse the text back; the caller puts the object. */
+static struct json_object *roundtrip(enum view v, const Aqua__AdminReply *data,
+                                     const Aqua__AdminReply *gpus)
+{
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        struct json_object *o;
+
+        cr_assert_not_null(f);
+        cr_assert_eq(json_print_view(f, v, data, gpus), 0);
+        fclose(f);
+        o = json_tokener_parse(buf);
+        cr_assert_not_null(o, "not JSON: %s", buf);
+        free(buf);
+        return o;
+}
+
+static struct json_object *get(struct json_object *o, const char *key)
+{
+        struct json_object *v = NULL;
+
+        cr_assert(json_object_object_get_ex(o, key, &v), "no key %s in %s", key,
+                  json_object_to_json_string(o));
+        return v;
+}
+
+Test(format_json, gpus_keep_every_field_with_exact_sizes)
+{
+        struct json_object *doc = roundtrip(VIEW_GPUS, &c.gpus, NULL);
+        struct json_object *gpus = get(doc, "gpus"), *g0, *g3;
+
+        cr_assert_eq(json_object_array_length(gpus), 4);
+        g0 = json_object_array_get_idx(gpus, 0);
+        cr_assert_str_eq(json_object_get_string(get(g0, "uuid")), UUID0);
+        cr_assert_str_eq(json_object_get_string(get(g0, "role")), "consumer");
+        /* 80 GiB does not fit 32 bits; scripts must get it exactly. */
+        cr_assert_eq(json_object_get_uint64(get(g0, "capacity")), 80 * GIB);
+        cr_assert_eq(json_object_get_uint64(get(g0, "dram_bytes")), 512 * MIB);
+        cr_assert_float_eq(json_object_get_double(get(g0, "load")), 0.82, 1e-9);
+        cr_assert_str_eq(json_object_get_string(get(g0, "paired_with")), UUID1);
+        /* Zeros and false are present, never omitted. */
+        g3 = json_object_array_get_idx(gpus, 3);
+        cr_assert_eq(json_object_get_uint64(get(g3, "client_id")), 0);
+        cr_assert_eq(json_object_get_boolean(get(g3, "barred")), 0);
+        cr_assert(json_object_get_boolean(get(json_object_array_get_idx(gpus, 2), "barred")));
+        json_object_put(doc);
+}
+
+Test(format_json, status_carries_the_status_and_the_gpus)
+{
+        struct json_object *doc = roundtrip(VIEW_STATUS, &c.status, &c.gpus);
+        struct json_object *s = get(doc, "status");
+
+        cr_assert_eq(json_object_get_uint64(get(s, "uptime_ms")), 11525000);
+        cr_assert_eq(json_object_get_uint64(get(s, "dram_granted")), 2 * GIB + 512 * MIB);
+        cr_assert_eq(json_object_get_uint64(get(s, "leases_lost")), 1);
+        cr_assert_eq(json_object_array_length(get(doc, "gpus")), 4);
+        json_object_put(doc);
+}
+
+Test(format_json, status_without_a_reply_status_is_null)
+{
+        Aqua__AdminReply empty = AQUA__ADMIN_REPLY__INIT;
+        struct json_object *doc = roundtrip(VIEW_STATUS, &empty, NULL);
+
+        cr_assert(json_object_is_type(get(doc, "status"), json_type_null));
+        json_object_put(doc);
+}
+
+Test(format_json, each_view_is_one_object_named_after_it)
+{
+        const Aqua__AdminReply *data[_VIEW_MAX] = {&c.status, &c.gpus,   &c.pairs,
+                                                   &c.leases, &c.chunks, &c.events};
+        const size_t n[_VIEW_MAX] = {0, 4, 2, 3, 3, 2};
+
+        for (int v = VIEW_GPUS; v < _VIEW_MAX; v++) {
+                struct json_object *doc = roundtrip(v, data[v], NULL);
+
+                cr_assert_eq(json_object_object_length(doc), 1);
+                cr_assert_eq(json_object_array_length(get(doc, view_to_string(v))), n[v]);
+                json_object_put(doc);
+        }
+}
+
+Test(format_json, leases_keep_states_and_ids)
+{
+        struct json_object *doc = roundtrip(VIEW_LEASES, &c.leases, &c.gpus);
+        struct json_object *l = json_object_array_get_idx(get(doc, "leases"), 1);
+
+        cr_assert_eq(json_object_get_uint64(get(l, "lease_id")), 9);
+        cr_assert_str_eq(json_object_get_string(get(l, "state")), "reclaiming");
+        cr_assert_str_eq(json_object_get_string(get(l, "consumer_uuid")), UUID0);
+        cr_assert_eq(json_object_get_uint64(get(l, "deadline_ms")), 1500);
+        json_object_put(doc);
+}
+
+Test(format_json, an_empty_list_is_an_empty_array)
+{
+        Aqua__AdminReply empty = AQUA__ADMIN_REPLY__INIT;
+        struct json_object *doc = roundtrip(VIEW_LEASES, &empty, NULL);
+
+        cr_assert_eq(json_object_array_length(get(doc, "leases")), 0);
+        json_object_put(doc);
+}
+
+Test(format_json, messages_show_only_the_set_oneof_member_and_bytes_as_hex)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Hello h = AQUA__HELLO__INIT;
+        uint8_t token[3] = {0x00, 0xab, 0xff};
+        uint64_t ids[2] = {4, 5};
+        Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+        struct json_object *o;
+
+        h.token = (ProtobufCBinaryData){.len = 3, .data = token};
+        h.role = AQUA__ROLE__ROLE_ADMIN;
+        e.body_case = AQUA__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        o = json_from_message(&e.base);
+        cr_assert_not_null(o);
+        cr_assert_eq(json_object_object_length(o), 3, "%s", json_object_to_json_string(o));
+        cr_assert_str_eq(json_object_get_string(get(get(o, "hello"), "token")), "00abff");
+        cr_assert_str_eq(json_object_get_string(get(get(o, "hello"), "role")), "admin");
+        json_object_put(o);
+
+        rr.n_pending_chunk_ids = 2;
+        rr.pending_chunk_ids = ids;
+        rr.deadline_ms = 2000;
+        o = json_from_message(&rr.base);
+        cr_assert_eq(json_object_array_length(get(o, "chunk_ids")), 0);
+        cr_assert_eq(json_object_get_uint64(
+                             json_object_array_get_idx(get(o, "pending_chunk_ids"), 1)),
+                     5);
+        json_object_put(o);
+}
