@@ -53,7 +53,8 @@ static void help(FILE *out)
                 "\n"
                 "Options:\n"
                 "  -e, --endpoint=ENDPOINT  aquad's endpoint (default $AQUA_ENDPOINT or %s)\n"
-                "      --side=PATH          side channel socket (default: derived from ENDPOINT)\n"
+                "      --side=PATH          side channel socket (default $AQUA_SIDE_PATH, or\n"
+                "                           derived from ENDPOINT: /run/aqua/aquad.side)\n"
                 "  -j, --json               print JSON for scripts\n"
                 "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
                 "  -h, --help               show this help\n"
@@ -190,14 +191,26 @@ static const ProtobufCMessage *body_of(const Aqua__Envelope *e)
         return f ? *(const ProtobufCMessage *const *)((const char *)e + f->offset) : NULL;
 }
 
-static int change(struct admin *a, const struct options *o, Aqua__Envelope *request,
-                  const char *gpu, const char *done)
+/* A changing command, built and checked before aquad is contacted. */
+struct request {
+        Aqua__Envelope e;
+        union {
+                Aqua__AdminReclaim reclaim;
+                Aqua__AdminDrain drain;
+                Aqua__AdminPair pair;
+                Aqua__AdminUnpair unpair;
+        } u;
+        const char *gpu; /* named when aquad does not know it */
+        char done[256];  /* what to tell the operator on success */
+};
+
+static int change(struct admin *a, const struct options *o, struct request *req)
 {
         _cleanup_(envelope_freep) Aqua__Envelope *reply = NULL;
         const ProtobufCMessage *body;
         int code = EXIT_OK;
 
-        if (call(a, request, gpu, &reply, &code) < 0)
+        if (call(a, &req->e, req->gpu, &reply, &code) < 0)
                 return code;
         body = body_of(reply);
         if (o->json) {
@@ -205,7 +218,7 @@ static int change(struct admin *a, const struct options *o, Aqua__Envelope *requ
                         return EXIT_FAILED;
                 return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
         }
-        printf("%s\n", done);
+        printf("%s\n", req->done);
         if (reply->body_case == AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
                 const Aqua__ReclaimReply *rr = reply->reclaim_reply;
                 char d[32];
@@ -220,11 +233,9 @@ static int change(struct admin *a, const struct options *o, Aqua__Envelope *requ
         return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
 }
 
-static int cmd_reclaim(struct admin *a, const struct options *o, char **args, int n)
+static int build_reclaim(char **args, int n, struct request *req)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__AdminReclaim rc = AQUA__ADMIN_RECLAIM__INIT;
-        char done[256], size[32];
+        char size[32];
         uint64_t bytes = 0;
 
         if (n > 1 && strcmp(args[1], "all") != 0) {
@@ -234,76 +245,72 @@ static int cmd_reclaim(struct admin *a, const struct options *o, char **args, in
                         log_error("invalid size '%s': give a positive amount like 2GiB, 512MiB "
                                   "or 1.5GB, or 'all'",
                                   args[1]);
-                        return EXIT_USAGE;
+                        return -EINVAL;
                 }
         }
-        rc.gpu = args[0];
-        rc.bytes = bytes;
-        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RECLAIM;
-        e.admin_reclaim = &rc;
+        req->u.reclaim = (Aqua__AdminReclaim)AQUA__ADMIN_RECLAIM__INIT;
+        req->u.reclaim.gpu = args[0];
+        req->u.reclaim.bytes = bytes;
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RECLAIM;
+        req->e.admin_reclaim = &req->u.reclaim;
+        req->gpu = args[0];
         if (bytes)
-                snprintf(done, sizeof(done), "reclaiming %s from GPU %s",
+                snprintf(req->done, sizeof(req->done), "reclaiming %s from GPU %s",
                          format_size(size, sizeof(size), bytes), args[0]);
         else
-                snprintf(done, sizeof(done), "reclaiming everything lent from GPU %s", args[0]);
-        return change(a, o, &e, args[0], done);
+                snprintf(req->done, sizeof(req->done), "reclaiming everything lent from GPU %s",
+                         args[0]);
+        return 0;
 }
 
-static int cmd_drain(struct admin *a, const struct options *o, char **args, int n)
+static int build_drain(char **args, int n, struct request *req)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__AdminDrain d = AQUA__ADMIN_DRAIN__INIT;
-        char done[256];
-
-        d.gpu = args[0];
-        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_DRAIN;
-        e.admin_drain = &d;
-        snprintf(done, sizeof(done), "GPU %s is draining: it lends nothing more and its leases are "
-                                     "being reclaimed",
+        req->u.drain = (Aqua__AdminDrain)AQUA__ADMIN_DRAIN__INIT;
+        req->u.drain.gpu = args[0];
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_DRAIN;
+        req->e.admin_drain = &req->u.drain;
+        req->gpu = args[0];
+        snprintf(req->done, sizeof(req->done),
+                 "GPU %s is draining: it lends nothing more and its leases are being reclaimed",
                  args[0]);
-        return change(a, o, &e, args[0], done);
+        return 0;
 }
 
-static int cmd_pair(struct admin *a, const struct options *o, char **args, int n)
+static int build_pair(char **args, int n, struct request *req)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
-        char done[256];
-
-        p.producer = args[0];
-        p.consumer = args[1];
-        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_PAIR;
-        e.admin_pair = &p;
-        snprintf(done, sizeof(done), "paired producer GPU %s with consumer GPU %s", args[0],
-                 args[1]);
-        return change(a, o, &e, NULL, done);
+        req->u.pair = (Aqua__AdminPair)AQUA__ADMIN_PAIR__INIT;
+        req->u.pair.producer = args[0];
+        req->u.pair.consumer = args[1];
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_PAIR;
+        req->e.admin_pair = &req->u.pair;
+        snprintf(req->done, sizeof(req->done), "paired producer GPU %s with consumer GPU %s",
+                 args[0], args[1]);
+        return 0;
 }
 
-static int cmd_unpair(struct admin *a, const struct options *o, char **args, int n)
+static int build_unpair(char **args, int n, struct request *req)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
-        char done[256];
-
-        u.gpu = args[0];
-        e.body_case = AQUA__ENVELOPE__BODY_ADMIN_UNPAIR;
-        e.admin_unpair = &u;
-        snprintf(done, sizeof(done), "GPU %s is unpaired", args[0]);
-        return change(a, o, &e, args[0], done);
+        req->u.unpair = (Aqua__AdminUnpair)AQUA__ADMIN_UNPAIR__INIT;
+        req->u.unpair.gpu = args[0];
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_UNPAIR;
+        req->e.admin_unpair = &req->u.unpair;
+        req->gpu = args[0];
+        snprintf(req->done, sizeof(req->done), "GPU %s is unpaired", args[0]);
+        return 0;
 }
 
 struct command {
         const char *name;
         int min_args, max_args;
-        int (*run)(struct admin *a, const struct options *o, char **args, int n);
+        int (*build)(char **args, int n, struct request *req);
         const char *usage;
 };
 
 static const struct command commands[] = {
-        {"reclaim", 1, 2, cmd_reclaim, "reclaim GPU [SIZE]"},
-        {"drain", 1, 1, cmd_drain, "drain GPU"},
-        {"pair", 2, 2, cmd_pair, "pair PRODUCER CONSUMER"},
-        {"unpair", 1, 1, cmd_unpair, "unpair GPU"},
+        {"reclaim", 1, 2, build_reclaim, "reclaim GPU [SIZE]"},
+        {"drain", 1, 1, build_drain, "drain GPU"},
+        {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
+        {"unpair", 1, 1, build_unpair, "unpair GPU"},
 };
 
 static int parse_options(int argc, char **argv, struct options *o)
@@ -356,6 +363,7 @@ int main(int argc, char **argv)
         _cleanup_(admin_freep) struct admin *a = NULL;
         _cleanup_free_ char *side = NULL;
         const struct command *cmd = NULL;
+        struct request req = {.e = AQUA__ENVELOPE__INIT};
         char err[512];
         enum view v = _VIEW_INVALID;
         int r, n_args;
@@ -382,12 +390,17 @@ int main(int argc, char **argv)
                 log_error("usage: aquactl %s", cmd ? cmd->usage : view_to_string(v));
                 return EXIT_USAGE;
         }
+        /* A mistyped size is reported as such, not hidden behind "aquad is not running". */
+        if (cmd && cmd->build(argv + optind + 1, n_args, &req) < 0)
+                return EXIT_USAGE;
 
         if (!o.endpoint)
                 o.endpoint = getenv("AQUA_ENDPOINT");
         if (!o.endpoint || !*o.endpoint)
                 o.endpoint = ADMIN_ENDPOINT_DEFAULT;
-        if (!o.side) {
+        if (!o.side)
+                o.side = getenv("AQUA_SIDE_PATH");
+        if (!o.side || !*o.side) {
                 side = admin_side_path(o.endpoint);
                 if (!side) {
                         log_error("out of memory");
@@ -402,6 +415,6 @@ int main(int argc, char **argv)
                 return r < 0 ? EXIT_FAILED : exit_for_outcome(r);
         }
         if (cmd)
-                return cmd->run(a, &o, argv + optind + 1, n_args);
+                return change(a, &o, &req);
         return show(a, &o, v);
 }
