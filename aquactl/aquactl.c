@@ -87,7 +87,9 @@ static int report_error(const Aqua__Error *e, const char *gpu)
                 return EXIT_DENIED;
         case AQUA__ERROR_CODE__ERROR_CODE_UNKNOWN_GPU:
                 if (gpu)
-                        log_error("unknown GPU '%s': %s", gpu, e->message);
+                        log_error("unknown GPU '%s': aquad knows no such GPU (aquactl gpus lists "
+                                  "them)",
+                                  gpu);
                 else
                         log_error("unknown GPU: %s", e->message);
                 return EXIT_UNKNOWN_GPU;

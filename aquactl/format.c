@@ -155,8 +155,9 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 fprintf(out, "aquad sent no status\n");
                 return ferror(out) ? -EIO : 0;
         }
-        fprintf(out, "aquad version %" PRIu32 ", up %s\n", s->daemon_version,
-                format_age(a, sizeof(a), s->uptime_ms));
+        /* daemon_version is the protocol version aquad speaks: major * 100 + minor. */
+        fprintf(out, "aquad protocol %" PRIu32 ".%" PRIu32 ", up %s\n", s->daemon_version / 100,
+                s->daemon_version % 100, format_age(a, sizeof(a), s->uptime_ms));
         fprintf(out, "%-17s%" PRIu32 "\n", "clients", s->clients);
         fprintf(out, "%-17s%" PRIu32, "gpus", s->gpus);
         if (gpus && gpus->n_gpus > 0) {

@@ -36,7 +36,7 @@ Test(format, status_counts_gpus_by_role_and_names_barred_consumers)
         _cleanup_free_ char *out = render(VIEW_STATUS, &c.status, &c.gpus);
 
         cr_assert_str_eq(out,
-                         "aquad version 100, up 3h12m\n"
+                         "aquad protocol 1.0, up 3h12m\n"
                          "clients          3\n"
                          "gpus             4: producer 1, consumer 2, neutral 1\n"
                          "pairs            2\n"
