@@ -1,4 +1,5 @@
-/* aquactl's session with aquad: side channel handshake, Hello as ADMIN, request/reply with timeouts. */
+/* aquactl's session with aquad: side channel handshake, Hello as ADMIN, request/reply with
+ * timeouts. */
 #include "admin.h"
 
 #include <errno.h>
@@ -28,9 +29,9 @@ struct admin {
  * larger messages than aquad does from clients; it only ever talks to its own daemon.
  */
 static const struct wire_limits admin_limits = {
-        .max_message = 256u << 20,
-        .max_repeated = 1u << 22,
-        .max_string = 1u << 16,
+    .max_message = 256u << 20,
+    .max_repeated = 1u << 22,
+    .max_string = 1u << 16,
 };
 
 static int fail(int r, char *err, size_t err_len, const char *fmt, ...) _printf_(4, 5);
@@ -108,7 +109,8 @@ static int side_connect(const char *endpoint, const char *path, int *ret_fd, cha
         return 0;
 }
 
-/* Read what aquad sent on the side channel; the only frames an admin expects are HELLO and REJECT. */
+/* Read what aquad sent on the side channel; the only frames an admin expects are HELLO and REJECT.
+ */
 static int side_read(struct admin *a, Aqua__SideFrame **ret, char *err, size_t err_len)
 {
         int fds[4];
@@ -117,8 +119,8 @@ static int side_read(struct admin *a, Aqua__SideFrame **ret, char *err, size_t e
 
         r = side_recv(a->side, ret, fds, ARRAY_SIZE(fds), &n_fds);
         if (r == SIDE_E_EOF)
-                return fail(ADMIN_E_STOPPING, err, err_len,
-                            "aquad at %s closed the connection", a->endpoint);
+                return fail(ADMIN_E_STOPPING, err, err_len, "aquad at %s closed the connection",
+                            a->endpoint);
         if (r == SIDE_E_MALFORMED)
                 return fail(ADMIN_E_PROTOCOL, err, err_len,
                             "aquad at %s sent a side channel frame this aquactl cannot read",
@@ -174,7 +176,8 @@ static int recv_envelope(struct admin *a, Aqua__Envelope **ret, char *err, size_
                         sizeof(why));
         zmq_msg_close(&msg);
         if (r > 0)
-                return fail(ADMIN_E_PROTOCOL, err, err_len, "aquad at %s sent %s", a->endpoint, why);
+                return fail(ADMIN_E_PROTOCOL, err, err_len, "aquad at %s sent %s", a->endpoint,
+                            why);
         if (r < 0)
                 return fail(r, err, err_len, "cannot decode a reply: %s", strerror(-r));
         return 0;
@@ -185,8 +188,8 @@ static int wait_readable(struct admin *a, uint64_t deadline, char *err, size_t e
 {
         for (;;) {
                 zmq_pollitem_t items[2] = {
-                        {.socket = a->dealer, .events = ZMQ_POLLIN},
-                        {.fd = a->side, .events = ZMQ_POLLIN},
+                    {.socket = a->dealer, .events = ZMQ_POLLIN},
+                    {.fd = a->side, .events = ZMQ_POLLIN},
                 };
                 int n = zmq_poll(items, 2, ms_until(deadline));
 

@@ -1,4 +1,5 @@
-/* aquactl: inspect and operate a running aquad (GPUs, pairs, leases, chunks, events; reclaim, drain, pair). */
+/* aquactl: inspect and operate a running aquad (GPUs, pairs, leases, chunks, events; reclaim,
+ * drain, pair). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,36 +33,37 @@ struct options {
 
 static void help(FILE *out)
 {
-        fprintf(out,
-                "Usage: aquactl [OPTIONS] COMMAND [ARGS]\n"
-                "\n"
-                "Inspect and operate the aqua daemon.\n"
-                "\n"
-                "Commands:\n"
-                "  status                 daemon summary: clients, pool, leases, DRAM fallback\n"
-                "  gpus                   registered GPUs: role, client, load, bytes lent/borrowed\n"
-                "  pairs                  producer/consumer pairs\n"
-                "  leases                 leases, and what each consumer holds from whom\n"
-                "  chunks                 chunks in the lending pool\n"
-                "  events                 recent events (leases, reclaims, deadline misses)\n"
-                "  reclaim GPU [SIZE]     take SIZE (default: all) back from GPU's consumers\n"
-                "  drain GPU              stop lending GPU's memory and take it all back\n"
-                "  pair PRODUCER CONSUMER pair two GPUs\n"
-                "  unpair GPU             remove GPU's pair\n"
-                "\n"
-                "GPUs are named by ordinal or uuid; sizes like 2GiB, 512MiB, 1.5GB.\n"
-                "\n"
-                "Options:\n"
-                "  -e, --endpoint=ENDPOINT  aquad's endpoint (default $AQUA_ENDPOINT or %s)\n"
-                "      --side=PATH          side channel socket (default $AQUA_SIDE_PATH, or\n"
-                "                           derived from ENDPOINT: /run/aqua/aquad.side)\n"
-                "  -j, --json               print JSON for scripts\n"
-                "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
-                "  -h, --help               show this help\n"
-                "\n"
-                "Exit status: 0 ok, 1 request failed, 2 usage, 3 aquad unreachable,\n"
-                "4 permission denied, 5 unknown GPU.\n",
-                ADMIN_ENDPOINT_DEFAULT);
+        fprintf(
+            out,
+            "Usage: aquactl [OPTIONS] COMMAND [ARGS]\n"
+            "\n"
+            "Inspect and operate the aqua daemon.\n"
+            "\n"
+            "Commands:\n"
+            "  status                 daemon summary: clients, pool, leases, DRAM fallback\n"
+            "  gpus                   registered GPUs: role, client, load, bytes lent/borrowed\n"
+            "  pairs                  producer/consumer pairs\n"
+            "  leases                 leases, and what each consumer holds from whom\n"
+            "  chunks                 chunks in the lending pool\n"
+            "  events                 recent events (leases, reclaims, deadline misses)\n"
+            "  reclaim GPU [SIZE]     take SIZE (default: all) back from GPU's consumers\n"
+            "  drain GPU              stop lending GPU's memory and take it all back\n"
+            "  pair PRODUCER CONSUMER pair two GPUs\n"
+            "  unpair GPU             remove GPU's pair\n"
+            "\n"
+            "GPUs are named by ordinal or uuid; sizes like 2GiB, 512MiB, 1.5GB.\n"
+            "\n"
+            "Options:\n"
+            "  -e, --endpoint=ENDPOINT  aquad's endpoint (default $AQUA_ENDPOINT or %s)\n"
+            "      --side=PATH          side channel socket (default $AQUA_SIDE_PATH, or\n"
+            "                           derived from ENDPOINT: /run/aqua/aquad.side)\n"
+            "  -j, --json               print JSON for scripts\n"
+            "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
+            "  -h, --help               show this help\n"
+            "\n"
+            "Exit status: 0 ok, 1 request failed, 2 usage, 3 aquad unreachable,\n"
+            "4 permission denied, 5 unknown GPU.\n",
+            ADMIN_ENDPOINT_DEFAULT);
 }
 
 static int exit_for_outcome(int r)
@@ -158,7 +160,6 @@ static int query(struct admin *a, enum view v, Aqua__Envelope **ret_reply, int *
         return 0;
 }
 
-
 static int show(struct admin *a, const struct options *o, enum view v)
 {
         _cleanup_(envelope_freep) Aqua__Envelope *data = NULL;
@@ -171,12 +172,12 @@ static int show(struct admin *a, const struct options *o, enum view v)
         if (v != VIEW_GPUS && v != VIEW_EVENTS && query(a, VIEW_GPUS, &gpus, &code) < 0)
                 log_warning("GPUs are shown by uuid");
         if (o->json)
-                r = json_print_view(stdout, v, data->admin_reply,
-                                    gpus ? gpus->admin_reply : NULL);
+                r = json_print_view(stdout, v, data->admin_reply, gpus ? gpus->admin_reply : NULL);
         else
                 r = format_view(stdout, v, data->admin_reply,
                                 v == VIEW_GPUS ? data->admin_reply
-                                               : gpus ? gpus->admin_reply : NULL);
+                                : gpus         ? gpus->admin_reply
+                                               : NULL);
         if (r < 0 || fflush(stdout) != 0) {
                 log_error_errno(r < 0 ? r : -EIO, "Failed to print %s: %m", view_to_string(v));
                 return EXIT_FAILED;
@@ -188,7 +189,7 @@ static int show(struct admin *a, const struct options *o, enum view v)
 static const ProtobufCMessage *body_of(const Aqua__Envelope *e)
 {
         const ProtobufCFieldDescriptor *f =
-                protobuf_c_message_descriptor_get_field(&aqua__envelope__descriptor, e->body_case);
+            protobuf_c_message_descriptor_get_field(&aqua__envelope__descriptor, e->body_case);
 
         return f ? *(const ProtobufCMessage *const *)((const char *)e + f->offset) : NULL;
 }
@@ -309,21 +310,18 @@ struct command {
 };
 
 static const struct command commands[] = {
-        {"reclaim", 1, 2, build_reclaim, "reclaim GPU [SIZE]"},
-        {"drain", 1, 1, build_drain, "drain GPU"},
-        {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
-        {"unpair", 1, 1, build_unpair, "unpair GPU"},
+    {"reclaim", 1, 2, build_reclaim, "reclaim GPU [SIZE]"},
+    {"drain", 1, 1, build_drain, "drain GPU"},
+    {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
+    {"unpair", 1, 1, build_unpair, "unpair GPU"},
 };
 
 static int parse_options(int argc, char **argv, struct options *o)
 {
         static const struct option longopts[] = {
-                {"endpoint", required_argument, NULL, 'e'},
-                {"side", required_argument, NULL, 's'},
-                {"json", no_argument, NULL, 'j'},
-                {"timeout", required_argument, NULL, 't'},
-                {"help", no_argument, NULL, 'h'},
-                {},
+            {"endpoint", required_argument, NULL, 'e'}, {"side", required_argument, NULL, 's'},
+            {"json", no_argument, NULL, 'j'},           {"timeout", required_argument, NULL, 't'},
+            {"help", no_argument, NULL, 'h'},           {},
         };
         uint64_t ns;
         int c;

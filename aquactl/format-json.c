@@ -1,4 +1,5 @@
-/* Protobuf messages to JSON by walking their descriptors, so new proto fields appear by themselves. */
+/* Protobuf messages to JSON by walking their descriptors, so new proto fields appear by themselves.
+ */
 #include "format-json.h"
 
 #include <errno.h>
@@ -34,7 +35,7 @@ static struct json_object *json_from_scalar(const ProtobufCFieldDescriptor *f, c
                 return json_object_new_boolean(*(const protobuf_c_boolean *)v);
         case PROTOBUF_C_TYPE_ENUM:
                 return json_object_new_string(
-                        format_enum(f->descriptor, *(const int *)v, buf, sizeof(buf)));
+                    format_enum(f->descriptor, *(const int *)v, buf, sizeof(buf)));
         case PROTOBUF_C_TYPE_STRING: {
                 const char *s = *(const char *const *)v;
                 return json_object_new_string(s ? s : "");
@@ -165,7 +166,7 @@ struct json_object *json_from_message(const ProtobufCMessage *m)
 static int print_object(FILE *out, struct json_object *o)
 {
         const char *s = json_object_to_json_string_ext(
-                o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
+            o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
 
         if (!s)
                 return -ENOMEM;
@@ -174,11 +175,10 @@ static int print_object(FILE *out, struct json_object *o)
 }
 
 /* Add reply's field `name` to doc under the same key (nothing when reply is NULL). */
-static int add_reply_field(struct json_object *doc, const Aqua__AdminReply *reply,
-                           const char *name)
+static int add_reply_field(struct json_object *doc, const Aqua__AdminReply *reply, const char *name)
 {
         const ProtobufCFieldDescriptor *f =
-                protobuf_c_message_descriptor_get_field_by_name(&aqua__admin_reply__descriptor, name);
+            protobuf_c_message_descriptor_get_field_by_name(&aqua__admin_reply__descriptor, name);
 
         if (!f)
                 return -EINVAL;

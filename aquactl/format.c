@@ -14,17 +14,17 @@
 #define CELL_MAX  64
 
 static const char *const view_names[_VIEW_MAX] = {
-        [VIEW_STATUS] = "status", [VIEW_GPUS] = "gpus",     [VIEW_PAIRS] = "pairs",
-        [VIEW_LEASES] = "leases", [VIEW_CHUNKS] = "chunks", [VIEW_EVENTS] = "events",
+    [VIEW_STATUS] = "status", [VIEW_GPUS] = "gpus",     [VIEW_PAIRS] = "pairs",
+    [VIEW_LEASES] = "leases", [VIEW_CHUNKS] = "chunks", [VIEW_EVENTS] = "events",
 };
 
 static const Aqua__AdminQuery__What view_what[_VIEW_MAX] = {
-        [VIEW_STATUS] = AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS,
-        [VIEW_GPUS] = AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS,
-        [VIEW_PAIRS] = AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS,
-        [VIEW_LEASES] = AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES,
-        [VIEW_CHUNKS] = AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS,
-        [VIEW_EVENTS] = AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS,
+    [VIEW_STATUS] = AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS,
+    [VIEW_GPUS] = AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS,
+    [VIEW_PAIRS] = AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS,
+    [VIEW_LEASES] = AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES,
+    [VIEW_CHUNKS] = AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS,
+    [VIEW_EVENTS] = AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS,
 };
 
 const char *view_to_string(enum view v)
@@ -202,8 +202,8 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
 
 static int format_gpus(FILE *out, const Aqua__AdminReply *data)
 {
-        static const char *const headers[] = {"GPU",  "UUID",     "ROLE",     "CLIENT", "PID",
-                                              "LOAD", "CAPACITY", "OFFERED",  "LENT",   "BORROWED",
+        static const char *const headers[] = {"GPU",  "UUID",     "ROLE",    "CLIENT", "PID",
+                                              "LOAD", "CAPACITY", "OFFERED", "LENT",   "BORROWED",
                                               "DRAM", "PAIRED",   "STATE"};
         _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
 
@@ -214,7 +214,7 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
         for (size_t i = 0; i < data->n_gpus; i++) {
                 const Aqua__GpuInfo *g = data->gpus[i];
                 char ord[16], uuid[16], role[32], pid[16], load[16], cap[CELL_MAX], off[CELL_MAX],
-                        lent[CELL_MAX], bor[CELL_MAX], dram[CELL_MAX], paired[LABEL_MAX];
+                    lent[CELL_MAX], bor[CELL_MAX], dram[CELL_MAX], paired[LABEL_MAX];
                 bool online = g->client_id != 0;
 
                 snprintf(ord, sizeof(ord), "%" PRIu32, g->ordinal);
@@ -228,19 +228,19 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
                 else
                         format_gpu_label(paired, sizeof(paired), NULL, g->paired_with);
                 const char *row[] = {
-                        ord,
-                        uuid,
-                        format_enum(&aqua__role__descriptor, g->role, role, sizeof(role)),
-                        online && *g->client_name ? g->client_name : "-",
-                        online && g->pid ? pid : "-",
-                        online ? load : "-",
-                        size_cell(cap, sizeof(cap), g->capacity),
-                        size_cell(off, sizeof(off), g->offered_bytes),
-                        size_cell(lent, sizeof(lent), g->lent_bytes),
-                        size_cell(bor, sizeof(bor), g->borrowed_bytes),
-                        size_cell(dram, sizeof(dram), g->dram_bytes),
-                        paired,
-                        gpu_state(g),
+                    ord,
+                    uuid,
+                    format_enum(&aqua__role__descriptor, g->role, role, sizeof(role)),
+                    online && *g->client_name ? g->client_name : "-",
+                    online && g->pid ? pid : "-",
+                    online ? load : "-",
+                    size_cell(cap, sizeof(cap), g->capacity),
+                    size_cell(off, sizeof(off), g->offered_bytes),
+                    size_cell(lent, sizeof(lent), g->lent_bytes),
+                    size_cell(bor, sizeof(bor), g->borrowed_bytes),
+                    size_cell(dram, sizeof(dram), g->dram_bytes),
+                    paired,
+                    gpu_state(g),
                 };
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
@@ -263,10 +263,10 @@ static int format_pairs(FILE *out, const Aqua__AdminReply *data, const Aqua__Adm
                 if (p->bandwidth_gbps > 0)
                         snprintf(bw, sizeof(bw), "%.0f GB/s", p->bandwidth_gbps);
                 const char *row[] = {
-                        format_gpu_label(prod, sizeof(prod), gpus, p->producer_uuid),
-                        format_gpu_label(cons, sizeof(cons), gpus, p->consumer_uuid),
-                        *p->source ? p->source : "-",
-                        p->bandwidth_gbps > 0 ? bw : "-",
+                    format_gpu_label(prod, sizeof(prod), gpus, p->producer_uuid),
+                    format_gpu_label(cons, sizeof(cons), gpus, p->consumer_uuid),
+                    *p->source ? p->source : "-",
+                    p->bandwidth_gbps > 0 ? bw : "-",
                 };
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
@@ -305,9 +305,10 @@ static int format_consumers(FILE *out, const Aqua__AdminReply *data, const Aqua_
                         if (strcmp(l->consumer_uuid, g->uuid) != 0 || !lease_active(l))
                                 continue;
                         for (size_t k = 0; k < j && !seen; k++)
-                                seen = lease_active(data->leases[k]) &&
-                                       strcmp(data->leases[k]->consumer_uuid, g->uuid) == 0 &&
-                                       strcmp(data->leases[k]->producer_uuid, l->producer_uuid) == 0;
+                                seen =
+                                    lease_active(data->leases[k]) &&
+                                    strcmp(data->leases[k]->consumer_uuid, g->uuid) == 0 &&
+                                    strcmp(data->leases[k]->producer_uuid, l->producer_uuid) == 0;
                         if (seen)
                                 continue;
                         format_gpu_label(prod, sizeof(prod), gpus, l->producer_uuid);
@@ -317,11 +318,11 @@ static int format_consumers(FILE *out, const Aqua__AdminReply *data, const Aqua_
                                 used = MIN(used + (size_t)n, sizeof(from) - 1);
                 }
                 const char *row[] = {
-                        format_gpu_label(cons, sizeof(cons), gpus, g->uuid),
-                        size_cell(bor, sizeof(bor), g->borrowed_bytes),
-                        used ? from : "-",
-                        size_cell(dram, sizeof(dram), g->dram_bytes),
-                        gpu_state(g),
+                    format_gpu_label(cons, sizeof(cons), gpus, g->uuid),
+                    size_cell(bor, sizeof(bor), g->borrowed_bytes),
+                    used ? from : "-",
+                    size_cell(dram, sizeof(dram), g->dram_bytes),
+                    gpu_state(g),
                 };
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
@@ -347,7 +348,7 @@ static int format_leases(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
         for (size_t i = 0; i < data->n_leases; i++) {
                 const Aqua__LeaseInfo *l = data->leases[i];
                 char id[24], cons[LABEL_MAX], prod[LABEL_MAX], size[CELL_MAX], chunks[16],
-                        age[CELL_MAX], deadline[CELL_MAX] = "-";
+                    age[CELL_MAX], deadline[CELL_MAX] = "-";
 
                 snprintf(id, sizeof(id), "%" PRIu64, l->lease_id);
                 snprintf(chunks, sizeof(chunks), "%" PRIu32, l->chunks);
@@ -355,22 +356,22 @@ static int format_leases(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                         if (l->deadline_ms > 0) {
                                 char d[CELL_MAX];
 
-                                snprintf(deadline, sizeof(deadline), "in %s",
-                                         format_duration(d, sizeof(d),
-                                                         l->deadline_ms * NSEC_PER_MSEC));
+                                snprintf(
+                                    deadline, sizeof(deadline), "in %s",
+                                    format_duration(d, sizeof(d), l->deadline_ms * NSEC_PER_MSEC));
                         } else {
                                 snprintf(deadline, sizeof(deadline), "overdue");
                         }
                 }
                 const char *row[] = {
-                        id,
-                        format_gpu_label(cons, sizeof(cons), gpus, l->consumer_uuid),
-                        format_gpu_label(prod, sizeof(prod), gpus, l->producer_uuid),
-                        l->state,
-                        format_size(size, sizeof(size), l->bytes),
-                        chunks,
-                        format_age(age, sizeof(age), l->age_ms),
-                        deadline,
+                    id,
+                    format_gpu_label(cons, sizeof(cons), gpus, l->consumer_uuid),
+                    format_gpu_label(prod, sizeof(prod), gpus, l->producer_uuid),
+                    l->state,
+                    format_size(size, sizeof(size), l->bytes),
+                    chunks,
+                    format_age(age, sizeof(age), l->age_ms),
+                    deadline,
                 };
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
@@ -411,11 +412,11 @@ static int format_chunks(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 snprintf(id, sizeof(id), "%" PRIu64, c->chunk_id);
                 snprintf(lease, sizeof(lease), "%" PRIu64, c->lease_id);
                 const char *row[] = {
-                        id,
-                        format_gpu_label(prod, sizeof(prod), gpus, c->producer_uuid),
-                        format_size(size, sizeof(size), c->size),
-                        c->state,
-                        c->lease_id ? lease : "-",
+                    id,
+                    format_gpu_label(prod, sizeof(prod), gpus, c->producer_uuid),
+                    format_size(size, sizeof(size), c->size),
+                    c->state,
+                    c->lease_id ? lease : "-",
                 };
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;

@@ -1,4 +1,5 @@
-/* Column-aligned text tables for aquactl's human output: cells are copied, widths computed at print. */
+/* Column-aligned text tables for aquactl's human output: cells are copied, widths computed at
+ * print. */
 #pragma once
 
 #include <stdbool.h>

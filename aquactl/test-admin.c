@@ -1,4 +1,5 @@
-/* The admin session against a scripted stand-in for aquad: handshake, replies, and each way it fails. */
+/* The admin session against a scripted stand-in for aquad: handshake, replies, and each way it
+ * fails. */
 #include <criterion/criterion.h>
 #include <poll.h>
 #include <pthread.h>
@@ -195,8 +196,8 @@ static void script_serve_query(struct fake *f)
         q = fake_recv(f, &id);
         if (!q)
                 return;
-        f->query_what = q->body_case == AQUA__ENVELOPE__BODY_ADMIN_QUERY ? (int)q->admin_query->what
-                                                                         : -1;
+        f->query_what =
+            q->body_case == AQUA__ENVELOPE__BODY_ADMIN_QUERY ? (int)q->admin_query->what : -1;
         notice.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
         notice.pair_changed = &pc;
         fake_send(f, &id, &notice);
@@ -288,9 +289,9 @@ Test(admin, reports_permission_denied_on_the_socket)
                         _exit(100);
                 _exit(admin_connect(fk.endpoint, fk.side_path, "aquactl", 300, &a, err,
                                     sizeof(err)) == ADMIN_E_DENIED &&
-                                      strstr(err, "permission denied")
-                              ? 0
-                              : 1);
+                              strstr(err, "permission denied")
+                          ? 0
+                          : 1);
         }
         cr_assert_eq(waitpid(pid, &status, 0), pid);
         cr_assert(WIFEXITED(status));
@@ -429,10 +430,10 @@ Test(admin, derives_the_side_channel_path_from_an_ipc_endpoint)
         static const struct {
                 const char *endpoint, *side;
         } cases[] = {
-                {"ipc:///run/aqua/aquad.sock", "/run/aqua/aquad.side"},
-                {"ipc:///tmp/x/aquad", "/tmp/x/aquad.side"},
-                {"ipc:///tmp/a.b/aquad", "/tmp/a.b/aquad.side"},
-                {"tcp://10.0.0.1:7000", "/run/aqua/aquad.side"},
+            {"ipc:///run/aqua/aquad.sock", "/run/aqua/aquad.side"},
+            {"ipc:///tmp/x/aquad", "/tmp/x/aquad.side"},
+            {"ipc:///tmp/a.b/aquad", "/tmp/a.b/aquad.side"},
+            {"tcp://10.0.0.1:7000", "/run/aqua/aquad.side"},
         };
 
         for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {

@@ -1,4 +1,5 @@
-/* Canned daemon replies for aquactl's formatting tests: two consumers, a producer, an offline GPU. */
+/* Canned daemon replies for aquactl's formatting tests: two consumers, a producer, an offline GPU.
+ */
 #pragma once
 
 #include "aqua.pb-c.h"
@@ -6,10 +7,10 @@
 #define GIB (UINT64_C(1) << 30)
 #define MIB (UINT64_C(1) << 20)
 
-#define UUID0 "GPU-00000000-1111-2222-3333-444444444444"
-#define UUID1 "GPU-11111111-1111-2222-3333-444444444444"
-#define UUID2 "GPU-22222222-1111-2222-3333-444444444444"
-#define UUID3 "GPU-33333333-1111-2222-3333-444444444444"
+#define UUID0     "GPU-00000000-1111-2222-3333-444444444444"
+#define UUID1     "GPU-11111111-1111-2222-3333-444444444444"
+#define UUID2     "GPU-22222222-1111-2222-3333-444444444444"
+#define UUID3     "GPU-33333333-1111-2222-3333-444444444444"
 #define UUID_GONE "GPU-deadbeef-1111-2222-3333-444444444444"
 
 struct canned {

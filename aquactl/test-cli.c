@@ -1,4 +1,5 @@
-/* The aquactl program's command line: exit codes and messages for mistakes made before aquad answers. */
+/* The aquactl program's command line: exit codes and messages for mistakes made before aquad
+ * answers. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -78,10 +79,10 @@ Test(cli, help_lists_every_command_and_exits_zero)
 
         RUN(&r, "--help");
         cr_assert_eq(r.code, 0);
-        for (const char *const *c = (const char *const[]){"status", "gpus", "pairs", "leases",
-                                                          "chunks", "events", "reclaim GPU [SIZE]",
-                                                          "drain GPU", "pair PRODUCER CONSUMER",
-                                                          "unpair GPU", "--json", NULL};
+        for (const char *const *c =
+                 (const char *const[]){"status", "gpus", "pairs", "leases", "chunks", "events",
+                                       "reclaim GPU [SIZE]", "drain GPU", "pair PRODUCER CONSUMER",
+                                       "unpair GPU", "--json", NULL};
              *c; c++)
                 cr_assert(strstr(r.out, *c), "help lacks %s", *c);
 }

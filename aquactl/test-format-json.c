@@ -147,8 +147,7 @@ Test(format_json, messages_show_only_the_set_oneof_member_and_bytes_as_hex)
         rr.deadline_ms = 2000;
         o = json_from_message(&rr.base);
         cr_assert_eq(json_object_array_length(get(o, "chunk_ids")), 0);
-        cr_assert_eq(json_object_get_uint64(
-                             json_object_array_get_idx(get(o, "pending_chunk_ids"), 1)),
-                     5);
+        cr_assert_eq(
+            json_object_get_uint64(json_object_array_get_idx(get(o, "pending_chunk_ids"), 1)), 5);
         json_object_put(o);
 }

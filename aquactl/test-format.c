@@ -60,36 +60,35 @@ Test(format, gpus_show_role_client_sizes_pair_and_state)
         _cleanup_free_ char *out = render(VIEW_GPUS, &c.gpus, &c.gpus);
 
         cr_assert_str_eq(
-                out,
-                "GPU  UUID          ROLE      CLIENT         PID  LOAD  CAPACITY  OFFERED   LENT  "
-                "BORROWED     DRAM  PAIRED  STATE\n"
-                "0    GPU-00000000  consumer  vllm-llama3   4242   82%    80 GiB        -      -  "
-                "   3 GiB  512 MiB  1       ok\n"
-                "1    GPU-11111111  producer  whisper       4343   10%    80 GiB    4 GiB  3 GiB  "
-                "       -        -  0       ok\n"
-                "2    GPU-22222222  consumer  vllm-mistral  4444   50%    80 GiB        -      -  "
-                "       -    2 GiB  -       barred\n"
-                "3    GPU-33333333  neutral   -                -     -    80 GiB        -      -  "
-                "       -        -  -       offline\n");
+            out, "GPU  UUID          ROLE      CLIENT         PID  LOAD  CAPACITY  OFFERED   LENT  "
+                 "BORROWED     DRAM  PAIRED  STATE\n"
+                 "0    GPU-00000000  consumer  vllm-llama3   4242   82%    80 GiB        -      -  "
+                 "   3 GiB  512 MiB  1       ok\n"
+                 "1    GPU-11111111  producer  whisper       4343   10%    80 GiB    4 GiB  3 GiB  "
+                 "       -        -  0       ok\n"
+                 "2    GPU-22222222  consumer  vllm-mistral  4444   50%    80 GiB        -      -  "
+                 "       -    2 GiB  -       barred\n"
+                 "3    GPU-33333333  neutral   -                -     -    80 GiB        -      -  "
+                 "       -        -  -       offline\n");
 }
 
 Test(format, leases_say_who_holds_what_from_whom_and_dram_per_consumer)
 {
         _cleanup_free_ char *out = render(VIEW_LEASES, &c.leases, &c.gpus);
 
-        cr_assert_str_eq(out,
-                         "LEASE  CONSUMER          PRODUCER      STATE        SIZE  CHUNKS    AGE   "
-                         "DEADLINE\n"
-                         "    7  0 (vllm-llama3)   1 (whisper)   granted     2 GiB    1024  3m12s  "
-                         "        -\n"
-                         "    9  0 (vllm-llama3)   1 (whisper)   reclaiming  1 GiB     512     5s  "
-                         "in 1.50 s\n"
-                         "    3  2 (vllm-mistral)  GPU-deadbeef  lost        2 MiB       1  2d03h  "
-                         "        -\n"
-                         "\n"
-                         "CONSUMER          BORROWED  FROM         DRAM FALLBACK  STATE\n"
-                         "0 (vllm-llama3)      3 GiB  1 (whisper)        512 MiB  ok\n"
-                         "2 (vllm-mistral)         -  -                    2 GiB  barred\n");
+        cr_assert_str_eq(
+            out, "LEASE  CONSUMER          PRODUCER      STATE        SIZE  CHUNKS    AGE   "
+                 "DEADLINE\n"
+                 "    7  0 (vllm-llama3)   1 (whisper)   granted     2 GiB    1024  3m12s  "
+                 "        -\n"
+                 "    9  0 (vllm-llama3)   1 (whisper)   reclaiming  1 GiB     512     5s  "
+                 "in 1.50 s\n"
+                 "    3  2 (vllm-mistral)  GPU-deadbeef  lost        2 MiB       1  2d03h  "
+                 "        -\n"
+                 "\n"
+                 "CONSUMER          BORROWED  FROM         DRAM FALLBACK  STATE\n"
+                 "0 (vllm-llama3)      3 GiB  1 (whisper)        512 MiB  ok\n"
+                 "2 (vllm-mistral)         -  -                    2 GiB  barred\n");
 }
 
 Test(format, a_reclaiming_lease_past_its_deadline_is_overdue)
@@ -138,9 +137,9 @@ Test(format, empty_lists_say_so_in_words)
                 enum view v;
                 const char *text;
         } cases[] = {
-                {VIEW_GPUS, "no GPUs registered\n"}, {VIEW_PAIRS, "no pairs\n"},
-                {VIEW_LEASES, "no leases\n"},        {VIEW_CHUNKS, "no chunks in the pool\n"},
-                {VIEW_EVENTS, "no events\n"},
+            {VIEW_GPUS, "no GPUs registered\n"}, {VIEW_PAIRS, "no pairs\n"},
+            {VIEW_LEASES, "no leases\n"},        {VIEW_CHUNKS, "no chunks in the pool\n"},
+            {VIEW_EVENTS, "no events\n"},
         };
 
         for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
@@ -177,9 +176,9 @@ Test(format, enum_names_lose_their_prefix)
 {
         char buf[32];
 
-        cr_assert_str_eq(format_enum(&aqua__role__descriptor, AQUA__ROLE__ROLE_PRODUCER, buf,
-                                     sizeof(buf)),
-                         "producer");
+        cr_assert_str_eq(
+            format_enum(&aqua__role__descriptor, AQUA__ROLE__ROLE_PRODUCER, buf, sizeof(buf)),
+            "producer");
         cr_assert_str_eq(format_enum(&aqua__error_code__descriptor,
                                      AQUA__ERROR_CODE__ERROR_CODE_UNKNOWN_GPU, buf, sizeof(buf)),
                          "unknown-gpu");

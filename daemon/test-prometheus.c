@@ -1,4 +1,5 @@
-/* Metrics: exposition text, histograms, and the HTTP endpoint driven from a poll loop as aquad does. */
+/* Prometheus exposition text, histograms, and the HTTP endpoint driven from a poll loop as aquad
+ * does. */
 #include <criterion/criterion.h>
 #include <curl/curl.h>
 #include <poll.h>
@@ -7,31 +8,31 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "metrics.h"
+#include "prometheus.h"
 
-static int render_sample(struct metrics_text *t, void *userdata)
+static int render_sample(struct prom_text *t, void *userdata)
 {
-        const struct metrics_label labels[] = {{"gpu", "0"}, {"client", "a \"quoted\"\\name\n"}};
+        const struct prom_label labels[] = {{"gpu", "0"}, {"client", "a \"quoted\"\\name\n"}};
 
-        metrics_family(t, "aqua_bytes_lent", "gauge", "Bytes a producer has lent.\nSecond line");
-        metrics_sample_u64(t, "aqua_bytes_lent", labels, 2, UINT64_C(85899345920));
-        metrics_sample_double(t, "aqua_load", NULL, 0, 0.25);
+        prom_family(t, "aqua_bytes_lent", "gauge", "Bytes a producer has lent.\nSecond line");
+        prom_sample_u64(t, "aqua_bytes_lent", labels, 2, UINT64_C(85899345920));
+        prom_sample_double(t, "aqua_load", NULL, 0, 0.25);
         if (userdata)
                 (*(int *)userdata)++;
         return 0;
 }
 
-static char *render(metrics_render_fn fn, void *userdata)
+static char *render(prom_render_fn fn, void *userdata)
 {
         char *s = NULL;
         size_t len = 0;
 
-        cr_assert_eq(metrics_render_string(fn, userdata, &s, &len), 0);
+        cr_assert_eq(prom_render_string(fn, userdata, &s, &len), 0);
         cr_assert_eq(strlen(s), len);
         return s;
 }
 
-Test(metrics, writes_help_type_and_escaped_labels)
+Test(prometheus, writes_help_type_and_escaped_labels)
 {
         _cleanup_free_ char *s = render(render_sample, NULL);
 
@@ -42,24 +43,24 @@ Test(metrics, writes_help_type_and_escaped_labels)
                             "aqua_load 0.25\n");
 }
 
-static struct metrics_histogram hist;
+static struct prom_histogram hist;
 
-static int render_histogram(struct metrics_text *t, void *userdata)
+static int render_histogram(struct prom_text *t, void *userdata)
 {
-        metrics_histogram_write(t, "aqua_reclaim_seconds", "Reclaim latency.", &hist);
+        prom_histogram_write(t, "aqua_reclaim_seconds", "Reclaim latency.", &hist);
         return 0;
 }
 
-Test(metrics, histogram_buckets_are_cumulative_and_upper_inclusive)
+Test(prometheus, histogram_buckets_are_cumulative_and_upper_inclusive)
 {
         static const double bounds[] = {0.01, 0.1, 1};
         _cleanup_free_ char *s = NULL;
 
-        metrics_histogram_init(&hist, bounds, 3);
-        metrics_histogram_observe(&hist, 0.005);
-        metrics_histogram_observe(&hist, 0.1);
-        metrics_histogram_observe(&hist, 0.5);
-        metrics_histogram_observe(&hist, 7);
+        prom_histogram_init(&hist, bounds, 3);
+        prom_histogram_observe(&hist, 0.005);
+        prom_histogram_observe(&hist, 0.1);
+        prom_histogram_observe(&hist, 0.5);
+        prom_histogram_observe(&hist, 7);
         s = render(render_histogram, NULL);
         cr_assert_str_eq(s, "# HELP aqua_reclaim_seconds Reclaim latency.\n"
                             "# TYPE aqua_reclaim_seconds histogram\n"
@@ -71,27 +72,21 @@ Test(metrics, histogram_buckets_are_cumulative_and_upper_inclusive)
                             "aqua_reclaim_seconds_count 4\n");
 }
 
-Test(metrics, reclaim_bounds_fit_a_histogram)
-{
-        cr_assert_leq(metrics_n_reclaim_bounds, METRICS_HISTOGRAM_MAX_BUCKETS);
-        for (size_t i = 1; i < metrics_n_reclaim_bounds; i++)
-                cr_assert_gt(metrics_reclaim_bounds[i], metrics_reclaim_bounds[i - 1]);
-}
-
-static int render_failing(struct metrics_text *t, void *userdata)
+static int render_failing(struct prom_text *t, void *userdata)
 {
         return -EIO;
 }
 
-Test(metrics, refuses_addresses_that_are_not_host_and_port)
+Test(prometheus, refuses_addresses_that_are_not_host_and_port)
 {
-        static const char *const bad[] = {"9464", ":9464", "127.0.0.1:", "127.0.0.1:http",
-                                          "[::1]9464", "::1:9464", "127.0.0.1:70000"};
-        struct metrics *m = NULL;
+        static const char *const bad[] = {
+            "9464",      ":9464",    "127.0.0.1:",     "127.0.0.1:http",
+            "[::1]9464", "::1:9464", "127.0.0.1:70000"};
+        struct prom_server *m = NULL;
         char err[256];
 
         for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
-                cr_assert_eq(metrics_new(bad[i], render_sample, NULL, &m, err, sizeof(err)),
+                cr_assert_eq(prom_server_new(bad[i], render_sample, NULL, &m, err, sizeof(err)),
                              -EINVAL, "%s", bad[i]);
                 cr_assert(strstr(err, bad[i]), "%s", err);
                 cr_assert_null(m);
@@ -147,40 +142,41 @@ static void *fetch_main(void *arg)
 }
 
 /* Fetch path from m, running m from this thread's poll loop as aquad's loop runs it. */
-static void fetch(struct metrics *m, const char *path, const char *method, struct fetch *f)
+static void fetch(struct prom_server *m, const char *path, const char *method, struct fetch *f)
 {
         pthread_t th;
 
         memset(f, 0, sizeof(*f));
-        snprintf(f->url, sizeof(f->url), "http://127.0.0.1:%u%s", metrics_port(m), path);
+        snprintf(f->url, sizeof(f->url), "http://127.0.0.1:%u%s", prom_server_port(m), path);
         f->method = method;
         cr_assert_eq(pthread_create(&th, NULL, fetch_main, f), 0);
         while (!atomic_load(&f->done)) {
-                struct pollfd p = {.fd = metrics_fd(m), .events = POLLIN};
-                int timeout = metrics_timeout_ms(m);
+                struct pollfd p = {.fd = prom_server_fd(m), .events = POLLIN};
+                int timeout = prom_server_timeout_ms(m);
 
                 /* Short waits: the client's finishing is not an event on m's descriptor. */
                 poll(&p, 1, timeout < 0 || timeout > 50 ? 50 : timeout);
-                cr_assert_eq(metrics_dispatch(m), 0);
+                cr_assert_eq(prom_server_dispatch(m), 0);
         }
         pthread_join(th, NULL);
 }
 
-static struct metrics *serve(metrics_render_fn fn, void *userdata)
+static struct prom_server *serve(prom_render_fn fn, void *userdata)
 {
-        struct metrics *m = NULL;
+        struct prom_server *m = NULL;
         char err[256] = "";
 
-        cr_assert_eq(metrics_new("127.0.0.1:0", fn, userdata, &m, err, sizeof(err)), 0, "%s", err);
-        cr_assert_gt(metrics_port(m), 0);
-        cr_assert_geq(metrics_fd(m), 0);
+        cr_assert_eq(prom_server_new("127.0.0.1:0", fn, userdata, &m, err, sizeof(err)), 0, "%s",
+                     err);
+        cr_assert_gt(prom_server_port(m), 0);
+        cr_assert_geq(prom_server_fd(m), 0);
         return m;
 }
 
-Test(metrics, serves_the_exposition_on_get_metrics)
+Test(prometheus, serves_the_exposition_on_get_metrics)
 {
         int renders = 0;
-        _cleanup_(metrics_freep) struct metrics *m = serve(render_sample, &renders);
+        _cleanup_(prom_server_freep) struct prom_server *m = serve(render_sample, &renders);
         struct fetch f;
 
         fetch(m, "/metrics", NULL, &f);
@@ -189,7 +185,7 @@ Test(metrics, serves_the_exposition_on_get_metrics)
         cr_assert(strstr(f.body, "aqua_bytes_lent{gpu=\"0\""), "%s", f.body);
         cr_assert(strstr(f.body, "\naqua_load 0.25\n"), "%s", f.body);
         cr_assert_eq(renders, 1);
-        cr_assert_eq(metrics_scrapes(m), 1);
+        cr_assert_eq(prom_server_scrapes(m), 1);
         free(f.body);
 
         /* Each scrape renders afresh. */
@@ -199,9 +195,9 @@ Test(metrics, serves_the_exposition_on_get_metrics)
         free(f.body);
 }
 
-Test(metrics, answers_other_paths_and_methods_with_errors)
+Test(prometheus, answers_other_paths_and_methods_with_errors)
 {
-        _cleanup_(metrics_freep) struct metrics *m = serve(render_sample, NULL);
+        _cleanup_(prom_server_freep) struct prom_server *m = serve(render_sample, NULL);
         struct fetch f;
 
         fetch(m, "/", NULL, &f);
@@ -211,12 +207,12 @@ Test(metrics, answers_other_paths_and_methods_with_errors)
         fetch(m, "/metrics", "DELETE", &f);
         cr_assert_eq(f.status, 405);
         free(f.body);
-        cr_assert_eq(metrics_scrapes(m), 0);
+        cr_assert_eq(prom_server_scrapes(m), 0);
 }
 
-Test(metrics, a_failing_render_is_a_server_error)
+Test(prometheus, a_failing_render_is_a_server_error)
 {
-        _cleanup_(metrics_freep) struct metrics *m = serve(render_failing, NULL);
+        _cleanup_(prom_server_freep) struct prom_server *m = serve(render_failing, NULL);
         struct fetch f;
 
         fetch(m, "/metrics", NULL, &f);
@@ -224,14 +220,14 @@ Test(metrics, a_failing_render_is_a_server_error)
         free(f.body);
 }
 
-Test(metrics, says_which_address_is_taken)
+Test(prometheus, says_which_address_is_taken)
 {
-        _cleanup_(metrics_freep) struct metrics *m = serve(render_sample, NULL);
-        struct metrics *m2 = NULL;
+        _cleanup_(prom_server_freep) struct prom_server *m = serve(render_sample, NULL);
+        struct prom_server *m2 = NULL;
         char address[64], err[256];
 
-        snprintf(address, sizeof(address), "127.0.0.1:%u", metrics_port(m));
-        cr_assert_lt(metrics_new(address, render_sample, NULL, &m2, err, sizeof(err)), 0);
+        snprintf(address, sizeof(address), "127.0.0.1:%u", prom_server_port(m));
+        cr_assert_lt(prom_server_new(address, render_sample, NULL, &m2, err, sizeof(err)), 0);
         cr_assert(strstr(err, address), "%s", err);
         cr_assert_null(m2);
 }

@@ -1,5 +1,6 @@
-/* Prometheus text exposition over libmicrohttpd in external-select (epoll) mode, and histograms. */
-#include "metrics.h"
+/* Prometheus text exposition, histograms, and libmicrohttpd serving them in external-select (epoll)
+ * mode. */
+#include "prometheus.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,18 +15,18 @@
 #include "log.h"
 
 /* A scraper holds at most this many connections, each for at most this long. */
-#define METRICS_MAX_CONNECTIONS 8
-#define METRICS_CONNECTION_TIMEOUT_S 10
+#define PROM_MAX_CONNECTIONS      8
+#define PROM_CONNECTION_TIMEOUT_S 10
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-struct metrics_text {
+struct prom_text {
         FILE *f;
 };
 
-struct metrics {
+struct prom_server {
         struct MHD_Daemon *mhd;
-        metrics_render_fn render;
+        prom_render_fn render;
         void *userdata;
         uint16_t port;
         uint64_t scrapes;
@@ -48,15 +49,15 @@ static void write_escaped(FILE *f, const char *s, bool quote)
         }
 }
 
-void metrics_family(struct metrics_text *t, const char *name, const char *type, const char *help)
+void prom_family(struct prom_text *t, const char *name, const char *type, const char *help)
 {
         fprintf(t->f, "# HELP %s ", name);
         write_escaped(t->f, help, false);
         fprintf(t->f, "\n# TYPE %s %s\n", name, type);
 }
 
-static void write_name(struct metrics_text *t, const char *name,
-                       const struct metrics_label *labels, size_t n_labels)
+static void write_name(struct prom_text *t, const char *name, const struct prom_label *labels,
+                       size_t n_labels)
 {
         fputs(name, t->f);
         if (n_labels == 0)
@@ -70,8 +71,8 @@ static void write_name(struct metrics_text *t, const char *name,
         fputc('}', t->f);
 }
 
-void metrics_sample_u64(struct metrics_text *t, const char *name,
-                        const struct metrics_label *labels, size_t n_labels, uint64_t value)
+void prom_sample_u64(struct prom_text *t, const char *name, const struct prom_label *labels,
+                     size_t n_labels, uint64_t value)
 {
         write_name(t, name, labels, n_labels);
         fprintf(t->f, " %" PRIu64 "\n", value);
@@ -87,8 +88,8 @@ static void write_double(FILE *f, double v)
                 fprintf(f, "%.17g", v);
 }
 
-void metrics_sample_double(struct metrics_text *t, const char *name,
-                           const struct metrics_label *labels, size_t n_labels, double value)
+void prom_sample_double(struct prom_text *t, const char *name, const struct prom_label *labels,
+                        size_t n_labels, double value)
 {
         write_name(t, name, labels, n_labels);
         fputc(' ', t->f);
@@ -96,9 +97,9 @@ void metrics_sample_double(struct metrics_text *t, const char *name,
         fputc('\n', t->f);
 }
 
-int metrics_render_string(metrics_render_fn render, void *userdata, char **ret, size_t *ret_len)
+int prom_render_string(prom_render_fn render, void *userdata, char **ret, size_t *ret_len)
 {
-        struct metrics_text t;
+        struct prom_text t;
         char *buf = NULL;
         size_t len = 0;
         int r;
@@ -122,19 +123,15 @@ int metrics_render_string(metrics_render_fn render, void *userdata, char **ret, 
 
 /* ------------------------------------------------------------------ histograms */
 
-const double metrics_reclaim_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                         0.25,  0.5,    1,     2.5,  5,     10,   30};
-const size_t metrics_n_reclaim_bounds = ARRAY_SIZE(metrics_reclaim_bounds);
-
-void metrics_histogram_init(struct metrics_histogram *h, const double *bounds, size_t n_bounds)
+void prom_histogram_init(struct prom_histogram *h, const double *bounds, size_t n_bounds)
 {
-        *h = (struct metrics_histogram){
-                .bounds = bounds,
-                .n_bounds = MIN(n_bounds, (size_t)METRICS_HISTOGRAM_MAX_BUCKETS),
+        *h = (struct prom_histogram){
+            .bounds = bounds,
+            .n_bounds = MIN(n_bounds, (size_t)PROM_HISTOGRAM_MAX_BUCKETS),
         };
 }
 
-void metrics_histogram_observe(struct metrics_histogram *h, double value)
+void prom_histogram_observe(struct prom_histogram *h, double value)
 {
         size_t i = 0;
 
@@ -146,13 +143,13 @@ void metrics_histogram_observe(struct metrics_histogram *h, double value)
         h->sum += value;
 }
 
-void metrics_histogram_write(struct metrics_text *t, const char *name, const char *help,
-                             const struct metrics_histogram *h)
+void prom_histogram_write(struct prom_text *t, const char *name, const char *help,
+                          const struct prom_histogram *h)
 {
         char bucket[128], le[32];
         uint64_t cumulative = 0;
 
-        metrics_family(t, name, "histogram", help);
+        prom_family(t, name, "histogram", help);
         snprintf(bucket, sizeof(bucket), "%s_bucket", name);
         for (size_t i = 0; i <= h->n_bounds; i++) {
                 cumulative += h->counts[i];
@@ -160,18 +157,18 @@ void metrics_histogram_write(struct metrics_text *t, const char *name, const cha
                         snprintf(le, sizeof(le), "%g", h->bounds[i]);
                 else
                         snprintf(le, sizeof(le), "+Inf");
-                metrics_sample_u64(t, bucket, &(struct metrics_label){"le", le}, 1, cumulative);
+                prom_sample_u64(t, bucket, &(struct prom_label){"le", le}, 1, cumulative);
         }
         snprintf(bucket, sizeof(bucket), "%s_sum", name);
-        metrics_sample_double(t, bucket, NULL, 0, h->sum);
+        prom_sample_double(t, bucket, NULL, 0, h->sum);
         snprintf(bucket, sizeof(bucket), "%s_count", name);
-        metrics_sample_u64(t, bucket, NULL, 0, h->count);
+        prom_sample_u64(t, bucket, NULL, 0, h->count);
 }
 
 /* ------------------------------------------------------------------ HTTP */
 
-static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, char *body,
-                               size_t len, const char *content_type)
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
+                               const char *content_type)
 {
         struct MHD_Response *resp;
         enum MHD_Result ret;
@@ -200,7 +197,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **req_cls)
 {
-        struct metrics *m = cls;
+        struct prom_server *m = cls;
         char *body;
         size_t len;
         int r;
@@ -219,7 +216,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         if (strcmp(url, "/metrics") != 0)
                 return respond_text(conn, MHD_HTTP_NOT_FOUND, "aquad serves /metrics\n");
 
-        r = metrics_render_string(m->render, m->userdata, &body, &len);
+        r = prom_render_string(m->render, m->userdata, &body, &len);
         if (r < 0) {
                 log_warning_errno(r, "Failed to render metrics: %m");
                 return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
@@ -235,7 +232,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
         vsnprintf(msg, sizeof(msg), fmt, ap);
         msg[strcspn(msg, "\n")] = '\0';
-        log_warning("metrics: %s", msg);
+        log_warning("metrics endpoint: %s", msg);
 }
 
 /* Split "host:port" or "[v6]:port" and resolve it to one socket address. */
@@ -281,10 +278,10 @@ bad:
         return -EINVAL;
 }
 
-int metrics_new(const char *address, metrics_render_fn render, void *userdata,
-                struct metrics **ret, char *err, size_t err_len)
+int prom_server_new(const char *address, prom_render_fn render, void *userdata,
+                    struct prom_server **ret, char *err, size_t err_len)
 {
-        _cleanup_(metrics_freep) struct metrics *m = NULL;
+        _cleanup_(prom_server_freep) struct prom_server *m = NULL;
         struct sockaddr_storage sa;
         socklen_t sa_len;
         const union MHD_DaemonInfo *info;
@@ -301,13 +298,12 @@ int metrics_new(const char *address, metrics_render_fn render, void *userdata,
                 return -ENOMEM;
         m->render = render;
         m->userdata = userdata;
-        /* No MHD_USE_INTERNAL_POLLING_THREAD: aquad's loop drives it through metrics_fd(). */
+        /* No MHD_USE_INTERNAL_POLLING_THREAD: aquad's loop drives it through prom_server_fd(). */
         /* The logger goes first so that MHD reports problems with later options through it. */
-        m->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER,
-                                  mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &sa,
-                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNECTIONS,
-                                  MHD_OPTION_CONNECTION_TIMEOUT,
-                                  (unsigned)METRICS_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+        m->mhd = MHD_start_daemon(
+            flags, 0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+            MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROM_MAX_CONNECTIONS,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROM_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
         if (!m->mhd) {
                 snprintf(err, err_len, "cannot serve metrics on %s (address in use, or not local)",
                          address);
@@ -319,7 +315,7 @@ int metrics_new(const char *address, metrics_render_fn render, void *userdata,
         return 0;
 }
 
-struct metrics *metrics_free(struct metrics *m)
+struct prom_server *prom_server_free(struct prom_server *m)
 {
         if (!m)
                 return NULL;
@@ -329,14 +325,14 @@ struct metrics *metrics_free(struct metrics *m)
         return NULL;
 }
 
-int metrics_fd(const struct metrics *m)
+int prom_server_fd(const struct prom_server *m)
 {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
 
         return info ? info->epoll_fd : -1;
 }
 
-int metrics_timeout_ms(const struct metrics *m)
+int prom_server_timeout_ms(const struct prom_server *m)
 {
         MHD_UNSIGNED_LONG_LONG ms;
 
@@ -345,17 +341,17 @@ int metrics_timeout_ms(const struct metrics *m)
         return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-int metrics_dispatch(struct metrics *m)
+int prom_server_dispatch(struct prom_server *m)
 {
         return MHD_run(m->mhd) == MHD_YES ? 0 : -EIO;
 }
 
-uint16_t metrics_port(const struct metrics *m)
+uint16_t prom_server_port(const struct prom_server *m)
 {
         return m->port;
 }
 
-uint64_t metrics_scrapes(const struct metrics *m)
+uint64_t prom_server_scrapes(const struct prom_server *m)
 {
         return m->scrapes;
 }
