@@ -1,0 +1,531 @@
+/*
+ * Operating a live aquad: after a lend/borrow/reclaim cycle driven over the raw protocol, the
+ * aquactl program's tables and JSON, its changing commands and exit codes, the Prometheus
+ * metrics scraped over HTTP, and the sd_notify messages systemd would get.
+ */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "rawclient.h"
+#include "time-util.h"
+#include "util.h"
+
+#define MiB        (UINT64_C(1) << 20)
+#define BODY(name) AQUA__ENVELOPE__BODY_##name
+
+extern char **environ;
+
+static struct aquad *daemon_;
+static struct raw producer, consumer;
+static uint16_t metrics_port;
+static uint64_t lease_id;
+
+static void teardown(void)
+{
+        raw_close(&producer);
+        raw_close(&consumer);
+        if (daemon_)
+                cr_assert_eq(aquad_stop(daemon_), 0, "aquad did not stop cleanly");
+        daemon_ = NULL;
+}
+
+TestSuite(ops, .fini = teardown);
+
+/* A port nothing listens on now, for aquad's metrics address. */
+static uint16_t free_port(void)
+{
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(sa);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+        close(fd);
+        return ntohs(sa.sin_port);
+}
+
+static void hello(struct raw *r, Aqua__Role role, const char *uuid, uint32_t ordinal,
+                  const char *name, const char *peer)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *w;
+        Aqua__Hello h = AQUA__HELLO__INIT;
+        Aqua__PeerLink link = AQUA__PEER_LINK__INIT, *links[] = {&link};
+
+        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
+        h.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = r->token};
+        h.role = role;
+        h.gpu_uuid = (char *)uuid;
+        h.gpu_ordinal = ordinal;
+        h.gpu_capacity = UINT64_C(80) << 30;
+        h.granularity = 2 * MiB;
+        h.client_name = (char *)name;
+        link.gpu_uuid = (char *)peer;
+        link.bandwidth_gbps = 450;
+        h.links = links;
+        h.n_links = 1;
+        e.body_case = BODY(HELLO);
+        e.hello = &h;
+        w = raw_call(r, &e);
+        cr_assert_not_null(w);
+        cr_assert_eq(w->body_case, BODY(WELCOME), "hello: error %d", raw_error_code(w));
+        raw_free(w);
+}
+
+static void load_report(struct raw *r, uint64_t migrations, uint64_t moved, uint64_t dram)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *a;
+        Aqua__LoadReport l = AQUA__LOAD_REPORT__INIT;
+
+        l.load = 0.5;
+        l.migrations = migrations;
+        l.bytes_moved = moved;
+        l.dram_bytes = dram;
+        e.body_case = BODY(LOAD);
+        e.load = &l;
+        a = raw_call(r, &e);
+        cr_assert_eq(a->body_case, BODY(ACK));
+        raw_free(a);
+}
+
+/* The consumer answers one reclaim notice by returning what it names. */
+static void answer_reclaim(void)
+{
+        Aqua__Envelope *n, *done, e = AQUA__ENVELOPE__INIT;
+        Aqua__Return rt = AQUA__RETURN__INIT;
+
+        n = raw_wait(&consumer, 0, BODY(RECLAIM_NOTICE), RAW_TIMEOUT_MS);
+        cr_assert_not_null(n, "no reclaim notice");
+        rt.lease_id = n->reclaim_notice->lease_id;
+        rt.chunk_ids = n->reclaim_notice->chunk_ids;
+        rt.n_chunk_ids = n->reclaim_notice->n_chunk_ids;
+        e.body_case = BODY(RETURN);
+        e.return_ = &rt;
+        done = raw_call(&consumer, &e);
+        cr_assert_eq(done->body_case, BODY(RETURN_REPLY), "return: error %d", raw_error_code(done));
+        raw_free(done);
+        raw_free(n);
+        /* The producer hears that its chunks are free. */
+        n = raw_wait(&producer, 0, BODY(RECLAIMED), RAW_TIMEOUT_MS);
+        cr_assert_not_null(n, "no Reclaimed notice");
+        raw_free(n);
+}
+
+/*
+ * Producer "whisper" (GPU 1) offers 4 x 2 MiB; consumer "vllm" (GPU 0) borrows 12 MiB with DRAM
+ * allowed: 8 MiB in one lease, 4 MiB of DRAM budget. It reports 3 migrations of 6 MiB. The
+ * producer reclaims 4 MiB: two leased chunks come back through the consumer. Left: one lease of
+ * two chunks (4 MiB), 4 MiB of DRAM fallback.
+ */
+static void cycle(const char *extra)
+{
+        char config[256];
+        Aqua__Envelope *o, *g, *rr, e = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        int fds[8];
+        size_t n;
+
+        metrics_port = free_port();
+        snprintf(config, sizeof(config), "dram-budget: 64MiB\nmetrics: 127.0.0.1:%u\n%s",
+                 metrics_port, extra ? extra : "");
+        cr_assert_eq(aquad_start(config, &daemon_), 0, "aquad did not start");
+        hello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", 1, "whisper", "GPU-C");
+        hello(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", 0, "vllm", "GPU-P");
+
+        o = raw_offer(&producer, 4, 2 * MiB, NULL);
+        cr_assert_eq(o->body_case, BODY(OFFER_REPLY), "offer: error %d", raw_error_code(o));
+        raw_free(o);
+        g = raw_borrow(&consumer, 12 * MiB, 2 * MiB, true, fds, 8, &n);
+        cr_assert_eq(g->body_case, BODY(GRANT), "borrow: error %d", raw_error_code(g));
+        cr_assert_eq(n, 4);
+        cr_assert_eq(g->grant->dram_bytes, 4 * MiB);
+        lease_id = g->grant->lease_id;
+        raw_free(g);
+        for (size_t i = 0; i < n; i++)
+                close(fds[i]);
+        load_report(&consumer, 3, 6 * MiB, 4 * MiB);
+
+        rq.bytes = 4 * MiB;
+        e.body_case = BODY(RECLAIM_REQUEST);
+        e.reclaim_request = &rq;
+        rr = raw_call(&producer, &e);
+        cr_assert_eq(rr->body_case, BODY(RECLAIM_REPLY), "reclaim: error %d", raw_error_code(rr));
+        cr_assert_eq(rr->reclaim_reply->n_pending_chunk_ids, 2);
+        raw_free(rr);
+        answer_reclaim();
+}
+
+/* ------------------------------------------------------------------ aquactl */
+
+struct run {
+        int code;
+        char out[16384];
+        char err[4096];
+};
+
+static void slurp(int fd, char *buf, size_t len)
+{
+        size_t used = 0;
+        ssize_t n;
+
+        lseek(fd, 0, SEEK_SET);
+        while (used + 1 < len && (n = read(fd, buf + used, len - 1 - used)) > 0)
+                used += (size_t)n;
+        buf[used] = '\0';
+}
+
+/* Run aquactl against the test's aquad with args (NULL-terminated). */
+static void aquactl(struct run *res, const char *const *args)
+{
+        const char *exe = getenv("AQUACTL");
+        char *argv[16];
+        char out_path[] = "/tmp/test-ops-out-XXXXXX", err_path[] = "/tmp/test-ops-err-XXXXXX";
+        int out = mkstemp(out_path), err = mkstemp(err_path), status;
+        posix_spawn_file_actions_t fa;
+        size_t n = 0;
+        pid_t pid;
+
+        cr_assert_not_null(exe, "AQUACTL is not set");
+        argv[n++] = (char *)"aquactl";
+        argv[n++] = (char *)"-e";
+        argv[n++] = (char *)aquad_endpoint(daemon_);
+        argv[n++] = (char *)"--side";
+        argv[n++] = (char *)aquad_side_path(daemon_);
+        for (; *args && n < ARRAY_SIZE(argv) - 1; args++)
+                argv[n++] = (char *)*args;
+        argv[n] = NULL;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, out, 1);
+        posix_spawn_file_actions_adddup2(&fa, err, 2);
+        cr_assert_eq(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0);
+        posix_spawn_file_actions_destroy(&fa);
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        cr_assert(WIFEXITED(status));
+        res->code = WEXITSTATUS(status);
+        slurp(out, res->out, sizeof(res->out));
+        slurp(err, res->err, sizeof(res->err));
+        close(out);
+        close(err);
+        unlink(out_path);
+        unlink(err_path);
+}
+
+#define AQUACTL(res, ...) aquactl(res, (const char *const[]){__VA_ARGS__, NULL})
+
+/* The line of text that contains all of the given words, or NULL. */
+static const char *line_with(const char *text, const char *const *words)
+{
+        for (const char *line = text; line && *line;) {
+                const char *end = strchr(line, '\n');
+                size_t len = end ? (size_t)(end - line) : strlen(line);
+                bool all = true;
+
+                for (const char *const *w = words; *w && all; w++) {
+                        const char *hit = memmem(line, len, *w, strlen(*w));
+                        all = hit != NULL;
+                }
+                if (all)
+                        return line;
+                line = end ? end + 1 : NULL;
+        }
+        return NULL;
+}
+
+#define HAS_LINE(text, ...)                                                                        \
+        cr_assert_not_null(line_with(text, (const char *const[]){__VA_ARGS__, NULL}),              \
+                           "no line with " #__VA_ARGS__ " in:\n%s", text)
+
+static struct json_object *json_run(const char *view)
+{
+        struct run r;
+        struct json_object *o;
+
+        AQUACTL(&r, "--json", view);
+        cr_assert_eq(r.code, 0, "aquactl --json %s: %s", view, r.err);
+        o = json_tokener_parse(r.out);
+        cr_assert_not_null(o, "not JSON: %s", r.out);
+        return o;
+}
+
+static struct json_object *get(struct json_object *o, const char *key)
+{
+        struct json_object *v = NULL;
+
+        cr_assert(json_object_object_get_ex(o, key, &v), "no %s in %s", key,
+                  json_object_to_json_string(o));
+        return v;
+}
+
+Test(ops, aquactl_tables_show_the_cycle)
+{
+        struct run r;
+
+        cycle(NULL);
+        AQUACTL(&r, "gpus");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        HAS_LINE(r.out, "GPU-P", "producer", "whisper", "80 GiB", "4 MiB", "0", "ok");
+        HAS_LINE(r.out, "GPU-C", "consumer", "vllm", "50%", "4 MiB", "1", "ok");
+
+        AQUACTL(&r, "leases");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        /* Who holds what from whom, and the DRAM fallback per consumer. */
+        HAS_LINE(r.out, "0 (vllm)", "1 (whisper)", "granted", "4 MiB", " 2 ");
+        HAS_LINE(r.out, "CONSUMER", "BORROWED", "FROM", "DRAM FALLBACK");
+        HAS_LINE(r.out, "0 (vllm)", "4 MiB", "1 (whisper)", "ok");
+
+        AQUACTL(&r, "status");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        HAS_LINE(r.out, "gpus", "2: producer 1, consumer 1");
+        HAS_LINE(r.out, "pool", "4 MiB offered, 4 MiB lent");
+        HAS_LINE(r.out, "dram fallback", "4 MiB granted of 64 MiB budget");
+
+        AQUACTL(&r, "pairs");
+        HAS_LINE(r.out, "1 (whisper)", "0 (vllm)", "auto", "450 GB/s");
+        AQUACTL(&r, "chunks");
+        HAS_LINE(r.out, "2 chunks, 2 leased (4 MiB)");
+        AQUACTL(&r, "events");
+        HAS_LINE(r.out, "lease", "GPU-P");
+}
+
+Test(ops, aquactl_json_parses_to_the_same_figures)
+{
+        struct json_object *doc, *gpus, *l;
+        bool seen_producer = false, seen_consumer = false;
+
+        cycle(NULL);
+        doc = json_run("status");
+        cr_assert_eq(json_object_get_uint64(get(get(doc, "status"), "lent_bytes")), 4 * MiB);
+        cr_assert_eq(json_object_get_uint64(get(get(doc, "status"), "pool_bytes")), 4 * MiB);
+        cr_assert_eq(json_object_get_uint64(get(get(doc, "status"), "dram_granted")), 4 * MiB);
+        gpus = get(doc, "gpus");
+        cr_assert_eq(json_object_array_length(gpus), 2);
+        for (size_t i = 0; i < 2; i++) {
+                struct json_object *g = json_object_array_get_idx(gpus, i);
+                const char *role = json_object_get_string(get(g, "role"));
+
+                if (strcmp(role, "producer") == 0) {
+                        seen_producer = true;
+                        cr_assert_str_eq(json_object_get_string(get(g, "uuid")), "GPU-P");
+                        cr_assert_eq(json_object_get_uint64(get(g, "lent_bytes")), 4 * MiB);
+                        cr_assert_str_eq(json_object_get_string(get(g, "paired_with")), "GPU-C");
+                } else if (strcmp(role, "consumer") == 0) {
+                        seen_consumer = true;
+                        cr_assert_eq(json_object_get_uint64(get(g, "borrowed_bytes")), 4 * MiB);
+                        cr_assert_eq(json_object_get_uint64(get(g, "dram_bytes")), 4 * MiB);
+                        cr_assert_str_eq(json_object_get_string(get(g, "client_name")), "vllm");
+                }
+        }
+        cr_assert(seen_producer && seen_consumer);
+        json_object_put(doc);
+
+        doc = json_run("leases");
+        cr_assert_eq(json_object_array_length(get(doc, "leases")), 1);
+        l = json_object_array_get_idx(get(doc, "leases"), 0);
+        cr_assert_eq(json_object_get_uint64(get(l, "lease_id")), lease_id);
+        cr_assert_str_eq(json_object_get_string(get(l, "state")), "granted");
+        cr_assert_eq(json_object_get_uint64(get(l, "bytes")), 4 * MiB);
+        cr_assert_eq(json_object_get_int(get(l, "chunks")), 2);
+        cr_assert_str_eq(json_object_get_string(get(l, "producer_uuid")), "GPU-P");
+        cr_assert_str_eq(json_object_get_string(get(l, "consumer_uuid")), "GPU-C");
+        json_object_put(doc);
+
+        doc = json_run("chunks");
+        cr_assert_eq(json_object_array_length(get(doc, "chunks")), 2);
+        json_object_put(doc);
+}
+
+Test(ops, aquactl_changes_the_pool_and_names_what_went_wrong)
+{
+        struct json_object *doc;
+        struct run r;
+
+        cycle(NULL);
+        AQUACTL(&r, "reclaim", "GPU-X", "2MiB");
+        cr_assert_eq(r.code, 5, "%s", r.err);
+        cr_assert(strstr(r.err, "unknown GPU 'GPU-X'"), "%s", r.err);
+
+        AQUACTL(&r, "reclaim", "0", "2MiB");
+        cr_assert_eq(r.code, 1, "%s", r.err);
+        cr_assert(strstr(r.err, "(wrong-role)"), "%s", r.err);
+
+        /* GPUs are named by ordinal too. */
+        AQUACTL(&r, "reclaim", "1", "all");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        cr_assert_str_eq(r.out, "reclaiming everything lent from GPU 1\n");
+        answer_reclaim();
+
+        doc = json_run("leases");
+        cr_assert_eq(json_object_array_length(get(doc, "leases")), 0);
+        json_object_put(doc);
+
+        AQUACTL(&r, "unpair", "GPU-P");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        AQUACTL(&r, "pair", "GPU-P", "GPU-C");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        AQUACTL(&r, "pairs");
+        HAS_LINE(r.out, "1 (whisper)", "0 (vllm)", "aquactl");
+
+        AQUACTL(&r, "drain", "GPU-P");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        AQUACTL(&r, "gpus");
+        HAS_LINE(r.out, "GPU-P", "draining");
+}
+
+Test(ops, aquactl_changes_need_the_admin_list)
+{
+        struct run r;
+
+        /* Only uid 4242 may change things; the test runs as someone else. */
+        cycle(getuid() == 4242 ? "admin: {users: [\"4243\"]}\n" : "admin: {users: [\"4242\"]}\n");
+        AQUACTL(&r, "drain", "GPU-P");
+        cr_assert_eq(r.code, 4, "%s", r.err);
+        cr_assert(strstr(r.err, "permission denied"), "%s", r.err);
+        /* Looking is still allowed. */
+        AQUACTL(&r, "leases");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+}
+
+/* ------------------------------------------------------------------ metrics */
+
+static size_t collect(char *data, size_t size, size_t n, void *userdata)
+{
+        FILE *f = userdata;
+
+        return fwrite(data, size, n, f) * size;
+}
+
+/* GET /metrics; returns the body (caller frees). */
+static char *scrape(void)
+{
+        char url[64], *body = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&body, &len);
+        CURL *c = curl_easy_init();
+        long status = 0;
+        CURLcode rc;
+
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/metrics", metrics_port);
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, f);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
+        rc = curl_easy_perform(c);
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(c);
+        fclose(f);
+        cr_assert_eq(rc, CURLE_OK, "scrape: %s", curl_easy_strerror(rc));
+        cr_assert_eq(status, 200);
+        return body;
+}
+
+/* The sample line "name value" is in the exposition (name includes its labels). */
+#define HAS_SAMPLE(text, sample)                                                                   \
+        cr_assert(strstr(text, "\n" sample "\n"), "no sample \"%s\" in:\n%s", sample, text)
+
+Test(ops, metrics_count_the_cycle)
+{
+        _cleanup_free_ char *m = NULL, *m2 = NULL;
+        Aqua__Envelope *bad;
+
+        cycle(NULL);
+        m = scrape();
+        HAS_SAMPLE(m, "aqua_gpus{role=\"producer\"} 1");
+        HAS_SAMPLE(m, "aqua_gpus{role=\"consumer\"} 1");
+        HAS_SAMPLE(m, "aqua_clients{role=\"producer\"} 1");
+        HAS_SAMPLE(m, "aqua_clients{role=\"consumer\"} 1");
+        HAS_SAMPLE(m, "aqua_chunks{state=\"leased\"} 2");
+        HAS_SAMPLE(m, "aqua_chunks{state=\"free\"} 0");
+        HAS_SAMPLE(m, "aqua_leases{state=\"granted\"} 1");
+        HAS_SAMPLE(m, "aqua_pool_bytes 4194304");
+        HAS_SAMPLE(m, "aqua_lent_bytes 4194304");
+        HAS_SAMPLE(m, "aqua_dram_granted_bytes 4194304");
+        HAS_SAMPLE(m, "aqua_chunks_offered_total 4");
+        HAS_SAMPLE(m, "aqua_leases_granted_total 1");
+        HAS_SAMPLE(m, "aqua_gpu_lent_bytes{gpu=\"1\",uuid=\"GPU-P\"} 4194304");
+        HAS_SAMPLE(m, "aqua_gpu_borrowed_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
+        HAS_SAMPLE(m, "aqua_gpu_dram_fallback_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
+        HAS_SAMPLE(m, "aqua_gpu_dram_in_use_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
+        HAS_SAMPLE(m, "aqua_gpu_migrations_total{gpu=\"0\",uuid=\"GPU-C\"} 3");
+        HAS_SAMPLE(m, "aqua_gpu_moved_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 6291456");
+        HAS_SAMPLE(m, "aqua_gpu_load{gpu=\"0\",uuid=\"GPU-C\"} 0.5");
+        HAS_SAMPLE(m, "aqua_gpu_info{gpu=\"1\",uuid=\"GPU-P\",role=\"producer\",client=\"whisper\","
+                      "paired_with=\"GPU-C\",connected=\"true\"} 1");
+        /* Both reclaimed chunks came back, well inside the deadline. */
+        HAS_SAMPLE(m, "aqua_reclaim_seconds_count 2");
+        HAS_SAMPLE(m, "aqua_reclaim_seconds_bucket{le=\"+Inf\"} 2");
+        HAS_SAMPLE(m, "aqua_deadline_misses_total 0");
+        HAS_SAMPLE(m, "aqua_leases_lost_total 0");
+        HAS_SAMPLE(m, "aqua_protocol_errors_total 0");
+
+        /* A message that is not an Envelope is a protocol error. */
+        bad = raw_call_bytes(&consumer, "\xff\xff\xff", 3, 0);
+        cr_assert_not_null(bad);
+        raw_free(bad);
+        m2 = scrape();
+        HAS_SAMPLE(m2, "aqua_protocol_errors_total 1");
+        HAS_SAMPLE(m2, "aqua_error_replies_total{code=\"malformed\"} 1");
+}
+
+/* ------------------------------------------------------------------ sd_notify */
+
+/* Read datagrams from fd until one contains want; returns false after timeout_ms. */
+static bool notified(int fd, const char *want, char *last, size_t len)
+{
+        uint64_t deadline = now_mono_ns() + 10 * NSEC_PER_SEC;
+
+        for (;;) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                ssize_t n;
+
+                if (poll(&p, 1, ms_until(deadline)) <= 0)
+                        return false;
+                n = recv(fd, last, len - 1, 0);
+                if (n < 0)
+                        return false;
+                last[n] = '\0';
+                if (strstr(last, want))
+                        return true;
+        }
+}
+
+Test(ops, systemd_hears_ready_status_and_stopping)
+{
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        char dir[] = "/tmp/test-ops-notify-XXXXXX", msg[1024] = "";
+        int fd;
+
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        /* aquad inherits the environment: it believes systemd is listening here. */
+        setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+
+        cr_assert_eq(aquad_start(NULL, &daemon_), 0);
+        cr_assert(notified(fd, "READY=1", msg, sizeof(msg)), "last: %s", msg);
+        cr_assert(strstr(msg, "STATUS=0 clients, 0 GPUs, 0 leases"), "%s", msg);
+        hello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", 1, "whisper", "GPU-C");
+        cr_assert(notified(fd, "STATUS=1 clients, 1 GPUs", msg, sizeof(msg)), "last: %s", msg);
+        raw_close(&producer);
+        cr_assert_eq(aquad_stop(daemon_), 0);
+        daemon_ = NULL;
+        cr_assert(notified(fd, "STOPPING=1", msg, sizeof(msg)), "last: %s", msg);
+        cr_assert(strstr(msg, "STATUS=Stopping (SIGTERM)"), "%s", msg);
+
+        unsetenv("NOTIFY_SOCKET");
+        close(fd);
+        unlink(sa.sun_path);
+        rmdir(dir);
+}
