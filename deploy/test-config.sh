@@ -1,0 +1,49 @@
+#!/bin/sh
+# The shipped configurations load with aquad's own schema: the default aquad.yaml, the same with
+# every commented key switched on, and the ConfigMap inside the Kubernetes manifest.
+# Usage: test-config.sh AQUAD AQUAD_YAML K8S_MANIFEST
+set -eu
+
+aquad=$1
+default=$2
+manifest=$3
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failed=0
+
+check() {
+        if out=$("$aquad" --check-config -c "$1" 2>&1); then
+                echo "ok: $2"
+        else
+                echo "FAIL: $2: $out"
+                failed=1
+        fi
+}
+
+check "$default" "the default aquad.yaml"
+
+# Uncomment every key ("#key:" and the "#  nested" lines under it). Names that need to exist on
+# this machine (groups, users) are swapped for root so the check does not depend on them.
+sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
+        sed -e 's/^socket-group: .*/socket-group: root/' \
+            -e 's/^\(  users: \).*/\1[root]/' -e 's/^\(  groups: \).*/\1[root]/' \
+            >"$dir/all.yaml"
+if grep -q '^#[a-z]' "$dir/all.yaml"; then
+        echo "FAIL: keys left commented: $(grep '^#[a-z]' "$dir/all.yaml")"
+        failed=1
+fi
+check "$dir/all.yaml" "aquad.yaml with every key set"
+
+# The ConfigMap's aquad.yaml: the block under "aquad.yaml: |", four spaces in.
+awk '/^  aquad.yaml: \|/ {on = 1; next}
+     on && /^    / {print substr($0, 5); next}
+     on && /^$/ {print; next}
+     on {exit}' "$manifest" >"$dir/k8s.yaml"
+if [ ! -s "$dir/k8s.yaml" ]; then
+        echo "FAIL: no aquad.yaml in the ConfigMap of $manifest"
+        failed=1
+else
+        check "$dir/k8s.yaml" "the Kubernetes ConfigMap"
+fi
+exit $failed
