@@ -195,6 +195,9 @@ static void chunk_unmapped(struct pool *p, struct chunk *c, struct reclaimed *ba
         if (c->orphan) {
                 chunk_drop(p, c);
         } else if (c->state == CHUNK_RECLAIMING || c->producer->draining) {
+                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && p->on_reclaimed)
+                        p->on_reclaimed(p->on_reclaimed_userdata,
+                                        now_mono_ns() - c->reclaim_start_ns);
                 if (back->producer == c->producer)
                         reclaimed_add(back, c->id);
                 chunk_drop(p, c);
@@ -307,6 +310,7 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
                 if (r < 0)
                         return r;
                 c->state = CHUNK_RECLAIMING;
+                c->reclaim_start_ns = now_mono_ns();
                 c->deadline_ns = deadline_ns;
                 c->deadline_ms = wall;
                 *got += c->size;

@@ -5,6 +5,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "notify.h"
 #include "server.h"
 #include "wire.h"
 
@@ -20,10 +21,11 @@ static void usage(FILE *f)
                 CONFIG_DEFAULT_PATH);
 }
 
-/* Readiness is known here; under systemd this is where READY=1 is sent. */
+/* Readiness is known here: under systemd, READY=1 goes out now. */
 static void ready(struct server *s, void *userdata)
 {
         log_info("Ready");
+        notify_ready(s);
 }
 
 int main(int argc, char **argv)

@@ -86,6 +86,7 @@ struct chunk {
         bool orphan;          /* producer gone: dropped once the consumer returns it */
         uint64_t deadline_ns; /* reclaiming: monotonic; 0: no deadline */
         uint64_t deadline_ms; /* the same as wall clock, for the journal */
+        uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
         struct list_node producer_node, free_node, lease_node;
 };
 
@@ -173,6 +174,10 @@ struct pool {
         Aquaj__JOp **ops; /* not yet committed */
         size_t n_ops, alloc_ops;
         struct list_node notices;
+
+        /* Told each time a reclaimed chunk is back from its consumer, with how long it took. */
+        void (*on_reclaimed)(void *userdata, uint64_t latency_ns);
+        void *on_reclaimed_userdata;
 };
 
 /* ------------------------------------------------------------- pool.c: objects and persistence */

@@ -17,6 +17,8 @@
 #include <zmq.h>
 
 #include "log.h"
+#include "metrics.h"
+#include "notify.h"
 #include "time-util.h"
 
 /* Work done per wakeup before looking at the other sources again: no source starves another. */
@@ -63,6 +65,8 @@ int server_send_error(struct server *s, const void *routing_id, size_t len, uint
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
         s->stats.errors++;
+        if (code >= 0 && (size_t)code < ARRAY_SIZE(s->stats.errors_by_code))
+                s->stats.errors_by_code[code]++;
         log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
         err.code = code;
         err.message = msg;
@@ -543,6 +547,8 @@ int server_new(struct config *config, const char *config_path, struct server **r
                 r = open_side(s);
         if (r >= 0)
                 r = open_router(s);
+        if (r >= 0 && s->config->metrics)
+                r = metrics_new(s, s->config->metrics, &s->metrics);
         if (r >= 0)
                 r = pool_repair(s->pool);
         if (r < 0) {
@@ -575,6 +581,7 @@ struct server *server_free(struct server *s)
                 unlink(s->config->side_socket);
         safe_close(s->side_fd);
         safe_close(s->signal_fd);
+        metrics_free(s->metrics);
         pool_free(s->pool);
         config_free(s->config);
         free(s->ipc_path);
@@ -599,6 +606,7 @@ static void stop(struct server *s, const char *why)
         int linger = 1000;
 
         log_notice("Stopping (%s): telling %zu clients", why, s->n_clients);
+        notify_stopping(why);
         s->stopping = true;
         st.reason = (char *)why;
         e.body_case = AQUA__ENVELOPE__BODY_STOPPING;
@@ -691,7 +699,7 @@ int server_run(struct server *s)
                 s->on_ready(s, s->ready_userdata);
 
         while (!s->stopping) {
-                size_t n = 3 + s->n_clients, k = 3;
+                size_t n = 4 + s->n_clients, k = 3, metrics_item = 0;
                 uint64_t deadline = next_deadline(s);
                 long timeout = -1;
                 int r;
@@ -717,6 +725,15 @@ int server_run(struct server *s)
                 }
                 if (deadline)
                         timeout = ms_until(deadline) + 1;
+                if (s->metrics) {
+                        int mt = metrics_timeout_ms(s->metrics);
+
+                        metrics_item = k;
+                        items[k++] = (zmq_pollitem_t){.fd = metrics_fd(s->metrics),
+                                                      .events = ZMQ_POLLIN};
+                        if (mt >= 0 && (timeout < 0 || mt < timeout))
+                                timeout = mt;
+                }
                 r = zmq_poll(items, (int)k, timeout);
                 if (r < 0) {
                         if (errno == EINTR)
@@ -730,13 +747,18 @@ int server_run(struct server *s)
                 /* Side channels first: a client's death (EOF) or its fds come before its
                  * requests that may depend on them. */
                 for (size_t i = 3; i < k; i++)
-                        if (items[i].revents)
+                        if (items[i].revents && i != metrics_item)
                                 read_side(s, owners[i]);
                 if (items[1].revents)
                         accept_side(s);
                 if (items[0].revents)
                         read_router(s);
                 expire(s, now_mono_ns());
+                /* Scrapes are served between requests, from the state they left. */
+                if (s->metrics && ((metrics_item && items[metrics_item].revents) ||
+                                   metrics_timeout_ms(s->metrics) == 0))
+                        metrics_dispatch(s->metrics);
+                notify_status(s);
         }
         return s->exit_status;
 }

@@ -57,6 +57,7 @@ struct server_stats {
         uint64_t errors;
         uint64_t refused;      /* side-channel connections refused */
         uint64_t send_dropped; /* replies or notices the ROUTER could not queue */
+        uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
 };
 
 struct server {
@@ -82,6 +83,7 @@ struct server {
         server_ready_fn on_ready;
         void *ready_userdata;
         struct server_stats stats;
+        struct metrics *metrics; /* NULL unless the config names a metrics address */
 };
 
 /* Set up from config (taken on success): journal replay, sockets, signals. */
