@@ -171,6 +171,11 @@ static int show(struct admin *a, const struct options *o, enum view v)
         /* Other views name GPUs by ordinal and client; without that list they show uuids. */
         if (v != VIEW_GPUS && v != VIEW_EVENTS && query(a, VIEW_GPUS, &gpus, &code) < 0)
                 log_warning("GPUs are shown by uuid");
+        /* aquad cuts long lists at its limits; say so rather than show a part as the whole. */
+        if (data->admin_reply->truncated)
+                log_warning("aquad sent only part of the %s (it stops at its limits.repeated-items "
+                            "and limits.message-size)",
+                            view_to_string(v));
         if (o->json)
                 r = json_print_view(stdout, v, data->admin_reply, gpus ? gpus->admin_reply : NULL);
         else

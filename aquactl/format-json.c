@@ -201,6 +201,10 @@ int json_print_view(FILE *out, enum view v, const Aqua__AdminReply *data,
                 const char *name = view_to_string(v);
 
                 r = name ? add_reply_field(doc, data, name) : -EINVAL;
+                /* Whether aquad cut the list at its limits: scripts must not take a part for
+                 * the whole. */
+                if (r == 0)
+                        r = add_reply_field(doc, data, "truncated");
         }
         if (r < 0)
                 return r;

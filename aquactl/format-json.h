@@ -16,8 +16,9 @@ struct json_object;
 struct json_object *json_from_message(const ProtobufCMessage *m);
 
 /*
- * Print view v as one JSON object: {"gpus": [...]}, {"leases": [...]}, ...; the status view
- * is {"status": {...}, "gpus": [...]} (gpus may be NULL). Returns 0, -ENOMEM or -EIO.
+ * Print view v as one JSON object: {"gpus": [...], "truncated": false}, {"leases": [...],
+ * "truncated": false}, ... (truncated: aquad cut the list at its limits); the status view is
+ * {"status": {...}, "gpus": [...]} (gpus may be NULL). Returns 0, -ENOMEM or -EIO.
  */
 int json_print_view(FILE *out, enum view v, const Aqua__AdminReply *data,
                     const Aqua__AdminReply *gpus);

@@ -86,7 +86,7 @@ Test(format_json, status_without_a_reply_status_is_null)
         json_object_put(doc);
 }
 
-Test(format_json, each_view_is_one_object_named_after_it)
+Test(format_json, each_list_view_is_named_after_it_and_says_if_it_was_cut)
 {
         const Aqua__AdminReply *data[_VIEW_MAX] = {&c.status, &c.gpus,   &c.pairs,
                                                    &c.leases, &c.chunks, &c.events};
@@ -95,16 +95,21 @@ Test(format_json, each_view_is_one_object_named_after_it)
         for (int v = VIEW_GPUS; v < _VIEW_MAX; v++) {
                 struct json_object *doc = roundtrip(v, data[v], NULL);
 
-                cr_assert_eq(json_object_object_length(doc), 1);
+                cr_assert_eq(json_object_object_length(doc), 2);
                 cr_assert_eq(json_object_array_length(get(doc, view_to_string(v))), n[v]);
+                cr_assert_eq(json_object_get_boolean(get(doc, "truncated")), 0);
                 json_object_put(doc);
         }
 }
 
-Test(format_json, leases_keep_states_and_ids)
+Test(format_json, leases_keep_states_ids_and_the_cut)
 {
-        struct json_object *doc = roundtrip(VIEW_LEASES, &c.leases, &c.gpus);
-        struct json_object *l = json_object_array_get_idx(get(doc, "leases"), 1);
+        struct json_object *doc, *l;
+
+        c.leases.truncated = true;
+        doc = roundtrip(VIEW_LEASES, &c.leases, &c.gpus);
+        cr_assert(json_object_get_boolean(get(doc, "truncated")));
+        l = json_object_array_get_idx(get(doc, "leases"), 1);
 
         cr_assert_eq(json_object_get_uint64(get(l, "lease_id")), 9);
         cr_assert_str_eq(json_object_get_string(get(l, "state")), "reclaiming");
