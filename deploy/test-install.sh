@@ -7,6 +7,9 @@
 #   same:PATH:SOURCE    a regular file with exactly SOURCE's content
 #   unit:PATH:PROGRAM   a systemd unit whose ExecStart runs PROGRAM
 #   lib:PATH:SONAME     a shared library whose SONAME is SONAME, installed under that name too
+#   link:PCDIR:NAME     a program built against the staged tree through NAME.pc in PCDIR (with
+#                       $CC and pkg-config) runs and prints aqua_version(): header, .pc file,
+#                       library and its exports fit together
 set -eu
 
 meson=$1
@@ -68,6 +71,34 @@ for check in "$@"; do
                 elif [ ! -e "$(dirname "$f")/$arg" ]; then
                         fail "$path: no $arg beside it for the dynamic loader"
                 fi
+                ;;
+        link)
+                pcdir=$path
+                name=$arg
+                libdir=$(PKG_CONFIG_LIBDIR="$destdir$pcdir" \
+                        pkg-config --variable=libdir "$name" 2>/dev/null || true)
+                cat >"$destdir/use-$name.c" <<'PROGRAM'
+#include <aqua/aqua.h>
+#include <stdio.h>
+
+int main(void)
+{
+        printf("%s\n", aqua_version());
+        return 0;
+}
+PROGRAM
+                # The program is built as a user of the installed package would build it.
+                if ! flags=$(PKG_CONFIG_LIBDIR="$destdir$pcdir" PKG_CONFIG_SYSROOT_DIR="$destdir" \
+                                pkg-config --cflags --libs "$name" 2>&1); then
+                        fail "$pcdir/$name.pc: pkg-config: $flags"
+                elif ! out=$(${CC:-cc} -o "$destdir/use-$name" "$destdir/use-$name.c" $flags 2>&1); then
+                        fail "$name.pc: a program using it does not build: $out"
+                elif ! version=$(LD_LIBRARY_PATH="$destdir$libdir" "$destdir/use-$name" 2>&1); then
+                        fail "$name.pc: the program built with it does not run: $version"
+                else
+                        echo "built and ran a program with $name.pc: aqua_version() = $version"
+                fi
+                rm -f "$destdir/use-$name" "$destdir/use-$name.c"
                 ;;
         *)
                 fail "unknown check '$check'"
