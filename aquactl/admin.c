@@ -49,17 +49,18 @@ static int fail(int r, char *err, size_t err_len, const char *fmt, ...)
 
 char *admin_side_path(const char *endpoint)
 {
-        const char *path, *slash, *dot;
+        const char *path;
+        size_t len;
         char *s;
 
-        if (!endpoint || strncmp(endpoint, "ipc://", 6) != 0)
+        if (!endpoint || strncmp(endpoint, "ipc://", 6) != 0 || !endpoint[6])
                 return strdup("/run/aqua/aquad.side");
+        /* The rule libaqua follows too, so that both find the same daemon. */
         path = endpoint + 6;
-        slash = strrchr(path, '/');
-        dot = strrchr(path, '.');
-        if (!dot || (slash && dot < slash))
-                dot = path + strlen(path);
-        if (asprintf(&s, "%.*s.side", (int)(dot - path), path) < 0)
+        len = strlen(path);
+        if (len > 5 && strcmp(path + len - 5, ".sock") == 0)
+                len -= 5;
+        if (asprintf(&s, "%.*s.side", (int)len, path) < 0)
                 return NULL;
         return s;
 }

@@ -25,9 +25,10 @@ enum {
 struct admin;
 
 /*
- * The side channel's path for endpoint: an ipc:// endpoint's path with its extension replaced
- * by ".side" (ipc:///run/aqua/aquad.sock -> /run/aqua/aquad.side); for any other transport,
- * /run/aqua/aquad.side. Returns a malloc'd string or NULL when out of memory.
+ * The side channel's path for endpoint: an ipc:// endpoint's path with a ".sock" suffix replaced
+ * by (or else followed by) ".side" (ipc:///run/aqua/aquad.sock -> /run/aqua/aquad.side), as
+ * libaqua derives it; for any other transport, aquad's default /run/aqua/aquad.side. Returns a
+ * malloc'd string or NULL when out of memory.
  */
 char *admin_side_path(const char *endpoint);
 

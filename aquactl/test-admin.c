@@ -432,7 +432,7 @@ Test(admin, derives_the_side_channel_path_from_an_ipc_endpoint)
         } cases[] = {
             {"ipc:///run/aqua/aquad.sock", "/run/aqua/aquad.side"},
             {"ipc:///tmp/x/aquad", "/tmp/x/aquad.side"},
-            {"ipc:///tmp/a.b/aquad", "/tmp/a.b/aquad.side"},
+            {"ipc:///tmp/a.b/aquad.ipc", "/tmp/a.b/aquad.ipc.side"},
             {"tcp://10.0.0.1:7000", "/run/aqua/aquad.side"},
         };
 
