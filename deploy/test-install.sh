@@ -8,8 +8,8 @@
 #   unit:PATH:PROGRAM   a systemd unit whose ExecStart runs PROGRAM
 #   lib:PATH:SONAME     a shared library whose SONAME is SONAME, installed under that name too
 #   link:PCDIR:NAME     a program built against the staged tree through NAME.pc in PCDIR (with
-#                       $CC and pkg-config) runs and prints aqua_version(): header, .pc file,
-#                       library and its exports fit together
+#                       $CC $CFLAGS and pkg-config) runs and prints aqua_version(): header, .pc
+#                       file, library and its exports fit together
 set -eu
 
 meson=$1
@@ -91,7 +91,8 @@ PROGRAM
                 if ! flags=$(PKG_CONFIG_LIBDIR="$destdir$pcdir" PKG_CONFIG_SYSROOT_DIR="$destdir" \
                                 pkg-config --cflags --libs "$name" 2>&1); then
                         fail "$pcdir/$name.pc: pkg-config: $flags"
-                elif ! out=$(${CC:-cc} -o "$destdir/use-$name" "$destdir/use-$name.c" $flags 2>&1); then
+                elif ! out=$(${CC:-cc} ${CFLAGS:-} -o "$destdir/use-$name" "$destdir/use-$name.c" \
+                                $flags 2>&1); then
                         fail "$name.pc: a program using it does not build: $out"
                 elif ! version=$(LD_LIBRARY_PATH="$destdir$libdir" "$destdir/use-$name" 2>&1); then
                         fail "$name.pc: the program built with it does not run: $version"
