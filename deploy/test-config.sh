@@ -29,6 +29,8 @@ sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
         sed -e 's/^socket-group: .*/socket-group: root/' \
             -e 's/^\(  users: \).*/\1[root]/' -e 's/^\(  groups: \).*/\1[root]/' \
             >"$dir/all.yaml"
+# The plan it names sits beside it.
+printf 'pairs:\n  - {producer: 1, consumer: 0}\n' >"$dir/plan.yaml"
 if grep -q '^#[a-z]' "$dir/all.yaml"; then
         echo "FAIL: keys left commented: $(grep '^#[a-z]' "$dir/all.yaml")"
         failed=1
