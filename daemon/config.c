@@ -61,6 +61,7 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_LIST(struct config, pairs, n_pairs, "pairs", CONF_ELEM_STRUCT(&pair_schema), 1024,
                     0),
     CONF_FIELD_STRING(struct config, plan, "plan", 0),
+    CONF_FIELD_STRING(struct config, topology, "topology", 0),
     CONF_FIELD_STRING(struct config, journal, "journal", 0),
     CONF_FIELD_SIZE(struct config, journal_compact_bytes, "journal-compact-size", 4096,
                     INT64_C(1) << 40, 0),
@@ -93,6 +94,7 @@ struct config *config_free(struct config *c)
                 return NULL;
         access_free(&c->allow);
         access_free(&c->admin);
+        topology_free(&c->links);
         conf_free(&config_schema, c);
         free(c);
         return NULL;
@@ -209,22 +211,41 @@ static const struct conf_field plan_fields[] = {
 };
 static const struct conf_schema plan_schema = {"plan", plan_fields};
 
+/* A path in the config relative to the config file, as operators expect; the caller frees it. */
+static char *config_relative(const char *name, const char *path)
+{
+        const char *slash = strrchr(name, '/');
+        char *s = NULL;
+
+        if (path[0] == '/' || !slash)
+                return strdup(path);
+        if (asprintf(&s, "%.*s/%s", (int)(slash - name), name, path) < 0)
+                return NULL;
+        return s;
+}
+
+static int load_topology(struct config *c, const char *name, char **ret_error)
+{
+        _cleanup_free_ char *path = config_relative(name, c->topology), *error = NULL;
+        int r;
+
+        if (!path)
+                return -ENOMEM;
+        r = topology_load(path, &c->links, &error);
+        if (r < 0)
+                return invalid(ret_error, name, "topology: %s", error ? error : strerror(-r));
+        return 0;
+}
+
 /* Append the plan's pairs to c->pairs as ordinals in text, which pins match like UUIDs. */
 static int load_plan(struct config *c, const char *name, char **ret_error)
 {
-        _cleanup_free_ char *path = NULL, *error = NULL;
+        _cleanup_free_ char *path = config_relative(name, c->plan), *error = NULL;
         struct plan plan = {0};
         struct config_pair *pairs;
-        const char *slash;
         int r = 0;
 
-        /* A relative plan path is relative to the config file, as operators expect. */
-        slash = strrchr(name, '/');
-        if (c->plan[0] != '/' && slash)
-                r = asprintf(&path, "%.*s/%s", (int)(slash - name), name, c->plan);
-        else
-                path = strdup(c->plan);
-        if (r < 0 || !path)
+        if (!path)
                 return -ENOMEM;
         r = conf_load(&plan_schema, path, &plan, &error);
         if (r < 0) {
@@ -273,6 +294,11 @@ static int check(struct config *c, const char *name, char **ret_error)
                                c->socket_mode);
         if (c->plan) {
                 r = load_plan(c, name, ret_error);
+                if (r < 0)
+                        return r;
+        }
+        if (c->topology) {
+                r = load_topology(c, name, ret_error);
                 if (r < 0)
                         return r;
         }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "topology.h"
 #include "util.h"
 
 #define CONFIG_DEFAULT_PATH     "/etc/aqua/aquad.yaml"
@@ -61,6 +62,8 @@ struct config {
         struct config_pair *pairs;
         size_t n_pairs;
         char *plan;             /* aqua-place's pairs file for this server; its pairs join `pairs` */
+        char *topology;         /* aqua-profile probe's file: link bandwidths for auto pairing */
+        struct topology links;  /* loaded from `topology`; empty without it */
         char *journal;
         uint64_t journal_compact_bytes; /* rewrite the journal as a snapshot past this size */
         char *metrics;                  /* reserved: address of the metrics endpoint */

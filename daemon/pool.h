@@ -138,6 +138,7 @@ struct pool_settings {
         uint64_t max_leases;
         uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
         bool auto_pairing;
+        const struct topology *links; /* bandwidths for links GPUs report without one; may be NULL */
 };
 
 struct pool_stats {

@@ -10,6 +10,7 @@
 #include "pairing.h"
 #include "pool-private.h"
 #include "time-util.h"
+#include "topology.h"
 
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
@@ -329,6 +330,14 @@ static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
         return SIZE_MAX;
 }
 
+/* What a GPU reported for its k-th link, or the operator's topology file where it reported none. */
+static double link_bandwidth(const struct pool *p, const struct gpu *g, size_t k)
+{
+        if (g->links[k].bandwidth > 0 || !p->settings.links)
+                return g->links[k].bandwidth;
+        return (double)topology_link_by_uuid(p->settings.links, g->uuid, g->links[k].uuid) / 1e9;
+}
+
 int pool_repair(struct pool *p)
 {
         _cleanup_free_ struct gpu **gpus = NULL;
@@ -389,7 +398,7 @@ int pool_repair(struct pool *p)
                         size_t j = index_of(gpus, n, gpus[i]->links[k].uuid);
                         if (j == SIZE_MAX || j == i || !gpus[j]->owner)
                                 continue;
-                        links[n_links++] = (struct pairing_link){i, j, gpus[i]->links[k].bandwidth};
+                        links[n_links++] = (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
                 }
         }
         for (size_t i = 0; i < n; i++)

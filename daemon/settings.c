@@ -21,6 +21,7 @@ void server_apply_settings(struct server *s)
             .max_leases = (uint64_t)c->limits.leases,
             .max_grant_chunks = (uint64_t)c->limits.repeated_items,
             .auto_pairing = c->pairing == CONFIG_PAIRING_AUTO,
+            .links = c->topology ? &c->links : NULL,
         };
         s->pool->compact_threshold = c->journal_compact_bytes;
 }

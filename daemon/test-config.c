@@ -209,3 +209,27 @@ Test(config, names_a_missing_plan_file)
         expect_error("pairs: [{producer: \"2\", consumer: \"5\"}]\nplan: /nonexistent/p.yaml\n",
                      "aquad.yaml: plan: /nonexistent/p.yaml: No such file or directory");
 }
+
+Test(config, reads_link_bandwidths_from_a_probe_topology)
+{
+        char dir[] = "/tmp/aquad-topo-XXXXXX";
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *conf = NULL, *topo = NULL;
+
+        cr_assert_not_null(mkdtemp(dir));
+        topo = write_file(dir, "topology.yaml",
+                          "devices:\n  - {memory: 80GiB, uuid: GPU-a}\n  - {memory: 80GiB, uuid: GPU-b}\n"
+                          "links: [{a: 0, b: 1, bandwidth: 450GB}]\n");
+        conf = write_file(dir, "aquad.yaml", "topology: topology.yaml\n");
+        cr_assert_eq(config_load(conf, NULL, 0, &c, &error), 0, "%s", error);
+        cr_assert_eq(topology_link_by_uuid(&c->links, "GPU-a", "GPU-b"), 450000000000ull);
+        unlink(topo);
+        unlink(conf);
+        rmdir(dir);
+}
+
+Test(config, names_the_topology_and_its_problem)
+{
+        expect_error("topology: /nonexistent/topology.yaml\n",
+                     "aquad.yaml: topology: /nonexistent/topology.yaml: No such file or directory");
+}

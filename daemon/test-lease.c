@@ -6,6 +6,7 @@
 
 #include "pool.h"
 #include "time-util.h"
+#include "topology.h"
 
 #define MiB     (UINT64_C(1) << 20)
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
@@ -572,6 +573,43 @@ Test(pins, pair_gpus_named_by_ordinal)
         }
         cr_assert_eq(g[0]->paired, g[3], "consumer 0 pinned to producer 3");
         cr_assert_eq(g[1]->paired, g[2], "consumer 1 pinned to producer 2");
+        drain_notices();
+        pool = pool_free(pool);
+}
+
+/* GPUs report links without a bandwidth; the operator's probe file says which link is fast. */
+Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
+{
+        struct topology_device devs[3] = {{.uuid = "GPU-C"}, {.uuid = "GPU-SLOW"}, {.uuid = "GPU-FAST"}};
+        uint64_t bw[9] = {0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0,
+                          900000000000ull, 0, 0};
+        struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
+        struct pool_settings with_links = settings;
+        const char *uuids[] = {"GPU-SLOW", "GPU-FAST", "GPU-C"};
+        Aqua__Role roles[] = {AQUA__ROLE__ROLE_PRODUCER, AQUA__ROLE__ROLE_PRODUCER,
+                              AQUA__ROLE__ROLE_CONSUMER};
+        Aqua__PeerLink links[3], *plinks[3];
+        struct gpu *g[3];
+        int owners[3];
+
+        with_links.links = &topo;
+        cr_assert_eq(pool_new(&with_links, &pool), 0);
+        for (int i = 0; i < 3; i++) {
+                aqua__peer_link__init(&links[i]);
+                links[i].gpu_uuid = (char *)uuids[i];
+                plinks[i] = &links[i];
+        }
+        for (uint32_t i = 0; i < 3; i++) {
+                struct pool_hello h = {.uuid = uuids[i], .ordinal = i, .role = roles[i],
+                                       .granularity = 2 * MiB, .links = plinks, .n_links = 3,
+                                       .client_name = uuids[i]};
+                struct pool_welcome w = {0};
+
+                cr_assert_eq(pool_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                free(w.lost_leases);
+                g[i] = w.gpu;
+        }
+        cr_assert_eq(g[2]->paired, g[1], "the consumer pairs over the 900 GB/s link");
         drain_notices();
         pool = pool_free(pool);
 }

@@ -31,6 +31,8 @@ sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
             >"$dir/all.yaml"
 # The plan it names sits beside it.
 printf 'pairs:\n  - {producer: 1, consumer: 0}\n' >"$dir/plan.yaml"
+printf 'devices: [{memory: 80GiB, uuid: GPU-a}, {memory: 80GiB, uuid: GPU-b}]\nall-linked: true\n' \
+        >"$dir/topology.yaml"
 if grep -q '^#[a-z]' "$dir/all.yaml"; then
         echo "FAIL: keys left commented: $(grep '^#[a-z]' "$dir/all.yaml")"
         failed=1

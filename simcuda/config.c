@@ -8,63 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
 #include "parse-util.h"
 #include "sim.h"
+#include "topology.h"
 
 #define DEFAULT_DEVICES   "2x16GiB"
 #define DEFAULT_BANDWIDTH (UINT64_C(400) * 1000 * 1000 * 1000)
-
-struct topo_device {
-        char *name;
-        uint64_t memory;
-        char *uuid;
-        char *pci_domain, *pci_bus, *pci_device; /* decimal or 0x hex, as PCI ids are written */
-};
-
-struct topo_link {
-        int64_t a, b;
-        uint64_t bandwidth;
-};
-
-struct topo {
-        struct topo_device *devices;
-        size_t n_devices;
-        struct topo_link *links;
-        size_t n_links;
-        bool all_linked;
-        uint64_t bandwidth;
-};
-
-static const struct conf_field device_fields[] = {
-    CONF_FIELD_STRING(struct topo_device, name, "name", 0),
-    CONF_FIELD_SIZE(struct topo_device, memory, "memory", SIM_GRANULARITY, INT64_C(1) << 50,
-                    CONF_REQUIRED),
-    CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
-    CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
-    CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
-    CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
-    CONF_FIELD_END,
-};
-static const struct conf_schema device_schema = {"device", device_fields};
-
-static const struct conf_field link_fields[] = {
-    CONF_FIELD_INT(struct topo_link, a, "a", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
-    CONF_FIELD_INT(struct topo_link, b, "b", 0, SIM_MAX_DEVICES - 1, CONF_REQUIRED),
-    CONF_FIELD_SIZE(struct topo_link, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
-    CONF_FIELD_END,
-};
-static const struct conf_schema link_schema = {"link", link_fields};
-
-static const struct conf_field topo_fields[] = {
-    CONF_FIELD_LIST(struct topo, devices, n_devices, "devices", CONF_ELEM_STRUCT(&device_schema),
-                    SIM_MAX_DEVICES, CONF_REQUIRED),
-    CONF_FIELD_LIST(struct topo, links, n_links, "links", CONF_ELEM_STRUCT(&link_schema), 0, 0),
-    CONF_FIELD_BOOL(struct topo, all_linked, "all-linked", 0),
-    CONF_FIELD_SIZE(struct topo, bandwidth, "bandwidth", 1, INT64_C(1) << 50, 0),
-    CONF_FIELD_END,
-};
-static const struct conf_schema topo_schema = {"topology", topo_fields};
 
 /* FNV-1a, to derive stable UUIDs from the machine id. */
 static uint64_t hash64(const char *s, uint64_t seed)
@@ -169,15 +118,21 @@ static int parse_pci(const char *path, size_t i, const char *key, const char *s,
 
 static int load_topology(const char *path, char **ret_error)
 {
-        struct topo t = {.bandwidth = DEFAULT_BANDWIDTH};
+        struct topology t = {0};
         int r;
 
-        r = conf_load(&topo_schema, path, &t, ret_error);
+        r = topology_load(path, &t, ret_error);
         if (r < 0)
+                return r;
+        if (t.n_devices > SIM_MAX_DEVICES) {
+                r = -EINVAL;
+                if (asprintf(ret_error, "%s: devices: at most %d devices", path, SIM_MAX_DEVICES) < 0)
+                        *ret_error = NULL;
                 goto out;
+        }
         sim.n_devices = (int)t.n_devices;
         for (size_t i = 0; i < t.n_devices; i++) {
-                struct topo_device *td = &t.devices[i];
+                struct topology_device *td = &t.devices[i];
                 struct sim_device *d = &sim.devices[i];
 
                 set_device((int)i, td->name, td->memory);
@@ -200,31 +155,11 @@ static int load_topology(const char *path, char **ret_error)
                         goto out;
         }
         memset(sim.link_bandwidth, 0, sizeof(sim.link_bandwidth));
-        for (int i = 0; t.all_linked && i < sim.n_devices; i++)
-                for (int j = 0; j < sim.n_devices; j++)
-                        sim.link_bandwidth[i][j] = i == j ? 0 : t.bandwidth;
-        for (size_t k = 0; k < t.n_links; k++) {
-                struct topo_link *l = &t.links[k];
-
-                if (l->a >= sim.n_devices || l->b >= sim.n_devices || l->a == l->b) {
-                        r = -EINVAL;
-                        if (asprintf(ret_error,
-                                     "%s: links[%zu]: devices %" PRId64 " and %" PRId64
-                                     " must be two of the %d devices",
-                                     path, k, l->a, l->b, sim.n_devices) < 0)
-                                *ret_error = NULL;
-                        goto out;
-                }
-                sim.link_bandwidth[l->a][l->b] = sim.link_bandwidth[l->b][l->a] =
-                    l->bandwidth ? l->bandwidth : t.bandwidth;
-        }
-        if (sim.n_devices == 0) {
-                r = -EINVAL;
-                if (asprintf(ret_error, "%s: devices: at least one device is needed", path) < 0)
-                        *ret_error = NULL;
-        }
+        for (size_t a = 0; a < t.n_devices; a++)
+                for (size_t b = 0; b < t.n_devices; b++)
+                        sim.link_bandwidth[a][b] = t.bandwidth[a * t.n_devices + b];
 out:
-        conf_free(&topo_schema, &t);
+        topology_free(&t);
         return r;
 }
 
