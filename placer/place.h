@@ -123,6 +123,15 @@ int place_problem_load_buffer(const char *name, const void *data, size_t size,
                               const char *base_dir, struct place_problem **ret,
                               char **ret_error);
 
+/*
+ * A server kind from a topology file as `aqua-profile probe` writes it: its number of GPUs,
+ * the smallest GPU's memory in bytes, and a peer group number per GPU (GPUs joined by links:
+ * connected components, split into cliques where they are not). Returns 0, -ENOMEM, or
+ * another negative errno with a message naming the file.
+ */
+int place_topology_load(const char *path, unsigned *ret_gpus, uint64_t *ret_gpu_memory,
+                        unsigned **ret_groups, char **ret_error);
+
 /* A model-to-server assignment and its measures. */
 struct place_assignment {
         unsigned *server_of; /* [n_models] */
