@@ -27,11 +27,11 @@ struct cg {
         const struct place_options *o;
         struct configs c;
         glp_prob *master;
-        size_t n_master; /* configurations already columns of the master */
-        glp_prob **price; /* per kind: max sum pi_t a_t over one server's configurations */
+        size_t n_master;    /* configurations already columns of the master */
+        glp_prob **price;   /* per kind: max sum pi_t a_t over one server's configurations */
         unsigned **allowed; /* per kind: the types its pricing columns stand for */
         unsigned *n_allowed;
-        long *fix;       /* [n] lower bounds on configurations while diving, else 0 */
+        long *fix; /* [n] lower bounds on configurations while diving, else 0 */
         size_t fix_cap;
         double deadline;
         unsigned lp_solves, pricings;
@@ -204,8 +204,7 @@ static int build(struct cg *g)
 
                         glp_set_mat_col(lp, (int)j + 1, 3, ind, val);
                         glp_set_col_kind(lp, (int)j + 1, GLP_IV);
-                        glp_set_col_bnds(lp, (int)j + 1, GLP_DB, 0.0,
-                                         MIN(t->count, gpus / t->tp));
+                        glp_set_col_bnds(lp, (int)j + 1, GLP_DB, 0.0, MIN(t->count, gpus / t->tp));
                 }
         }
         return 0;
@@ -309,7 +308,8 @@ static int lp_test(struct cg *g, int64_t m, int e)
                 for (unsigned t = 0; t < p->n_types; t++)
                         pi[t] = glp_get_row_dual(g->master, (int)t + 1);
                 for (unsigned k = 0; k < p->n_kinds; k++) {
-                        double mu = MIN(0.0, glp_get_row_dual(g->master, (int)(p->n_types + k) + 1));
+                        double mu =
+                            MIN(0.0, glp_get_row_dual(g->master, (int)(p->n_types + k) + 1));
                         double value, rc;
                         bool is_new;
 
@@ -357,10 +357,9 @@ static int ip_test(struct cg *g, int64_t m, int e, unsigned *server_of)
                         ret = -ENOMEM;
                 else {
                         for (size_t c = 0; c < g->n_master; c++)
-                                x[c] = lround(glp_mip_col_val(g->master,
-                                                              (int)(p->n_types + c) + 1));
-                        ret = configs_deal(p, &g->c, x, server_of) < 0 ? CG_UNKNOWN
-                                                                        : CG_FEASIBLE;
+                                x[c] =
+                                    lround(glp_mip_col_val(g->master, (int)(p->n_types + c) + 1));
+                        ret = configs_deal(p, &g->c, x, server_of) < 0 ? CG_UNKNOWN : CG_FEASIBLE;
                 }
         }
         for (unsigned t = 0; t < p->n_types; t++)
@@ -411,10 +410,10 @@ static int dive(struct cg *g, int64_t m, int e, unsigned *server_of)
                                 break;
                         }
                         for (size_t c = 0; c < g->n_master; c++)
-                                x[c] = lround(glp_get_col_prim(g->master,
-                                                               (int)(g->p->n_types + c) + 1));
-                        ret = configs_deal(g->p, &g->c, x, server_of) < 0 ? CG_UNKNOWN
-                                                                          : CG_FEASIBLE;
+                                x[c] = lround(
+                                    glp_get_col_prim(g->master, (int)(g->p->n_types + c) + 1));
+                        ret =
+                            configs_deal(g->p, &g->c, x, server_of) < 0 ? CG_UNKNOWN : CG_FEASIBLE;
                         break;
                 }
                 if (!moved && best != SIZE_MAX)
@@ -583,16 +582,18 @@ int place_colgen(const struct place_problem *p, const struct place_options *o,
         if (!have) {
                 if (stopped)
                         return place_error(ret_error, PLACE_E_TIMEOUT,
-                                    "the time limit passed before the exact solver found a "
-                                    "placement");
+                                           "the time limit passed before the exact solver found a "
+                                           "placement");
                 if (unproven)
-                        return place_error(ret_error, PLACE_E_INFEASIBLE,
-                                    "the exact solver found no placement over the server "
-                                    "configurations it generated, and could not prove that none "
-                                    "exists");
-                return place_error(ret_error, PLACE_E_INFEASIBLE,
-                            "no placement exists: the models' tensor-parallel groups cannot be "
-                            "packed into the servers' GPUs");
+                        return place_error(
+                            ret_error, PLACE_E_INFEASIBLE,
+                            "the exact solver found no placement over the server "
+                            "configurations it generated, and could not prove that none "
+                            "exists");
+                return place_error(
+                    ret_error, PLACE_E_INFEASIBLE,
+                    "no placement exists: the models' tensor-parallel groups cannot be "
+                    "packed into the servers' GPUs");
         }
         r = place_assignment_measure(p, a);
         if (r < 0)

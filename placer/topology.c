@@ -32,32 +32,31 @@ struct topo {
 
 /* Every key the probe (and simcuda) knows, so that the strict loader takes its files. */
 static const struct conf_field device_fields[] = {
-        CONF_FIELD_STRING(struct topo_device, name, "name", 0),
-        CONF_FIELD_SIZE(struct topo_device, memory, "memory", 1, MAX_SIZE, CONF_REQUIRED),
-        CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
-        CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
-        CONF_FIELD_END,
+    CONF_FIELD_STRING(struct topo_device, name, "name", 0),
+    CONF_FIELD_SIZE(struct topo_device, memory, "memory", 1, MAX_SIZE, CONF_REQUIRED),
+    CONF_FIELD_STRING(struct topo_device, uuid, "uuid", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_domain, "pci-domain", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_bus, "pci-bus", 0),
+    CONF_FIELD_STRING(struct topo_device, pci_device, "pci-device", 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema device_schema = {"device", device_fields};
 
 static const struct conf_field link_fields[] = {
-        CONF_FIELD_INT(struct topo_link, a, "a", 0, PLACE_MAX_GPUS - 1, CONF_REQUIRED),
-        CONF_FIELD_INT(struct topo_link, b, "b", 0, PLACE_MAX_GPUS - 1, CONF_REQUIRED),
-        CONF_FIELD_SIZE(struct topo_link, bandwidth, "bandwidth", 1, MAX_SIZE, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_INT(struct topo_link, a, "a", 0, PLACE_MAX_GPUS - 1, CONF_REQUIRED),
+    CONF_FIELD_INT(struct topo_link, b, "b", 0, PLACE_MAX_GPUS - 1, CONF_REQUIRED),
+    CONF_FIELD_SIZE(struct topo_link, bandwidth, "bandwidth", 1, MAX_SIZE, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema link_schema = {"link", link_fields};
 
 static const struct conf_field topo_fields[] = {
-        CONF_FIELD_LIST(struct topo, devices, n_devices, "devices",
-                        CONF_ELEM_STRUCT(&device_schema), PLACE_MAX_GPUS, CONF_REQUIRED),
-        CONF_FIELD_LIST(struct topo, links, n_links, "links", CONF_ELEM_STRUCT(&link_schema), 0,
-                        0),
-        CONF_FIELD_BOOL(struct topo, all_linked, "all-linked", 0),
-        CONF_FIELD_SIZE(struct topo, bandwidth, "bandwidth", 1, MAX_SIZE, 0),
-        CONF_FIELD_END,
+    CONF_FIELD_LIST(struct topo, devices, n_devices, "devices", CONF_ELEM_STRUCT(&device_schema),
+                    PLACE_MAX_GPUS, CONF_REQUIRED),
+    CONF_FIELD_LIST(struct topo, links, n_links, "links", CONF_ELEM_STRUCT(&link_schema), 0, 0),
+    CONF_FIELD_BOOL(struct topo, all_linked, "all-linked", 0),
+    CONF_FIELD_SIZE(struct topo, bandwidth, "bandwidth", 1, MAX_SIZE, 0),
+    CONF_FIELD_END,
 };
 static const struct conf_schema topo_schema = {"topology", topo_fields};
 
@@ -109,8 +108,7 @@ int place_topology_load(const char *path, unsigned *ret_gpus, uint64_t *ret_gpu_
         if (r == -EINVAL)
                 return r;
         if (r < 0)
-                return place_error(ret_error, r, "cannot read topology %s: %s", path,
-                                   strerror(-r));
+                return place_error(ret_error, r, "cannot read topology %s: %s", path, strerror(-r));
         n = (unsigned)t.n_devices;
         if (n == 0)
                 return place_error(ret_error, -EINVAL, "%s: devices: no GPUs", path);
@@ -127,10 +125,11 @@ int place_topology_load(const char *path, unsigned *ret_gpus, uint64_t *ret_gpu_
                 const struct topo_link *l = &t.links[k];
 
                 if (l->a >= n || l->b >= n || l->a == l->b)
-                        return place_error(ret_error, -EINVAL,
-                                    "%s: links[%zu]: GPUs %lld and %lld must be two of the %u "
-                                    "devices",
-                                    path, k, (long long)l->a, (long long)l->b, n);
+                        return place_error(
+                            ret_error, -EINVAL,
+                            "%s: links[%zu]: GPUs %lld and %lld must be two of the %u "
+                            "devices",
+                            path, k, (long long)l->a, (long long)l->b, n);
                 linked[l->a * n + l->b] = linked[l->b * n + l->a] = true;
         }
         groups_from_links(n, linked, group);
