@@ -12,9 +12,10 @@
 #include "configs.h"
 #include "place.h"
 
-#define EPS      1e-9
-#define RC_TOL   1e-7 /* a column enters when its reduced cost is below -RC_TOL */
-#define FEAS_TOL 1e-6 /* models left uncovered: above it, the LP is infeasible */
+#define EPS         1e-9
+#define RC_TOL      1e-7   /* a column enters when its reduced cost is below -RC_TOL */
+#define FEAS_TOL    1e-6   /* models left uncovered: above it, the LP is infeasible */
+#define IP_LIMIT_MS 5000.0 /* per integer problem over the generated columns */
 
 /*
  * The master, for thresholds (M, E): rows are the types (covered exactly) and the kinds (at most
@@ -286,7 +287,7 @@ static int lp_test(struct cg *g, int64_t m, int e)
         parm.msg_lev = GLP_MSG_OFF;
         for (;;) {
                 double z, lagrange;
-                bool added = false;
+                bool added = false, proof = true;
                 int r;
 
                 if (left_ms(g) <= 0)
@@ -308,13 +309,15 @@ static int lp_test(struct cg *g, int64_t m, int e)
                 for (unsigned t = 0; t < p->n_types; t++)
                         pi[t] = glp_get_row_dual(g->master, (int)t + 1);
                 for (unsigned k = 0; k < p->n_kinds; k++) {
-                        double mu =
-                            MIN(0.0, glp_get_row_dual(g->master, (int)(p->n_types + k) + 1));
+                        double mu = glp_get_row_dual(g->master, (int)(p->n_types + k) + 1);
                         double value, rc;
                         bool is_new;
 
                         if (price(g, k, pi, a, &value) != CG_FEASIBLE)
                                 return CG_UNKNOWN;
+                        /* The bound needs mu <= 0 (an upper-bounded row of a minimum). */
+                        if (mu > RC_TOL)
+                                proof = false;
                         rc = -value - mu;
                         lagrange += p->kinds[k].n_servers * MIN(0.0, rc);
                         if (rc >= -RC_TOL)
@@ -324,7 +327,7 @@ static int lp_test(struct cg *g, int64_t m, int e)
                                 return r;
                         added |= is_new;
                 }
-                if (lagrange > FEAS_TOL)
+                if (proof && lagrange > FEAS_TOL)
                         return CG_INFEASIBLE;
                 if (!added)
                         return CG_UNKNOWN; /* stalled within the tolerances: prove nothing */
@@ -348,7 +351,8 @@ static int ip_test(struct cg *g, int64_t m, int e, unsigned *server_of)
         parm.presolve = GLP_ON;
         parm.msg_lev = g->o->verbose ? GLP_MSG_ON : GLP_MSG_OFF;
         parm.fp_heur = GLP_ON;
-        parm.tm_lim = (int)left_ms(g) + 1;
+        /* A fallback after the dive: bounded, so that one hard pool does not take all the time. */
+        parm.tm_lim = (int)MIN(left_ms(g), IP_LIMIT_MS) + 1;
         r = glp_intopt(g->master, &parm);
         status = glp_mip_status(g->master);
         if ((r == 0 || r == GLP_ETMLIM) && (status == GLP_OPT || status == GLP_FEAS)) {
