@@ -24,6 +24,8 @@ static void help(void)
                "      --memory-weight W     objective weight per GiB of memory imbalance\n"
                "      --balance-weight W    objective weight per GPU of role imbalance\n"
                "      --seed N              heuristic restarts' seed (default 1)\n"
+               "      --max-configurations N  exact: enumerate at most N server configurations,\n"
+               "                            generate them as columns above (default 400000)\n"
                "  -v, --verbose             show the solver's progress on stderr\n"
                "  -h, --help                show this help\n");
 }
@@ -38,7 +40,7 @@ static int glpk_to_stderr(void *info, const char *s)
 
 int main(int argc, char **argv)
 {
-        enum { ARG_MEMORY_WEIGHT = 0x100, ARG_BALANCE_WEIGHT, ARG_SEED };
+        enum { ARG_MEMORY_WEIGHT = 0x100, ARG_BALANCE_WEIGHT, ARG_SEED, ARG_MAX_CONFIGURATIONS };
         static const struct option options[] = {
                 {"output", required_argument, NULL, 'o'},
                 {"pairs-dir", required_argument, NULL, 'p'},
@@ -47,6 +49,7 @@ int main(int argc, char **argv)
                 {"memory-weight", required_argument, NULL, ARG_MEMORY_WEIGHT},
                 {"balance-weight", required_argument, NULL, ARG_BALANCE_WEIGHT},
                 {"seed", required_argument, NULL, ARG_SEED},
+                {"max-configurations", required_argument, NULL, ARG_MAX_CONFIGURATIONS},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
                 {},
@@ -110,6 +113,15 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         o.seed = (unsigned long)seed;
+                        break;
+                case ARG_MAX_CONFIGURATIONS:
+                        if (parse_int64(optarg, 0, &seed) < 0 || seed < 1) {
+                                log_error("--max-configurations: expected a number >= 1, got "
+                                          "'%s'",
+                                          optarg);
+                                return 2;
+                        }
+                        o.max_configurations = (size_t)seed;
                         break;
                 case 'v':
                         o.verbose = true;

@@ -12,63 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "configs.h"
 #include "place.h"
 
 #define DEFAULT_MAX_CONFIGURATIONS 400000
 #define EPS                        1e-9
-
-struct configs {
-        unsigned n_types;
-        size_t n, cap, max;
-        uint8_t *a; /* [n * n_types] models of each type */
-        int64_t *mem;
-        int *bal;
-        unsigned *kind;
-};
-
-static void configs_done(struct configs *c)
-{
-        free(c->a);
-        free(c->mem);
-        free(c->bal);
-        free(c->kind);
-}
-
-static int configs_push(struct configs *c, const uint8_t *a, int64_t mem, int bal, unsigned kind)
-{
-        if (c->n >= c->max)
-                return -E2BIG;
-        if (c->n == c->cap) {
-                size_t cap = c->cap ? 2 * c->cap : 1024;
-                uint8_t *na = realloc(c->a, cap * c->n_types);
-                int64_t *nm;
-                int *nb;
-                unsigned *nk;
-
-                if (!na)
-                        return -ENOMEM;
-                c->a = na;
-                nm = realloc(c->mem, cap * sizeof(*nm));
-                if (!nm)
-                        return -ENOMEM;
-                c->mem = nm;
-                nb = realloc(c->bal, cap * sizeof(*nb));
-                if (!nb)
-                        return -ENOMEM;
-                c->bal = nb;
-                nk = realloc(c->kind, cap * sizeof(*nk));
-                if (!nk)
-                        return -ENOMEM;
-                c->kind = nk;
-                c->cap = cap;
-        }
-        memcpy(c->a + c->n * c->n_types, a, c->n_types);
-        c->mem[c->n] = mem;
-        c->bal[c->n] = bal;
-        c->kind[c->n] = kind;
-        c->n++;
-        return 0;
-}
 
 /* Every way to fill a server of kind k with at most its GPUs, over the types allowed on it. */
 static int enumerate(const struct place_problem *p, unsigned k, const unsigned *allowed,
@@ -151,33 +99,20 @@ struct search {
         struct configs c;
         glp_prob *lp;
         double deadline; /* place_now() seconds; INFINITY for none */
-        unsigned **by_type; /* models of each type, in problem order */
-        unsigned *n_by_type;
 };
 
 enum { TEST_FEASIBLE, TEST_INFEASIBLE, TEST_UNKNOWN };
 
 /* Turn the solved x_c into server_of: configurations dealt to the servers of their kind. */
-static void reconstruct(struct search *s, unsigned *server_of)
+static int reconstruct(struct search *s, unsigned *server_of)
 {
-        const struct place_problem *p = s->p;
-        _cleanup_free_ unsigned *next_server = calloc(p->n_kinds, sizeof(unsigned));
-        _cleanup_free_ unsigned *next_model = calloc(p->n_types + 1, sizeof(unsigned));
+        _cleanup_free_ long *x = malloc((s->c.n + 1) * sizeof(long));
 
-        if (!next_server || !next_model)
-                return; /* caller checks every model got a server */
-        for (size_t c = 0; c < s->c.n; c++) {
-                long x = lround(glp_mip_col_val(s->lp, (int)c + 1));
-                unsigned k = s->c.kind[c];
-
-                for (long i = 0; i < x; i++) {
-                        unsigned server = p->kinds[k].first_server + next_server[k]++;
-
-                        for (unsigned t = 0; t < p->n_types; t++)
-                                for (unsigned n = 0; n < s->c.a[c * p->n_types + t]; n++)
-                                        server_of[s->by_type[t][next_model[t]++]] = server;
-                }
-        }
+        if (!x)
+                return -ENOMEM;
+        for (size_t c = 0; c < s->c.n; c++)
+                x[c] = lround(glp_mip_col_val(s->lp, (int)c + 1));
+        return configs_deal(s->p, &s->c, x, server_of);
 }
 
 static int test(struct search *s, int64_t m, int e, unsigned *server_of)
@@ -209,8 +144,7 @@ static int test(struct search *s, int64_t m, int e, unsigned *server_of)
         status = glp_mip_status(s->lp);
         if ((r == 0 || r == GLP_ETMLIM || r == GLP_ESTOP) &&
             (status == GLP_OPT || status == GLP_FEAS)) {
-                reconstruct(s, server_of);
-                return TEST_FEASIBLE;
+                return reconstruct(s, server_of) < 0 ? TEST_UNKNOWN : TEST_FEASIBLE;
         }
         if (r == 0 && status == GLP_NOFEAS)
                 return TEST_INFEASIBLE;
@@ -270,51 +204,11 @@ static int build_lp(struct search *s)
         return 0;
 }
 
-static int index_types(struct search *s)
-{
-        const struct place_problem *p = s->p;
-
-        s->by_type = calloc(p->n_types + 1, sizeof(unsigned *));
-        s->n_by_type = calloc(p->n_types + 1, sizeof(unsigned));
-        if (!s->by_type || !s->n_by_type)
-                return -ENOMEM;
-        for (unsigned t = 0; t < p->n_types; t++) {
-                s->by_type[t] = malloc(p->types[t].count * sizeof(unsigned));
-                if (!s->by_type[t])
-                        return -ENOMEM;
-        }
-        for (unsigned i = 0; i < p->n_models; i++) {
-                unsigned t = p->models[i].type;
-                s->by_type[t][s->n_by_type[t]++] = i;
-        }
-        return 0;
-}
-
 static void search_done(struct search *s)
 {
         if (s->lp)
                 glp_delete_prob(s->lp);
-        if (s->by_type)
-                for (unsigned t = 0; t < s->p->n_types; t++)
-                        free(s->by_type[t]);
-        free(s->by_type);
-        free(s->n_by_type);
         configs_done(&s->c);
-}
-
-/* Index of the first value >= x in sorted v[0..n), or n. */
-static size_t lower_index(const int64_t *v, size_t n, int64_t x)
-{
-        size_t lo = 0, hi = n;
-
-        while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (v[mid] < x)
-                        lo = mid + 1;
-                else
-                        hi = mid;
-        }
-        return lo;
 }
 
 int place_exact(const struct place_problem *p, const struct place_options *o,
@@ -338,14 +232,10 @@ int place_exact(const struct place_problem *p, const struct place_options *o,
 
         r = build_configs(p, max, &s.c);
         if (r == -E2BIG) {
+                /* Too many to enumerate: generate the useful ones. */
                 search_done(&s);
-                return place_error(ret_error, PLACE_E_TOO_LARGE,
-                            "the exact solver would need more than %zu server configurations "
-                            "(model types that fit on one server); use the heuristic",
-                            max);
+                return place_colgen(p, o, incumbent, a, ret_optimal, ret_error);
         }
-        if (r >= 0)
-                r = index_types(&s);
         if (r >= 0)
                 r = build_lp(&s);
         trial = malloc((p->n_models + 1) * sizeof(unsigned));
@@ -432,6 +322,8 @@ int place_exact(const struct place_problem *p, const struct place_options *o,
                         break;
         }
         glp_term_out(term);
+        a->configurations = s.c.n;
+        a->generated = false;
         search_done(&s);
         if (r < 0)
                 return r;

@@ -18,6 +18,7 @@ struct in_kind {
         uint64_t gpu_memory;
         char **peer_groups;
         size_t n_peer_groups;
+        char *topology;
 };
 
 struct in_model {
@@ -57,10 +58,11 @@ static const struct conf_field kind_fields[] = {
         CONF_FIELD_STRING(struct in_kind, kind, "kind", 0),
         CONF_FIELD_INT(struct in_kind, count, "count", 1, 1000000, 0),
         CONF_FIELD_LIST(struct in_kind, names, n_names, "names", &conf_elem_string, 1000000, 0),
-        CONF_FIELD_INT(struct in_kind, gpus, "gpus", 1, PLACE_MAX_GPUS, CONF_REQUIRED),
+        CONF_FIELD_INT(struct in_kind, gpus, "gpus", 1, PLACE_MAX_GPUS, 0),
         CONF_FIELD_SIZE(struct in_kind, gpu_memory, "gpu-memory", 0, MAX_SIZE, 0),
         CONF_FIELD_LIST(struct in_kind, peer_groups, n_peer_groups, "peer-groups",
                         &conf_elem_string, PLACE_MAX_GPUS, 0),
+        CONF_FIELD_STRING(struct in_kind, topology, "topology", 0),
         CONF_FIELD_END,
 };
 static const struct conf_schema kind_schema = {"server kind", kind_fields};
@@ -128,6 +130,18 @@ static int prefix(char **error, int r, const char *name)
         return r;
 }
 
+/* A file named in the input: relative to the input's folder unless absolute. */
+static char *relative_path(const char *base_dir, const char *file)
+{
+        char *path = NULL;
+
+        if (file[0] == '/' || !base_dir)
+                return strdup(file);
+        if (asprintf(&path, "%s/%s", base_dir, file) < 0)
+                return NULL;
+        return path;
+}
+
 /* "0-3", "0,2,4-5": GPUs of one peer group. GPUs given twice or out of range are errors. */
 static int parse_peer_groups(const struct in_kind *k, const char *kname, unsigned *group,
                              char **ret_error)
@@ -180,7 +194,8 @@ static int parse_peer_groups(const struct in_kind *k, const char *kname, unsigne
         return 0;
 }
 
-static int add_kinds(struct place_problem *p, const struct in_doc *d, char **ret_error)
+static int add_kinds(struct place_problem *p, const struct in_doc *d, const char *base_dir,
+                     char **ret_error)
 {
         for (size_t i = 0; i < d->n_servers; i++) {
                 const struct in_kind *k = &d->servers[i];
@@ -204,13 +219,42 @@ static int add_kinds(struct place_problem *p, const struct in_doc *d, char **ret
                                     "servers[%zu] ('%s'): give a count or a list of names", i,
                                     name);
                 count = k->n_names ? (unsigned)k->n_names : (unsigned)k->count;
-                group = calloc((size_t)k->gpus, sizeof(unsigned));
-                if (!group)
-                        return -ENOMEM;
-                r = parse_peer_groups(k, name, group, ret_error);
-                if (r < 0)
-                        return r;
-                r = place_problem_add_kind(p, name, (unsigned)k->gpus, k->gpu_memory, count,
+                unsigned gpus = (unsigned)k->gpus;
+                uint64_t gpu_memory = k->gpu_memory;
+                if (k->topology) {
+                        _cleanup_free_ char *path = relative_path(base_dir, k->topology);
+                        uint64_t smallest;
+
+                        if (!path)
+                                return -ENOMEM;
+                        if (k->n_peer_groups)
+                                return place_error(ret_error, -EINVAL,
+                                            "server kind '%s': give peer-groups or a topology, "
+                                            "not both",
+                                            name);
+                        r = place_topology_load(path, &gpus, &smallest, &group, ret_error);
+                        if (r < 0)
+                                return prefix(ret_error, r, name);
+                        if (k->gpus && (unsigned)k->gpus != gpus)
+                                return place_error(ret_error, -EINVAL,
+                                            "server kind '%s': gpus is %lld but topology %s "
+                                            "has %u GPUs",
+                                            name, (long long)k->gpus, path, gpus);
+                        if (!gpu_memory)
+                                gpu_memory = smallest;
+                } else {
+                        if (!k->gpus)
+                                return place_error(ret_error, -EINVAL,
+                                            "servers[%zu] ('%s'): missing gpus (or a topology)",
+                                            i, name);
+                        group = calloc((size_t)k->gpus, sizeof(unsigned));
+                        if (!group)
+                                return -ENOMEM;
+                        r = parse_peer_groups(k, name, group, ret_error);
+                        if (r < 0)
+                                return r;
+                }
+                r = place_problem_add_kind(p, name, gpus, gpu_memory, count,
                                            k->n_names ? k->names : NULL, group, ret_error);
                 if (r < 0)
                         return r;
@@ -235,10 +279,7 @@ static int add_model(struct place_problem *p, const struct in_model *m, size_t i
                             "not both",
                             index, m->name);
         if (m->profile) {
-                if (m->profile[0] == '/' || !base_dir)
-                        path = strdup(m->profile);
-                else if (asprintf(&path, "%s/%s", base_dir, m->profile) < 0)
-                        path = NULL;
+                path = relative_path(base_dir, m->profile);
                 if (!path)
                         return -ENOMEM;
                 r = conf_load(&profile_schema, path, &pr, ret_error);
@@ -307,7 +348,7 @@ int place_problem_load_buffer(const char *name, const void *data, size_t size,
                 return -ENOMEM;
         p->w_memory = d.weights.memory;
         p->w_balance = d.weights.balance;
-        r = add_kinds(p, &d, ret_error);
+        r = add_kinds(p, &d, base_dir, ret_error);
         if (r < 0)
                 return prefix(ret_error, r, name);
         for (size_t i = 0; i < d.n_models; i++) {

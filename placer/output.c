@@ -43,6 +43,9 @@ int place_write_yaml(FILE *f, const struct place_problem *p, const struct place_
         fprintf(f, "bound: %.10g\n", r->bound);
         fprintf(f, "gap: %.6g\n", r->gap);
         fprintf(f, "seconds: %.3f\n", r->seconds);
+        if (r->solver == PLACE_SOLVER_EXACT)
+                fprintf(f, "configurations: %zu   # %s\n", r->configurations,
+                        r->generated ? "generated as columns" : "enumerated");
         fprintf(f, "weights:\n  memory: %.10g\n  balance: %.10g\n", p->w_memory, p->w_balance);
         fprintf(f, "max-memory-imbalance-gib: ");
         put_gib(f, r->max_memory);

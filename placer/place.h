@@ -14,7 +14,6 @@
 enum {
         PLACE_E_INFEASIBLE = 1, /* no placement exists (or the heuristic found none) */
         PLACE_E_TIMEOUT = 2,    /* the time limit passed before any placement was found */
-        PLACE_E_TOO_LARGE = 3,  /* the exact solver cannot handle this instance */
 };
 
 enum place_role {
@@ -124,6 +123,15 @@ int place_problem_load_buffer(const char *name, const void *data, size_t size,
                               const char *base_dir, struct place_problem **ret,
                               char **ret_error);
 
+/*
+ * A server kind from a topology file as `aqua-profile probe` writes it: its number of GPUs,
+ * the smallest GPU's memory in bytes, and a peer group number per GPU (GPUs joined by links:
+ * connected components, split into cliques where they are not). Returns 0, -ENOMEM, or
+ * another negative errno with a message naming the file.
+ */
+int place_topology_load(const char *path, unsigned *ret_gpus, uint64_t *ret_gpu_memory,
+                        unsigned **ret_groups, char **ret_error);
+
 /* A model-to-server assignment and its measures. */
 struct place_assignment {
         unsigned *server_of; /* [n_models] */
@@ -131,6 +139,8 @@ struct place_assignment {
         int max_balance;     /* GPUs: largest |producers - consumers| over servers */
         double objective;
         double bound; /* proven lower bound on the objective */
+        size_t configurations; /* exact: server configurations it searched over */
+        bool generated;        /* exact: they were generated as columns, not enumerated */
 };
 
 struct place_options {
@@ -138,7 +148,7 @@ struct place_options {
         double time_limit;    /* seconds for the whole solve; <= 0: none */
         unsigned long seed;   /* heuristic restarts */
         bool verbose;         /* let GLPK print its progress */
-        size_t max_configurations; /* exact: above this, give up (PLACE_E_TOO_LARGE); 0: default */
+        size_t max_configurations; /* exact: above this, generate columns instead; 0: default */
 };
 
 #define PLACE_OPTIONS_DEFAULT                                                              \
@@ -166,6 +176,8 @@ struct place_result {
         unsigned *pair_first;       /* [n_servers + 1] into pairs */
         struct place_gpu_pair *pairs;
         unsigned n_split_tp;        /* TP groups that had to span peer groups */
+        size_t configurations;      /* exact: as in struct place_assignment */
+        bool generated;
 };
 
 void place_result_free(struct place_result *r);
@@ -178,9 +190,10 @@ double place_simple_bound(const struct place_problem *p);
 
 /*
  * Solvers. Each fills a->server_of and the measures on success (0), and returns
- * PLACE_E_INFEASIBLE / PLACE_E_TIMEOUT / PLACE_E_TOO_LARGE with a message otherwise.
+ * PLACE_E_INFEASIBLE / PLACE_E_TIMEOUT with a message otherwise.
  * exact: incumbent may be NULL or a placement to beat (its objective bounds the search);
- * *ret_optimal tells whether the optimum was proven before the time limit.
+ * *ret_optimal tells whether the optimum was proven before the time limit. Above
+ * o->max_configurations it generates configurations as columns (colgen.c).
  */
 int place_heuristic(const struct place_problem *p, const struct place_options *o,
                     struct place_assignment *a, char **ret_error);

@@ -24,6 +24,8 @@ static void finish(const struct place_problem *p, const struct place_assignment 
                 r->gap = r->objective > 0 ? (r->objective - r->bound) / r->objective : 0;
         }
         r->seconds = place_now() - start;
+        r->configurations = a->configurations;
+        r->generated = a->generated;
         (void)p;
 }
 
@@ -83,10 +85,6 @@ int place_solve(const struct place_problem *p, const struct place_options *o,
         r = place_exact(p, &sub, have_h ? &h : NULL, &x, &proven, ret_error);
         if (r < 0)
                 return r;
-        if (r == PLACE_E_TOO_LARGE && o->solver == PLACE_SOLVER_AUTO && have_h) {
-                finish(p, &h, PLACE_SOLVER_HEURISTIC, false, start, &res);
-                goto layout;
-        }
         if (r != 0)
                 return r;
         finish(p, &x, PLACE_SOLVER_EXACT, proven, start, &res);

@@ -157,20 +157,74 @@ Test(exact, names_tp_groups_that_cannot_be_packed)
         cr_assert(strstr(error, "found no server with 2 free GPUs"), "%s", error);
 }
 
-Test(exact, says_when_there_are_too_many_configurations_and_auto_falls_back)
+/* Solve with the configurations enumerated, then generated as columns: both must agree. */
+static void compare_generated(size_t max_configurations)
+{
+        struct place_options o = PLACE_OPTIONS_DEFAULT;
+        double optimum;
+
+        o.solver = PLACE_SOLVER_EXACT;
+        cr_assert_eq(place_solve(p, &o, &res, &error), 0, "%s", error);
+        cr_assert_eq(res.status, PLACE_STATUS_OPTIMAL);
+        cr_assert_not(res.generated);
+        optimum = res.objective;
+        place_result_free(&res);
+
+        o.max_configurations = max_configurations;
+        cr_assert_eq(place_solve(p, &o, &res, &error), 0, "%s", error);
+        cr_assert_eq(res.solver, PLACE_SOLVER_EXACT);
+        cr_assert(res.generated);
+        cr_assert_gt(res.configurations, 0);
+        check_assignment(p, res.server_of);
+        /* Whatever it proves must hold; here its bound is tight enough to prove the optimum. */
+        cr_assert_leq(res.bound, optimum + 1e-6);
+        cr_assert_geq(res.objective, optimum - 1e-6);
+        cr_assert_eq(res.status, PLACE_STATUS_OPTIMAL, "objective %g bound %g optimum %g",
+                     res.objective, res.bound, optimum);
+        cr_assert_float_eq(res.objective, optimum, 1e-6);
+}
+
+Test(exact, generates_configurations_when_there_are_too_many_to_enumerate)
+{
+        p = random_instance(8, 8, 3, false);
+        cr_assert_eq(place_problem_finish(p, &error), 0, "%s", error);
+        compare_generated(10);
+}
+
+/* Many types (sizes, TP degrees, two kinds of servers) with the enumeration limit lowered. */
+Test(exact, generated_configurations_handle_many_types_and_kinds)
+{
+        load("servers:\n"
+             "  - {kind: big, count: 3, gpus: 8, gpu-memory: 80GiB}\n"
+             "  - {kind: small, count: 4, gpus: 4, gpu-memory: 40GiB}\n"
+             "models:\n"
+             "  - {name: p1, role: producer, memory: 11GiB, count: 3}\n"
+             "  - {name: p2, role: producer, memory: 17GiB, count: 2}\n"
+             "  - {name: p3, role: producer, memory: 23GiB, count: 3}\n"
+             "  - {name: p4, role: producer, memory: 29GiB, count: 2}\n"
+             "  - {name: p5, role: producer, memory: 31GiB, count: 2}\n"
+             "  - {name: p6, role: producer, memory: 60GiB, tp: 2, count: 2}\n"
+             "  - {name: p7, role: producer, memory: 7GiB, count: 3}\n"
+             "  - {name: c1, role: consumer, memory: 13GiB, count: 3}\n"
+             "  - {name: c2, role: consumer, memory: 19GiB, count: 3}\n"
+             "  - {name: c3, role: consumer, memory: 41GiB, tp: 2, count: 1}\n"
+             "  - {name: c4, role: consumer, memory: 5GiB, count: 2}\n"
+             "  - {name: c5, role: consumer, memory: 70GiB, tp: 4, gpu-memory: 80GiB}\n");
+        cr_assert_geq(p->n_types, 12);
+        compare_generated(50);
+}
+
+/* Ten GPUs for five TP-2 groups on two 5-GPU servers: the LP over all columns proves it. */
+Test(exact, generated_configurations_prove_infeasibility)
 {
         struct place_options o = PLACE_OPTIONS_DEFAULT;
 
-        p = random_instance(8, 8, 3, false);
-        cr_assert_eq(place_problem_finish(p, &error), 0, "%s", error);
-        o.max_configurations = 10;
+        load("servers: [{count: 2, gpus: 5}]\n"
+             "models: [{name: m, role: consumer, memory: 1GiB, tp: 2, count: 5}]\n");
         o.solver = PLACE_SOLVER_EXACT;
-        cr_assert_eq(place_solve(p, &o, &res, &error), PLACE_E_TOO_LARGE);
-        cr_assert(strstr(error, "more than 10 server configurations"), "%s", error);
-        o.solver = PLACE_SOLVER_AUTO;
-        cr_assert_eq(place_solve(p, &o, &res, &error), 0, "%s", error);
-        cr_assert_eq(res.solver, PLACE_SOLVER_HEURISTIC);
-        check_assignment(p, res.server_of);
+        o.max_configurations = 1;
+        cr_assert_eq(place_solve(p, &o, &res, &error), PLACE_E_INFEASIBLE);
+        cr_assert(strstr(error, "tensor-parallel groups cannot be packed"), "%s", error);
 }
 
 /*

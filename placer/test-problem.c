@@ -213,3 +213,107 @@ Test(problem, the_averaging_bound_uses_all_servers)
         /* memory 28 GiB over 4 servers, balance 2 over 4 servers rounds up to 1. */
         cr_assert_float_eq(place_simple_bound(p), 7.0 + 1.0, 1e-9);
 }
+
+/*
+ * testdata/probe-6gpu.yaml is what `aqua-profile probe` wrote on simcuda for six GPUs with links
+ * 0-1, 0-2, 1-2 (a clique), 3-4 and 4-5 (a path, which is no clique: 3 and 5 share no link).
+ */
+static const unsigned probe_links[][2] = {{0, 1}, {0, 2}, {1, 2}, {3, 4}, {4, 5}};
+
+static bool probe_linked(unsigned a, unsigned b)
+{
+        for (size_t i = 0; i < sizeof(probe_links) / sizeof(probe_links[0]); i++)
+                if ((probe_links[i][0] == a && probe_links[i][1] == b) ||
+                    (probe_links[i][0] == b && probe_links[i][1] == a))
+                        return true;
+        return false;
+}
+
+static void expect_probe_groups(const struct place_kind *k)
+{
+        const unsigned *g = k->peer_group;
+
+        cr_assert_eq(k->gpus, 6);
+        cr_assert_eq(k->gpu_memory, UINT64_C(1) << 30); /* the smallest device's memory */
+        cr_assert(g[0] == g[1] && g[1] == g[2]);
+        cr_assert(g[3] == g[4] && g[3] != g[0]);
+        cr_assert(g[5] != g[3] && g[5] != g[0]);
+}
+
+Test(problem, takes_gpus_and_peer_groups_from_a_probe_topology_file)
+{
+        static const char yaml[] = "servers: [{kind: sim, count: 2, topology: probe-6gpu.yaml}]\n"
+                                   "models:\n"
+                                   "  - {name: p, role: producer, memory: 300MiB, count: 6}\n"
+                                   "  - {name: c, role: consumer, memory: 200MiB, count: 6}\n";
+        struct place_options o = PLACE_OPTIONS_DEFAULT;
+        struct place_result res = {};
+        char path[] = "/tmp/test-placer-topology-XXXXXX";
+        FILE *f;
+        int fd;
+
+        cr_assert_eq(place_problem_load_buffer("in.yaml", yaml, sizeof(yaml) - 1, "testdata", &p,
+                                               &error),
+                     0, "%s", error);
+        expect_probe_groups(&p->kinds[0]);
+
+        /* Pairs only ever join GPUs with a link of their own. */
+        o.time_limit = 10;
+        cr_assert_eq(place_solve(p, &o, &res, &error), 0, "%s", error);
+        for (unsigned s = 0; s < p->n_servers; s++)
+                for (unsigned i = res.pair_first[s]; i < res.pair_first[s + 1]; i++)
+                        cr_assert(probe_linked(res.pairs[i].producer, res.pairs[i].consumer),
+                                  "pair %u-%u has no link", res.pairs[i].producer,
+                                  res.pairs[i].consumer);
+        place_result_free(&res);
+
+        /* The same machine written back in the probe's format loads into the same groups. */
+        fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        f = fdopen(fd, "w");
+        cr_assert_not_null(f);
+        fprintf(f, "# written like aqua-profile probe does\ndevices:\n");
+        for (unsigned i = 0; i < 6; i++)
+                fprintf(f, "  - name: \"sim A\"   # GPU %u\n    pci-bus: 0x%x\n"
+                           "    memory: %llu\n",
+                        i, 0x10 + i, (unsigned long long)(i == 4 ? 2ULL << 30 : 1ULL << 30));
+        fprintf(f, "all-linked: false\nlinks:\n");
+        for (size_t i = 0; i < sizeof(probe_links) / sizeof(probe_links[0]); i++)
+                fprintf(f, "  - {a: %u, b: %u, bandwidth: 8.30GB}   # GB/s\n", probe_links[i][0],
+                        probe_links[i][1]);
+        cr_assert_eq(fclose(f), 0);
+        teardown();
+        char yaml2[256];
+        snprintf(yaml2, sizeof(yaml2),
+                 "servers: [{kind: sim, count: 1, gpus: 6, topology: %s}]\n"
+                 "models: [{name: p, role: producer, memory: 1GiB}]\n",
+                 path);
+        cr_assert_eq(load(yaml2), 0, "%s", error);
+        unlink(path);
+        expect_probe_groups(&p->kinds[0]);
+}
+
+Test(problem, bad_topology_files_are_named)
+{
+        expect_error("servers: [{count: 1, gpus: 4, topology: /nonexistent/t.yaml}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB}]\n",
+                     -ENOENT, "/nonexistent/t.yaml");
+        expect_error("servers: [{count: 1}]\nmodels: [{name: m, role: producer, memory: 1GiB}]\n",
+                     -EINVAL, "missing gpus (or a topology)");
+        teardown();
+        static const char both[] = "servers: [{count: 1, topology: probe-6gpu.yaml, "
+                                   "peer-groups: ['0-1']}]\n"
+                                   "models: [{name: m, role: producer, memory: 1GiB}]\n";
+        cr_assert_eq(place_problem_load_buffer("in.yaml", both, sizeof(both) - 1, "testdata", &p,
+                                               &error),
+                     -EINVAL);
+        cr_assert(strstr(error, "peer-groups or a topology, not both"), "%s", error);
+        teardown();
+        static const char count[] = "servers: [{count: 1, gpus: 8, topology: probe-6gpu.yaml}]\n"
+                                    "models: [{name: m, role: producer, memory: 1GiB}]\n";
+        cr_assert_eq(place_problem_load_buffer("in.yaml", count, sizeof(count) - 1, "testdata",
+                                               &p, &error),
+                     -EINVAL);
+        cr_assert(strstr(error, "gpus is 8 but topology testdata/probe-6gpu.yaml has 6 GPUs"),
+                  "%s", error);
+}
