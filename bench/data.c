@@ -20,9 +20,9 @@
 #include "aqua/aqua.h"
 #include "time-util.h"
 
-#define KiB (UINT64_C(1) << 10)
-#define MiB (UINT64_C(1) << 20)
-#define GiB (UINT64_C(1) << 30)
+#define KiB    (UINT64_C(1) << 10)
+#define MiB    (UINT64_C(1) << 20)
+#define GiB    (UINT64_C(1) << 30)
 #define BLOCKS 4096
 #define BLOCK  (16 * KiB)
 
@@ -120,8 +120,9 @@ static int run_batch(int rounds)
         src = local_tensor(ctx, 2 * BLOCKS * BLOCK);
         dst = local_tensor(ctx, BLOCKS * BLOCK);
         for (size_t i = 0; i < BLOCKS; i++)
-                scattered[i] = (struct aqua_copy_piece){aqua_tensor_dptr(dst) + i * BLOCK,
-                                                        aqua_tensor_dptr(src) + 2 * i * BLOCK, BLOCK};
+                scattered[i] =
+                    (struct aqua_copy_piece){aqua_tensor_dptr(dst) + i * BLOCK,
+                                             aqua_tensor_dptr(src) + 2 * i * BLOCK, BLOCK};
         for (size_t i = BLOCKS - 1; i > 0; i--) {
                 size_t j = (size_t)rand_r(&seed) % (i + 1);
                 uint64_t d = scattered[i].dst;
@@ -129,7 +130,8 @@ static int run_batch(int rounds)
                 scattered[i].dst = scattered[j].dst;
                 scattered[j].dst = d;
         }
-        one = (struct aqua_copy_piece){aqua_tensor_dptr(dst), aqua_tensor_dptr(src), BLOCKS * BLOCK};
+        one =
+            (struct aqua_copy_piece){aqua_tensor_dptr(dst), aqua_tensor_dptr(src), BLOCKS * BLOCK};
         /* Warm up both (pages touched, events made), then alternate so drift hits both alike. */
         for (int i = 0; i < 3; i++) {
                 timed_batch(ctx, scattered, BLOCKS);

@@ -310,7 +310,8 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
         for (size_t i = 0; i < n; i++) {
                 struct lease_chunk *c = lease_chunk_by_id(&ctx->leases, chunk_ids[i]);
 
-                if (!c || c < l->chunks || c >= l->chunks + l->n_chunks || c->tier != AQUA_TIER_PEER) {
+                if (!c || c < l->chunks || c >= l->chunks + l->n_chunks ||
+                    c->tier != AQUA_TIER_PEER) {
                         /* Not ours (any more), or moved already: nothing maps it here. */
                         done[n_done++] = chunk_ids[i];
                         continue;

@@ -43,7 +43,8 @@ static void event_put(aqua_ctx *ctx, struct CUevent_st *ev)
 static void inflight_remove(aqua_ctx *ctx, size_t i)
 {
         event_put(ctx, ctx->copies[i].ev);
-        memmove(&ctx->copies[i], &ctx->copies[i + 1], (ctx->n_copies - i - 1) * sizeof(ctx->copies[0]));
+        memmove(&ctx->copies[i], &ctx->copies[i + 1],
+                (ctx->n_copies - i - 1) * sizeof(ctx->copies[0]));
         ctx->n_copies--;
 }
 
@@ -242,8 +243,9 @@ static int layer_queue(aqua_layers *l, int dir, unsigned layer, const struct aqu
                                &l->layer[layer].ticket);
 }
 
-_public_ int aqua_layers_offload(aqua_layers *l, unsigned layer, const struct aqua_copy_piece *pieces,
-                                 size_t n, struct CUevent_st *computed)
+_public_ int aqua_layers_offload(aqua_layers *l, unsigned layer,
+                                 const struct aqua_copy_piece *pieces, size_t n,
+                                 struct CUevent_st *computed)
 {
         return layer_queue(l, 0, layer, pieces, n, computed);
 }

@@ -12,8 +12,8 @@
 #include "gpu.h"
 #include "lease.h"
 #include "move.h"
-#include "tensor.h"
 #include "pool.h"
+#include "tensor.h"
 #include "transport.h"
 
 /* An asynchronous request whose reply aqua_poll() will meet. */

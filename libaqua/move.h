@@ -13,17 +13,17 @@
 
 struct move {
         /* in */
-        uint64_t at;   /* device address the chunk is mapped at now; read from, remapped */
-        uint64_t size; /* a multiple of the granularity */
-        gpu_handle old; /* mapped at `at`: mapped back there if the new memory cannot be */
+        uint64_t at;      /* device address the chunk is mapped at now; read from, remapped */
+        uint64_t size;    /* a multiple of the granularity */
+        gpu_handle old;   /* mapped at `at`: mapped back there if the new memory cannot be */
         bool local_first; /* try the GPU's own memory before host memory */
         /* out, valid when error == 0 */
         int error;
         enum aqua_tier tier; /* LOCAL or DRAM */
         bool has_handle;     /* the new allocation, now mapped at `at` */
         gpu_handle handle;
-        void *host;          /* pinned host memory (no mappable host memory): `at` is unmapped */
-        uint64_t staged;     /* internal: where the new allocation is mapped for the copy */
+        void *host;      /* pinned host memory (no mappable host memory): `at` is unmapped */
+        uint64_t staged; /* internal: where the new allocation is mapped for the copy */
 };
 
 /*

@@ -71,8 +71,8 @@ static int place_peer(aqua_ctx *ctx, aqua_tensor *t, size_t i)
         if (r < 0)
                 return r;
         lease_chunk_use(&ctx->leases, l, lc, t, i);
-        *c = (struct tensor_chunk){.tier = AQUA_TIER_PEER, .mapped = true, .handle = lc->handle,
-                                   .lease = l, .lc = lc};
+        *c = (struct tensor_chunk){
+            .tier = AQUA_TIER_PEER, .mapped = true, .handle = lc->handle, .lease = l, .lc = lc};
         return 0;
 }
 
@@ -114,8 +114,10 @@ static int place_dram(aqua_ctx *ctx, aqua_tensor *t, size_t i)
                                 gpu_release(ctx->gpu, h);
                                 return r;
                         }
-                        *c = (struct tensor_chunk){.tier = AQUA_TIER_DRAM, .mapped = true,
-                                                   .own_handle = true, .handle = h};
+                        *c = (struct tensor_chunk){.tier = AQUA_TIER_DRAM,
+                                                   .mapped = true,
+                                                   .own_handle = true,
+                                                   .handle = h};
                         return 0;
                 }
                 if (r != -EOPNOTSUPP)
@@ -136,8 +138,9 @@ static int chunk_place(aqua_ctx *ctx, aqua_tensor *t, size_t i)
 
         if (t->want == AQUA_TIER_NONE || t->want == AQUA_TIER_PEER)
                 r = place_peer(ctx, t, i);
-        if (r == AQUA_NO_MEMORY && (t->want == AQUA_TIER_LOCAL ||
-                                    (t->want == AQUA_TIER_NONE && (t->flags & AQUA_TENSOR_ALLOW_LOCAL))))
+        if (r == AQUA_NO_MEMORY &&
+            (t->want == AQUA_TIER_LOCAL ||
+             (t->want == AQUA_TIER_NONE && (t->flags & AQUA_TENSOR_ALLOW_LOCAL))))
                 r = place_local(ctx, t, i);
         if (r == AQUA_NO_MEMORY && (t->want == AQUA_TIER_NONE || t->want == AQUA_TIER_DRAM))
                 r = place_dram(ctx, t, i);
@@ -455,8 +458,8 @@ _public_ int aqua_tensor_promote(aqua_ctx *ctx, aqua_tensor *t, bool include_loc
 
                         pieces[k] = (struct aqua_copy_piece){
                             .dst = p[k].l->dptr + p[k].lc->offset,
-                            .src = c->mapped ? chunk_at(p[k].t, p[k].i)
-                                             : (uint64_t)(uintptr_t)c->host,
+                            .src =
+                                c->mapped ? chunk_at(p[k].t, p[k].i) : (uint64_t)(uintptr_t)c->host,
                             .bytes = p[k].t->chunk_bytes};
                 }
                 n_pieces = copy_merge(pieces, n);

@@ -413,18 +413,17 @@ Test(tensor, waits_for_a_copy_in_flight_before_a_reclaim_moves_its_destination)
                                      1, NULL, NULL, NULL, NULL),
                      0);
         for (int i = 0; i < 8; i++)
-                p[i] = (struct aqua_copy_piece){aqua_tensor_dptr(t) + i * (CHUNK / 2),
-                                                (uint64_t)(uintptr_t)src + i * (CHUNK / 2),
-                                                CHUNK / 2};
+                p[i] =
+                    (struct aqua_copy_piece){aqua_tensor_dptr(t) + i * (CHUNK / 2),
+                                             (uint64_t)(uintptr_t)src + i * (CHUNK / 2), CHUNK / 2};
         cr_assert_eq(aqua_copy_batch(ctx, p, 8, NULL, NULL, NULL, &ticket), 0);
         reclaim(7, ids, 4, NULL);
         cr_assert_eq(aqua_copy_query(ctx, ticket), 0, "done before the chunks moved");
         cr_assert_eq(tier_at(t, 0), AQUA_TIER_DRAM);
         {
                 char *back = malloc(4 * CHUNK);
-                cr_assert_eq(gpu_copy(local, (uint64_t)(uintptr_t)back, aqua_tensor_dptr(t),
-                                      4 * CHUNK),
-                             0);
+                cr_assert_eq(
+                    gpu_copy(local, (uint64_t)(uintptr_t)back, aqua_tensor_dptr(t), 4 * CHUNK), 0);
                 cr_assert_eq(memcmp(back, src, 4 * CHUNK), 0);
                 free(back);
         }
@@ -592,7 +591,8 @@ Test(tensor, keeps_every_byte_across_a_long_random_sequence)
                         size_t n = 0;
 
                         for (size_t c = 0; c < leases[li]->n_chunks; c++)
-                                if (leases[li]->chunks[c].tier == AQUA_TIER_PEER && (rand_r(&seed) & 1))
+                                if (leases[li]->chunks[c].tier == AQUA_TIER_PEER &&
+                                    (rand_r(&seed) & 1))
                                         ids[n++] = leases[li]->chunks[c].id;
                         if (n) {
                                 uint64_t moved = 0;

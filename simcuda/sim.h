@@ -19,7 +19,7 @@ struct sim_counter {
 void sim_count(struct sim_counter *c);
 #define SIM_COUNT()                                                                                \
         do {                                                                                       \
-                static struct sim_counter counter_ = {.name = __func__};                          \
+                static struct sim_counter counter_ = {.name = __func__};                           \
                 sim_count(&counter_);                                                              \
         } while (0)
 

@@ -382,8 +382,9 @@ AQUA_API int aqua_fd(aqua_ctx *ctx, int *ret_fd);
  */
 
 /* For struct aqua_tensor_options.flags. */
-#define AQUA_TENSOR_ALLOW_LOCAL    (1u << 0) /* automatic placement may use the GPU's own memory */
-#define AQUA_TENSOR_RECLAIM_LOCAL  (1u << 1) /* a reclaim moves chunks to free local memory first */
+#define AQUA_TENSOR_ALLOW_LOCAL   (1u << 0) /* automatic placement may use the GPU's own memory */
+#define AQUA_TENSOR_RECLAIM_LOCAL (1u << 1) /* a reclaim moves chunks to free local memory first   \
+                                             */
 
 struct aqua_tensor_options {
         size_t size; /* sizeof(struct aqua_tensor_options) as the caller was compiled */
@@ -417,10 +418,10 @@ AQUA_API aqua_tensor *aqua_tensor_free(aqua_ctx *ctx, aqua_tensor *t);
 AQUA_API uint64_t aqua_tensor_dptr(const aqua_tensor *t);
 
 struct aqua_tensor_info {
-        uint64_t dptr;        /* start of the range; never changes */
-        uint64_t max_bytes;   /* length of the range */
+        uint64_t dptr;      /* start of the range; never changes */
+        uint64_t max_bytes; /* length of the range */
         uint64_t chunk_bytes;
-        uint64_t begin, end;  /* the mapped window [begin, end), whole chunks; begin == end: empty */
+        uint64_t begin, end; /* the mapped window [begin, end), whole chunks; begin == end: empty */
         uint64_t peer_bytes, local_bytes, dram_bytes;
 };
 
@@ -544,8 +545,9 @@ AQUA_API aqua_layers *aqua_layers_free(aqua_layers *l);
  * (the event the engine recorded after the layer's kernels; may be NULL) has completed.
  * Returns 0, -EINVAL (layer out of range), or aqua_copy_batch()'s errors.
  */
-AQUA_API int aqua_layers_offload(aqua_layers *l, unsigned layer, const struct aqua_copy_piece *pieces,
-                                 size_t n, struct CUevent_st *computed);
+AQUA_API int aqua_layers_offload(aqua_layers *l, unsigned layer,
+                                 const struct aqua_copy_piece *pieces, size_t n,
+                                 struct CUevent_st *computed);
 
 /*
  * Queue the prefetch of `layer` (tensor -> working memory), after `after` (may be NULL; e.g. the
