@@ -88,7 +88,8 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
         return 0;
 }
 
-static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, aqua_lease **ret_lease)
+static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool pool,
+                     aqua_lease **ret_lease)
 {
         _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
         _cleanup_free_ int *fds = NULL;
@@ -105,7 +106,7 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, aqu
                 for (size_t i = 0; i < g->n_chunks; i++)
                         chunks[i] = (struct lease_grant_chunk){
                             .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
-                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
+                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks, pool,
                                  ret_lease);
         }
         side_close_fds(fds, g->n_chunks);
@@ -125,7 +126,8 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         r = check_consumer(ctx);
         if (r < 0)
                 return r;
-        if (!ret || bytes == 0 || min_bytes > bytes || (flags & ~AQUA_BORROW_ALLOW_DRAM))
+        if (!ret || bytes == 0 || min_bytes > bytes ||
+            (flags & ~(AQUA_BORROW_ALLOW_DRAM | AQUA_BORROW_TENSORS)))
                 return -EINVAL;
         deadline = ctx_deadline(ctx);
         b.bytes = bytes;
@@ -148,7 +150,7 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         }
         g = reply->grant;
         if (g->n_chunks > 0) {
-                r = grant_map(ctx, g, deadline, &lease);
+                r = grant_map(ctx, g, deadline, flags & AQUA_BORROW_TENSORS, &lease);
                 if (r < 0) {
                         alog_error("could not map lease %" PRIu64 " of %zu chunks: %s", g->lease_id,
                                    g->n_chunks, aqua_strerror(r));
@@ -160,7 +162,7 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         ctx->dram_granted += g->dram_bytes;
         *ret = (struct aqua_grant){
             .lease = lease,
-            .dptr = lease ? lease->dptr : 0,
+            .dptr = lease && !lease->pool ? lease->dptr : 0,
             .bytes = lease ? lease->size : 0,
             .dram_bytes = g->dram_bytes,
             .partial = g->partial,
@@ -183,6 +185,8 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
                 return r;
         if (!lease_valid(&ctx->leases, lease))
                 return -EINVAL;
+        if (lease_in_use(lease))
+                return -EBUSY;
         /* Chunks already moved to DRAM were returned when that happened. */
         ids = malloc(lease->n_chunks * sizeof(*ids));
         if (!ids)
@@ -272,48 +276,100 @@ _public_ int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t
 
 /* ---------------------------------------------------------------- notices */
 
-/* Move the listed chunks of l to DRAM; collect the ones done in ids, report runs as events. */
+/* Report a moved run, merging it into *run when it continues it. */
+static void report_run(aqua_ctx *ctx, struct aqua_event *run, const struct aqua_event *ev)
+{
+        if (run->bytes && run->type == ev->type && run->lease == ev->lease &&
+            run->tensor == ev->tensor && run->tier == ev->tier && !run->host && !ev->host &&
+            run->offset + run->bytes == ev->offset) {
+                run->bytes += ev->bytes;
+                return;
+        }
+        if (run->bytes)
+                ctx_push_event(ctx, run);
+        *run = *ev;
+}
+
+/*
+ * Move the listed chunks of l off their producer, all in one batch: a plain lease's chunks to
+ * DRAM at the lease's addresses, a pool lease's chunks that back tensors to DRAM (or local
+ * memory) at the tensors' addresses; free pool chunks need no copy. Collect the chunks that may
+ * go back in done, report what moved as events.
+ */
 static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk_ids, size_t n,
                              uint64_t *done)
 {
-        struct aqua_event run = {.type = AQUA_EVENT_MIGRATED, .lease = l};
-        size_t n_done = 0;
+        _cleanup_free_ struct move *moves = calloc(n ? n : 1, sizeof(*moves));
+        _cleanup_free_ struct lease_chunk **movers = calloc(n ? n : 1, sizeof(*movers));
+        struct aqua_event run = {0};
+        size_t n_done = 0, n_moves = 0;
+        int r = 0;
 
+        if (!moves || !movers)
+                r = -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct lease_chunk *c = lease_chunk_by_id(&ctx->leases, chunk_ids[i]);
-                int r;
 
-                if (!c || c < l->chunks || c >= l->chunks + l->n_chunks)
-                        /* Not ours (any more): nothing maps it here, so it may go back. */
-                        goto done;
-                if (c->tier != AQUA_TIER_PEER)
-                        goto done;
-                r = lease_migrate(&ctx->leases, ctx->gpu, l, c);
-                if (r < 0) {
-                        struct aqua_event ev = {.type = AQUA_EVENT_RECLAIM_FAILED,
-                                                .lease = l,
-                                                .offset = c->offset,
-                                                .bytes = c->size,
-                                                .error = r};
+                if (!c || c < l->chunks || c >= l->chunks + l->n_chunks ||
+                    c->tier != AQUA_TIER_PEER) {
+                        /* Not ours (any more), or moved already: nothing maps it here. */
+                        done[n_done++] = chunk_ids[i];
+                        continue;
+                }
+                if (l->pool && !c->user) {
+                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+                        done[n_done++] = chunk_ids[i];
+                        continue;
+                }
+                if (r < 0)
+                        continue;
+                if (l->pool)
+                        tensor_move_prepare(c->user, c->user_index, &moves[n_moves]);
+                else
+                        lease_move_prepare(l, c, &moves[n_moves]);
+                movers[n_moves++] = c;
+        }
+        /* A batch still reading or writing this memory must finish before it moves. */
+        if (n_moves && r == 0)
+                r = copies_wait_all(ctx);
+        if (n_moves && r == 0)
+                r = move_out(ctx->gpu, moves, n_moves, &ctx->leases.no_host_map);
+        for (size_t k = 0; k < n_moves; k++) {
+                struct lease_chunk *c = movers[k];
+                struct move *m = &moves[k];
+                struct aqua_event ev = {.lease = l, .offset = c->offset, .bytes = c->size};
+
+                if (r < 0 || m->error < 0) {
+                        ev.type = AQUA_EVENT_RECLAIM_FAILED;
+                        ev.error = r < 0 ? r : m->error;
+                        ev.tensor = c->user;
                         alog_error("lease %" PRIu64 ": could not move chunk %" PRIu64
                                    " off its producer: %s",
-                                   l->id, c->id, aqua_strerror(r));
+                                   l->id, c->id, aqua_strerror(ev.error));
                         ctx_push_event(ctx, &ev);
                         continue;
                 }
                 ctx->migrations++;
                 ctx->bytes_moved += c->size;
-                /* Neighbouring chunks make one event. */
-                if (run.bytes && run.offset + run.bytes == c->offset)
-                        run.bytes += c->size;
-                else {
-                        if (run.bytes)
-                                ctx_push_event(ctx, &run);
-                        run.offset = c->offset;
-                        run.bytes = c->size;
+                if (l->pool) {
+                        aqua_tensor *t = c->user;
+                        size_t idx = c->user_index;
+
+                        tensor_moved(ctx, t, idx, m);
+                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+                        ev = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
+                                                 .tensor = t,
+                                                 .offset = (uint64_t)idx * t->chunk_bytes,
+                                                 .bytes = t->chunk_bytes,
+                                                 .tier = m->tier,
+                                                 .host = m->host};
+                } else {
+                        lease_moved(&ctx->leases, ctx->gpu, l, c, m);
+                        ev.type = AQUA_EVENT_MIGRATED;
+                        ev.tier = AQUA_TIER_DRAM;
                 }
-        done:
-                done[n_done++] = chunk_ids[i];
+                report_run(ctx, &run, &ev);
+                done[n_done++] = c->id;
         }
         if (run.bytes)
                 ctx_push_event(ctx, &run);

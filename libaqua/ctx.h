@@ -11,7 +11,9 @@
 #include "aqua/aqua.h"
 #include "gpu.h"
 #include "lease.h"
+#include "move.h"
 #include "pool.h"
+#include "tensor.h"
 #include "transport.h"
 
 /* An asynchronous request whose reply aqua_poll() will meet. */
@@ -76,6 +78,18 @@ struct aqua_ctx {
         uint64_t dram_granted;
         uint64_t migrations, bytes_moved;
 
+        /* consumer: aqua tensors (tensor.c), bytes of their chunks per tier */
+        struct aqua_tensor *tensors;
+        uint64_t tensor_bytes[4];
+
+        /* batched copies still in flight, oldest first, and spare events (copy.c) */
+        struct copy_inflight *copies;
+        size_t n_copies, cap_copies;
+        struct CUevent_st **spare_events;
+        size_t n_spare, cap_spare;
+        uint64_t next_ticket;
+        bool no_batch_copy; /* tests: behave as if the driver had no cuMemcpyBatchAsync */
+
         /* events not yet handed out, a ring */
         struct aqua_event *events;
         size_t ev_head, ev_n, ev_cap;
@@ -118,6 +132,21 @@ int producer_held(aqua_ctx *ctx, struct held *ret);
 void producer_session_lost(aqua_ctx *ctx);
 /* A late OfferReply for the batch starting at ref first_ref. */
 void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e);
+
+/* tensor.c */
+void tensor_free_all(aqua_ctx *ctx);
+/* What move_out() needs to move tensor chunk i (backed by a leased chunk) off its producer. */
+void tensor_move_prepare(const struct aqua_tensor *t, size_t i, struct move *m);
+/* Take the new backing of chunk i; its leased chunk is the caller's to give back. */
+void tensor_moved(aqua_ctx *ctx, struct aqua_tensor *t, size_t i, const struct move *m);
+/* Drop queued events that name t (it is being freed). */
+void ctx_forget_tensor_events(aqua_ctx *ctx, const struct aqua_tensor *t);
+
+/* copy.c */
+/* Wait for every batch libaqua queued that has not completed yet (before moving memory). */
+int copies_wait_all(aqua_ctx *ctx);
+/* Wait, then free the events (aqua_close). */
+void copies_clear(aqua_ctx *ctx);
 
 /* consumer.c */
 int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);

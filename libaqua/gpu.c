@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "alog.h"
+#include "aqua/aqua.h"
 #include "cuda-driver.h"
 #include "util.h"
 
@@ -329,6 +330,145 @@ int gpu_copy(struct gpu *g, uint64_t dst, uint64_t src, uint64_t size)
                 return r;
         /* Device-to-device cuMemcpy may return early; the caller unmaps the source next. */
         return CU(g, cuStreamSynchronize(g->stream));
+}
+
+int gpu_alloc_local(struct gpu *g, uint64_t size, gpu_handle *ret)
+{
+        CUmemAllocationProp prop = device_prop(g, false);
+        CUmemGenericAllocationHandle h;
+        int r;
+
+        WITH_PRIMARY(g);
+        r = CU(g, cuMemCreate(&h, size, &prop, 0));
+        if (r < 0)
+                return r;
+        *ret = h;
+        return 0;
+}
+
+bool gpu_has_batch_copy(const struct gpu *g)
+{
+        return g->d->cuMemcpyBatchAsync != NULL;
+}
+
+CUstream gpu_stream(struct gpu *g, CUstream s)
+{
+        return s ? s : g->stream;
+}
+
+int gpu_stream_new(struct gpu *g, CUstream *ret)
+{
+        CUstream s;
+        int r;
+
+        WITH_PRIMARY(g);
+        r = CU(g, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        if (r < 0)
+                return r;
+        *ret = s;
+        return 0;
+}
+
+void gpu_stream_free(struct gpu *g, CUstream s)
+{
+        WITH_PRIMARY(g);
+        g->d->cuStreamDestroy(s);
+}
+
+int gpu_stream_sync(struct gpu *g, CUstream s)
+{
+        WITH_PRIMARY(g);
+        return CU(g, cuStreamSynchronize(gpu_stream(g, s)));
+}
+
+int gpu_event_new(struct gpu *g, CUevent *ret)
+{
+        CUevent e;
+        int r;
+
+        WITH_PRIMARY(g);
+        r = CU(g, cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        if (r < 0)
+                return r;
+        *ret = e;
+        return 0;
+}
+
+void gpu_event_free(struct gpu *g, CUevent e)
+{
+        WITH_PRIMARY(g);
+        g->d->cuEventDestroy(e);
+}
+
+int gpu_event_record(struct gpu *g, CUevent e, CUstream s)
+{
+        WITH_PRIMARY(g);
+        return CU(g, cuEventRecord(e, gpu_stream(g, s)));
+}
+
+int gpu_event_query(struct gpu *g, CUevent e)
+{
+        CUresult cr;
+
+        WITH_PRIMARY(g);
+        cr = g->d->cuEventQuery(e);
+        if (cr == CUDA_ERROR_NOT_READY)
+                return AQUA_PENDING;
+        return cu_errno(g, cr, "cuEventQuery");
+}
+
+int gpu_event_sync(struct gpu *g, CUevent e)
+{
+        WITH_PRIMARY(g);
+        return CU(g, cuEventSynchronize(e));
+}
+
+/* One cuMemcpyBatchAsync for the pieces: their addresses go into three parallel arrays. */
+static int copy_batch_call(struct gpu *g, CUstream s, const struct aqua_copy_piece *p, size_t n)
+{
+        _cleanup_free_ CUdeviceptr *addrs = malloc(2 * n * sizeof(*addrs));
+        _cleanup_free_ size_t *sizes = malloc(n * sizeof(*sizes));
+        CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        size_t attr_idx = 0;
+
+        if (!addrs || !sizes)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                addrs[i] = p[i].dst;
+                addrs[n + i] = p[i].src;
+                sizes[i] = p[i].bytes;
+        }
+        return CU(g, cuMemcpyBatchAsync(addrs, addrs + n, sizes, n, &attr, &attr_idx, 1, s));
+}
+
+int gpu_copy_batch(struct gpu *g, CUstream s, CUevent wait, const struct aqua_copy_piece *pieces,
+                   size_t n, bool use_batch, CUevent const *record, size_t n_record)
+{
+        int r;
+
+        WITH_PRIMARY(g);
+        s = gpu_stream(g, s);
+        if (wait) {
+                r = CU(g, cuStreamWaitEvent(s, wait, 0));
+                if (r < 0)
+                        return r;
+        }
+        if (n > 1 && use_batch && g->d->cuMemcpyBatchAsync)
+                r = copy_batch_call(g, s, pieces, n);
+        else {
+                r = 0;
+                for (size_t i = 0; i < n && r == 0; i++)
+                        r = CU(g, cuMemcpyAsync(pieces[i].dst, pieces[i].src, pieces[i].bytes, s));
+        }
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n_record; i++)
+                if (record[i]) {
+                        r = CU(g, cuEventRecord(record[i], s));
+                        if (r < 0)
+                                return r;
+                }
+        return 0;
 }
 
 int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total)

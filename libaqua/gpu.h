@@ -63,5 +63,36 @@ int gpu_host_free(struct gpu *g, void *p);
 /* Copy size bytes between device or host addresses (unified addressing), synchronously. */
 int gpu_copy(struct gpu *g, uint64_t dst, uint64_t src, uint64_t size);
 
+/* The context's own memory for tensors: a plain (not exportable) allocation on this device. */
+int gpu_alloc_local(struct gpu *g, uint64_t size, gpu_handle *ret);
+
+/* Streams and events, typed as cuda.h's CUstream / CUevent (declared in aqua.h). */
+struct CUstream_st;
+struct CUevent_st;
+struct aqua_copy_piece;
+
+bool gpu_has_batch_copy(const struct gpu *g);
+/* NULL: libaqua's own stream. */
+struct CUstream_st *gpu_stream(struct gpu *g, struct CUstream_st *s);
+int gpu_stream_new(struct gpu *g, struct CUstream_st **ret);
+void gpu_stream_free(struct gpu *g, struct CUstream_st *s);
+int gpu_stream_sync(struct gpu *g, struct CUstream_st *s);
+int gpu_event_new(struct gpu *g, struct CUevent_st **ret);
+void gpu_event_free(struct gpu *g, struct CUevent_st *e);
+int gpu_event_record(struct gpu *g, struct CUevent_st *e, struct CUstream_st *s);
+/* 0: completed, AQUA_PENDING: not yet, or a negative errno. */
+int gpu_event_query(struct gpu *g, struct CUevent_st *e);
+int gpu_event_sync(struct gpu *g, struct CUevent_st *e);
+
+/*
+ * Queue pieces (already merged) on stream s (NULL: libaqua's own) in one go: after wait (may
+ * be NULL), one cuMemcpyBatchAsync when use_batch and the driver has it, else one
+ * cuMemcpyAsync per piece; then record each of the n_record events (NULL entries skipped).
+ * One context switch for all of it. Returns 0 or a negative errno.
+ */
+int gpu_copy_batch(struct gpu *g, struct CUstream_st *s, struct CUevent_st *wait,
+                   const struct aqua_copy_piece *pieces, size_t n, bool use_batch,
+                   struct CUevent_st *const *record, size_t n_record);
+
 /* cuMemGetInfo on this device. */
 int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total);

@@ -56,7 +56,8 @@ static void lease_free_parts(struct lease_table *t, struct gpu *g, struct aqua_l
 }
 
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 const struct lease_grant_chunk *chunks, size_t n, struct aqua_lease **ret)
+                 const struct lease_grant_chunk *chunks, size_t n, bool pool,
+                 struct aqua_lease **ret)
 {
         struct aqua_lease *l;
         uint64_t size = 0;
@@ -106,6 +107,11 @@ int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
                 goto fail;
         l->peer_bytes = size;
         t->peer_bytes += size;
+        l->pool = pool;
+        if (pool) {
+                l->n_free = n;
+                t->pool_free_bytes += size;
+        }
         lease_link(t, l);
         *ret = l;
         return 0;
@@ -133,87 +139,99 @@ struct lease_chunk *lease_chunk_by_id(const struct lease_table *t, uint64_t chun
         return idmap_get(&t->chunk_by_id, chunk_id);
 }
 
-/* Copy the chunk into a host allocation mapped at its own address; -EOPNOTSUPP if impossible. */
-static int migrate_mapped(struct gpu *g, struct aqua_lease *l, struct lease_chunk *c,
-                          gpu_handle *ret)
+void lease_move_prepare(const struct aqua_lease *l, const struct lease_chunk *c, struct move *m)
 {
-        uint64_t tmp = 0, at = l->dptr + c->offset;
-        gpu_handle h;
-        int r;
-
-        r = gpu_alloc_host_mappable(g, c->size, &h);
-        if (r < 0)
-                return r;
-        /* The host allocation must be reachable somewhere to receive the copy. */
-        r = gpu_reserve(g, c->size, &tmp);
-        if (r < 0)
-                goto fail;
-        r = gpu_map(g, tmp, c->size, h);
-        if (r < 0)
-                goto fail;
-        r = gpu_copy(g, tmp, at, c->size);
-        gpu_unmap(g, tmp, c->size);
-        if (r < 0)
-                goto fail;
-        gpu_unreserve(g, tmp, c->size);
-        tmp = 0;
-        r = gpu_unmap(g, at, c->size);
-        if (r < 0)
-                goto fail;
-        r = gpu_map(g, at, c->size, h);
-        if (r < 0) {
-                /* The peer memory is still ours: put it back where it was. */
-                if (gpu_map(g, at, c->size, c->handle) < 0)
-                        c->mapped = false;
-                goto fail;
-        }
-        *ret = h;
-        return 0;
-fail:
-        if (tmp)
-                gpu_unreserve(g, tmp, c->size);
-        gpu_release(g, h);
-        return r;
+        *m = (struct move){.at = l->dptr + c->offset, .size = c->size, .old = c->handle};
 }
 
-int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c)
+void lease_moved(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c,
+                 struct move *m)
 {
-        gpu_handle h;
-        void *host = NULL;
-        int r;
-
-        if (c->tier != AQUA_TIER_PEER)
-                return -EINVAL;
-        if (!t->no_host_map) {
-                r = migrate_mapped(g, l, c, &h);
-                if (r == 0) {
-                        gpu_release(g, c->handle);
-                        c->handle = h;
-                        goto done;
-                }
-                if (r != -EOPNOTSUPP)
-                        return r;
-                t->no_host_map = true;
-        }
-        r = gpu_host_alloc(g, c->size, &host);
-        if (r < 0)
-                return r;
-        r = gpu_copy(g, (uint64_t)(uintptr_t)host, l->dptr + c->offset, c->size);
-        if (r < 0) {
-                gpu_host_free(g, host);
-                return r;
-        }
-        gpu_unmap(g, l->dptr + c->offset, c->size);
         gpu_release(g, c->handle);
-        c->mapped = c->has_handle = false;
-        c->host = host;
-done:
+        c->has_handle = m->has_handle;
+        c->handle = m->handle;
+        c->mapped = m->has_handle;
+        c->host = m->host;
         c->tier = AQUA_TIER_DRAM;
         l->peer_bytes -= c->size;
         l->dram_bytes += c->size;
         t->peer_bytes -= c->size;
         t->dram_bytes += c->size;
+}
+
+int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c)
+{
+        struct move m;
+        int r;
+
+        if (c->tier != AQUA_TIER_PEER || l->pool)
+                return -EINVAL;
+        lease_move_prepare(l, c, &m);
+        r = move_out(g, &m, 1, &t->no_host_map);
+        if (r < 0)
+                return r;
+        if (m.error < 0)
+                return m.error;
+        lease_moved(t, g, l, c, &m);
         return 0;
+}
+
+void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
+                           struct lease_chunk *c)
+{
+        if (c->tier != AQUA_TIER_PEER)
+                return;
+        if (!c->user) {
+                l->n_free--;
+                t->pool_free_bytes -= c->size;
+        }
+        c->user = NULL;
+        chunk_drop(g, l, c);
+        c->tier = AQUA_TIER_NONE;
+        l->peer_bytes -= c->size;
+        t->peer_bytes -= c->size;
+}
+
+struct lease_chunk *lease_pool_find(struct lease_table *t, uint64_t size,
+                                    struct aqua_lease **ret_lease)
+{
+        for (struct aqua_lease *l = t->head; l; l = l->next) {
+                if (!l->pool || l->n_free == 0)
+                        continue;
+                for (size_t i = 0; i < l->n_chunks; i++) {
+                        struct lease_chunk *c = &l->chunks[i];
+
+                        if (c->tier == AQUA_TIER_PEER && !c->user && c->size == size) {
+                                *ret_lease = l;
+                                return c;
+                        }
+                }
+        }
+        return NULL;
+}
+
+void lease_chunk_use(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c,
+                     struct aqua_tensor *user, size_t index)
+{
+        c->user = user;
+        c->user_index = index;
+        l->n_free--;
+        t->pool_free_bytes -= c->size;
+}
+
+void lease_chunk_unuse(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c)
+{
+        c->user = NULL;
+        l->n_free++;
+        t->pool_free_bytes += c->size;
+}
+
+bool lease_in_use(const struct aqua_lease *l)
+{
+        for (size_t i = 0; l->pool && i < l->n_chunks; i++)
+                if (l->chunks[i].user)
+                        return true;
+        return false;
 }
 
 void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
@@ -224,6 +242,10 @@ void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
         lease_unlink(t, l);
         t->peer_bytes -= l->peer_bytes;
         t->dram_bytes -= l->dram_bytes;
+        if (l->pool)
+                for (size_t i = 0; i < l->n_chunks; i++)
+                        if (l->chunks[i].tier == AQUA_TIER_PEER && !l->chunks[i].user)
+                                t->pool_free_bytes -= l->chunks[i].size;
         lease_free_parts(t, g, l);
 }
 
@@ -233,5 +255,5 @@ void lease_table_clear(struct lease_table *t, struct gpu *g)
                 lease_destroy(t, g, t->head);
         idmap_clear(&t->by_id);
         idmap_clear(&t->chunk_by_id);
-        t->peer_bytes = t->dram_bytes = 0;
+        t->peer_bytes = t->dram_bytes = t->pool_free_bytes = 0;
 }

@@ -1,7 +1,8 @@
 /*
  * The consumer's leases: each one address range on the consumer's GPU with a table of chunks,
  * every chunk backed by a producer's memory (imported and mapped) or, after a reclaim, by host
- * memory. This is the chunk view later data-plane modules attach to.
+ * memory. A tensor-pool lease (AQUA_BORROW_TENSORS) lends its chunks to aqua tensors instead:
+ * each chunk is free or used by one tensor chunk, and a reclaim gives it back (tier NONE).
  */
 #pragma once
 
@@ -12,6 +13,7 @@
 #include "aqua/aqua.h"
 #include "gpu.h"
 #include "idmap.h"
+#include "move.h"
 
 struct lease_chunk {
         uint64_t id;
@@ -22,6 +24,9 @@ struct lease_chunk {
         gpu_handle handle;
         bool mapped; /* at lease.dptr + offset */
         void *host;  /* DRAM without a mappable allocation: pinned host memory */
+        /* Tensor-pool leases: the tensor chunk this chunk backs, NULL when free. */
+        struct aqua_tensor *user;
+        size_t user_index;
 };
 
 struct aqua_lease {
@@ -31,6 +36,8 @@ struct aqua_lease {
         uint64_t size;
         uint64_t peer_bytes;
         uint64_t dram_bytes;
+        bool pool;     /* AQUA_BORROW_TENSORS: its chunks back tensors; the range is internal */
+        size_t n_free; /* pool: PEER chunks with no user */
         size_t n_chunks;
         struct lease_chunk chunks[];
 };
@@ -42,6 +49,7 @@ struct lease_table {
         bool no_host_map;         /* the driver cannot map host allocations: use pinned memory */
         uint64_t peer_bytes;
         uint64_t dram_bytes;
+        uint64_t pool_free_bytes;
 };
 
 struct lease_grant_chunk {
@@ -55,7 +63,8 @@ struct lease_grant_chunk {
  * back and grant g access. On failure nothing is left behind. Returns 0, -EIO, -ENOMEM.
  */
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 const struct lease_grant_chunk *chunks, size_t n, struct aqua_lease **ret);
+                 const struct lease_grant_chunk *chunks, size_t n, bool pool,
+                 struct aqua_lease **ret);
 
 struct aqua_lease *lease_get(const struct lease_table *t, uint64_t id);
 bool lease_valid(const struct lease_table *t, const struct aqua_lease *l);
@@ -68,6 +77,25 @@ struct lease_chunk *lease_chunk_by_id(const struct lease_table *t, uint64_t chun
  */
 int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
                   struct lease_chunk *c);
+
+/* What move_out() needs to move chunk c of a plain lease off its producer. */
+void lease_move_prepare(const struct aqua_lease *l, const struct lease_chunk *c, struct move *m);
+/* Take the result of a successful move of c: its new backing, counters; the peer handle goes. */
+void lease_moved(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c,
+                 struct move *m);
+
+/* A pool chunk goes back to its producer: unmap and release it (its user must be gone). */
+void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
+                           struct lease_chunk *c);
+
+/* Pool chunks: the first free one of `size` in any pool lease, or NULL; take it and let it go. */
+struct lease_chunk *lease_pool_find(struct lease_table *t, uint64_t size,
+                                    struct aqua_lease **ret_lease);
+void lease_chunk_use(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c,
+                     struct aqua_tensor *user, size_t index);
+void lease_chunk_unuse(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c);
+/* Whether a tensor uses any chunk of l. */
+bool lease_in_use(const struct aqua_lease *l);
 
 /* Unmap and release everything of l, remove it and free it. */
 void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l);

@@ -59,6 +59,19 @@ void ctx_forget_lease_events(aqua_ctx *ctx, const aqua_lease *lease)
         ctx->ev_n = kept;
 }
 
+void ctx_forget_tensor_events(aqua_ctx *ctx, const struct aqua_tensor *t)
+{
+        size_t kept = 0;
+
+        for (size_t i = 0; i < ctx->ev_n; i++) {
+                struct aqua_event ev = ctx->events[(ctx->ev_head + i) % ctx->ev_cap];
+
+                if (ev.tensor != t)
+                        ctx->events[(ctx->ev_head + kept++) % ctx->ev_cap] = ev;
+        }
+        ctx->ev_n = kept;
+}
+
 int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, uint64_t arg)
 {
         if (ctx->n_pending == ctx->cap_pending) {
@@ -588,6 +601,9 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 return NULL;
         /* Unmap before the side channel closes: the daemon hands chunks back on its EOF. */
         if (ctx->gpu) {
+                /* Tensors first: their chunks are leased chunks and copies may still read them. */
+                tensor_free_all(ctx);
+                copies_clear(ctx);
                 lease_table_clear(&ctx->leases, ctx->gpu);
                 pool_clear(&ctx->pool, ctx->gpu);
         }
@@ -622,6 +638,11 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
             .offered_bytes = ctx->pool.offered_bytes,
             .borrowed_bytes = ctx->leases.peer_bytes,
             .dram_bytes = ctx->leases.dram_bytes,
+            .tensor_peer_bytes = ctx->tensor_bytes[AQUA_TIER_PEER],
+            .tensor_local_bytes = ctx->tensor_bytes[AQUA_TIER_LOCAL],
+            .tensor_dram_bytes = ctx->tensor_bytes[AQUA_TIER_DRAM],
+            .pool_free_bytes = ctx->leases.pool_free_bytes,
+            .dram_granted = ctx->dram_granted,
         };
         snprintf(ret->gpu_uuid, sizeof(ret->gpu_uuid), "%s", gi->uuid);
         snprintf(ret->paired_with, sizeof(ret->paired_with), "%s", ctx->paired_with);

@@ -91,7 +91,7 @@ Test(lease, maps_granted_chunks_back_to_back_for_the_consumer)
 {
         struct aqua_lease *l = NULL;
 
-        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, &l), 0);
+        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), 0);
         cr_assert_eq(l->size, NCHUNKS * CHUNK);
         cr_assert_eq(table.peer_bytes, NCHUNKS * CHUNK);
         cr_assert_eq(lease_get(&table, 7), l);
@@ -106,7 +106,7 @@ Test(lease, keeps_the_data_at_the_same_address_when_a_chunk_moves_to_host_memory
         struct aqua_lease *l = NULL;
         uint64_t before;
 
-        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, &l), 0);
+        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), 0);
         for (int i = 0; i < NCHUNKS; i++)
                 fill(l->dptr + i * CHUNK, CHUNK, 10 + i);
         producer_lets_go();
@@ -129,7 +129,7 @@ Test(lease, falls_back_to_pinned_memory_where_host_memory_cannot_be_mapped)
 {
         struct aqua_lease *l = NULL;
 
-        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, &l), 0);
+        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), 0);
         fill(l->dptr + 3 * CHUNK, CHUNK, 33);
         table.no_host_map = true;
         cr_assert_eq(lease_migrate(&table, cons, l, &l->chunks[3]), 0);
@@ -143,7 +143,7 @@ Test(lease, frees_everything_when_destroyed)
 {
         struct aqua_lease *l = NULL;
 
-        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, &l), 0);
+        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), 0);
         cr_assert_eq(lease_migrate(&table, cons, l, &l->chunks[0]), 0);
         producer_lets_go();
         lease_destroy(&table, cons, l);
@@ -161,7 +161,7 @@ Test(lease, leaves_nothing_behind_when_a_chunk_cannot_be_imported)
 
         memcpy(bad, grant, sizeof(bad));
         bad[2].fd = 0; /* stdin: not a simcuda allocation */
-        cr_assert_lt(lease_create(&table, cons, 7, bad, NCHUNKS, &l), 0);
+        cr_assert_lt(lease_create(&table, cons, 7, bad, NCHUNKS, false, &l), 0);
         cr_assert_null(lease_get(&table, 7));
         cr_assert_null(lease_chunk_by_id(&table, 100));
         cr_assert_eq(table.peer_bytes, 0);
@@ -174,6 +174,6 @@ Test(lease, refuses_a_chunk_that_is_not_a_multiple_of_the_granularity)
         struct aqua_lease *l = NULL;
 
         grant[1].size = CHUNK / 2;
-        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, &l), -EPROTO);
+        cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), -EPROTO);
         cr_assert_eq(table.peer_bytes, 0);
 }

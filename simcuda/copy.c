@@ -56,43 +56,51 @@ static CUresult copy_async(uintptr_t dst, bool dst_device, uintptr_t src, bool s
 
 SIM_API cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
+        SIM_COUNT();
         return copy_sync(dst, false, src, false, ByteCount);
 }
 
 SIM_API cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
+        SIM_COUNT();
         return copy_sync(dstDevice, true, (uintptr_t)srcHost, false, ByteCount);
 }
 
 SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+        SIM_COUNT();
         return copy_sync((uintptr_t)dstHost, false, srcDevice, true, ByteCount);
 }
 
 SIM_API cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
+        SIM_COUNT();
         return copy_sync(dstDevice, true, srcDevice, true, ByteCount);
 }
 
 SIM_API cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
+        SIM_COUNT();
         return copy_async(dst, false, src, false, ByteCount, hStream);
 }
 
 SIM_API cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                           CUstream hStream)
 {
+        SIM_COUNT();
         return copy_async(dstDevice, true, (uintptr_t)srcHost, false, ByteCount, hStream);
 }
 
 SIM_API cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
+        SIM_COUNT();
         return copy_async((uintptr_t)dstHost, false, srcDevice, true, ByteCount, hStream);
 }
 
 SIM_API cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                           CUstream hStream)
 {
+        SIM_COUNT();
         return copy_async(dstDevice, true, srcDevice, true, ByteCount, hStream);
 }
 
@@ -107,6 +115,7 @@ static bool ctx_ok(CUcontext c)
 SIM_API cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                      CUcontext srcContext, size_t ByteCount)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!ctx_ok(dstContext) || !ctx_ok(srcContext))
                 return CUDA_ERROR_INVALID_CONTEXT;
@@ -116,6 +125,7 @@ SIM_API cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr sr
 SIM_API cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                           CUcontext srcContext, size_t ByteCount, CUstream hStream)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!ctx_ok(dstContext) || !ctx_ok(srcContext))
                 return CUDA_ERROR_INVALID_CONTEXT;
@@ -124,6 +134,7 @@ SIM_API cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdevicep
 
 SIM_API cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx = sim_current_ctx();
         CUresult res;
 
@@ -140,6 +151,7 @@ SIM_API cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 
 SIM_API cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         CUresult res;
 
@@ -181,6 +193,7 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
                            CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
                            CUstream hStream)
 {
+        SIM_COUNT();
         _cleanup_free_ struct sim_piece *pieces = NULL;
         _cleanup_free_ char *staging = NULL;
         size_t staged = 0, k = 0;

@@ -24,6 +24,7 @@ struct CUctx_st *sim_current_ctx(void)
  */
 SIM_API cuInit(unsigned int Flags)
 {
+        SIM_COUNT();
         static CUresult failed = CUDA_SUCCESS;
         _cleanup_free_ char *error = NULL;
         CUresult res = CUDA_SUCCESS;
@@ -67,6 +68,7 @@ out:
 
 SIM_API cuDriverGetVersion(int *driverVersion)
 {
+        SIM_COUNT();
         if (!driverVersion)
                 return CUDA_ERROR_INVALID_VALUE;
         *driverVersion = SIM_VERSION;
@@ -75,6 +77,7 @@ SIM_API cuDriverGetVersion(int *driverVersion)
 
 SIM_API cuDeviceGet(CUdevice *device, int ordinal)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!device)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -86,6 +89,7 @@ SIM_API cuDeviceGet(CUdevice *device, int ordinal)
 
 SIM_API cuDeviceGetCount(int *count)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!count)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -95,6 +99,7 @@ SIM_API cuDeviceGetCount(int *count)
 
 SIM_API cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!name || len <= 0)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -106,6 +111,7 @@ SIM_API cuDeviceGetName(char *name, int len, CUdevice dev)
 
 SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!uuid)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -117,6 +123,7 @@ SIM_API cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 
 SIM_API cuDeviceTotalMem(size_t *bytes, CUdevice dev)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!bytes)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -128,6 +135,7 @@ SIM_API cuDeviceTotalMem(size_t *bytes, CUdevice dev)
 
 SIM_API cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
+        SIM_COUNT();
         const struct sim_device *d;
 
         SIM_CHECK_INIT();
@@ -144,6 +152,7 @@ SIM_API cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 /* A Hopper-like device with the VMM and IPC features aqua relies on; the rest reads 0. */
 SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
+        SIM_COUNT();
         const struct sim_device *d;
         int v = 0;
 
@@ -202,6 +211,7 @@ SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 
 SIM_API cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!canAccessPeer)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -228,6 +238,7 @@ static int link_rank(CUdevice a, CUdevice b)
 SIM_API cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
                                 CUdevice dstDevice)
 {
+        SIM_COUNT();
         bool linked;
 
         SIM_CHECK_INIT();
@@ -256,6 +267,7 @@ SIM_API cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevi
 
 SIM_API cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx;
 
         SIM_CHECK_INIT();
@@ -277,6 +289,7 @@ SIM_API cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  */
 SIM_API cuDevicePrimaryCtxRelease(CUdevice dev)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx;
         CUresult res = CUDA_SUCCESS;
 
@@ -295,6 +308,7 @@ SIM_API cuDevicePrimaryCtxRelease(CUdevice dev)
 
 SIM_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx;
 
         SIM_CHECK_INIT();
@@ -320,6 +334,7 @@ static bool ctx_valid(const struct CUctx_st *ctx)
 
 SIM_API cuCtxSetCurrent(CUcontext ctx)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (ctx && !ctx_valid(ctx))
                 return CUDA_ERROR_INVALID_CONTEXT;
@@ -329,6 +344,7 @@ SIM_API cuCtxSetCurrent(CUcontext ctx)
 
 SIM_API cuCtxGetCurrent(CUcontext *pctx)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!pctx)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -338,6 +354,7 @@ SIM_API cuCtxGetCurrent(CUcontext *pctx)
 
 SIM_API cuCtxGetDevice(CUdevice *device)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!device)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -349,6 +366,7 @@ SIM_API cuCtxGetDevice(CUdevice *device)
 
 SIM_API cuCtxSynchronize(void)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!current)
                 return CUDA_ERROR_INVALID_CONTEXT;

@@ -94,6 +94,7 @@ static size_t page_round(size_t n)
 
 SIM_API cuMemGetInfo(size_t *free, size_t *total)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx = sim_current_ctx();
         uint64_t used, cap;
 
@@ -113,6 +114,7 @@ SIM_API cuMemGetInfo(size_t *free, size_t *total)
 /* Device memory from cuMemAlloc is a device backing file mapped read-write at once. */
 SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx = sim_current_ctx();
         size_t mapped = page_round(bytesize);
         CUresult res;
@@ -143,6 +145,7 @@ SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
 
 SIM_API cuMemFree(CUdeviceptr dptr)
 {
+        SIM_COUNT();
         struct linear l;
 
         SIM_CHECK_INIT();
@@ -158,6 +161,7 @@ SIM_API cuMemFree(CUdeviceptr dptr)
 
 SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
+        SIM_COUNT();
         const unsigned known =
             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
         size_t mapped = page_round(bytesize);
@@ -183,11 +187,13 @@ SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 
 SIM_API cuMemAllocHost(void **pp, size_t bytesize)
 {
+        SIM_COUNT();
         return cuMemHostAlloc(pp, bytesize, 0);
 }
 
 SIM_API cuMemFreeHost(void *p)
 {
+        SIM_COUNT();
         struct linear l;
 
         SIM_CHECK_INIT();
@@ -200,6 +206,7 @@ SIM_API cuMemFreeHost(void *p)
 
 SIM_API cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
+        SIM_COUNT();
         bool found;
 
         SIM_CHECK_INIT();
@@ -213,6 +220,7 @@ SIM_API cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flag
 
 SIM_API cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
+        SIM_COUNT();
         uintptr_t base;
         size_t size, at;
         bool mapped, found;

@@ -137,6 +137,7 @@ static const struct {
 
 SIM_API cuGetErrorName(CUresult error, const char **pStr)
 {
+        SIM_COUNT();
         if (!pStr)
                 return CUDA_ERROR_INVALID_VALUE;
         for (size_t i = 0; i < ARRAY_SIZE(error_names); i++)
@@ -150,6 +151,7 @@ SIM_API cuGetErrorName(CUresult error, const char **pStr)
 
 SIM_API cuGetErrorString(CUresult error, const char **pStr)
 {
+        SIM_COUNT();
         CUresult res;
 
         if (!pStr)
@@ -210,6 +212,7 @@ static const struct {
 SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *symbolStatus)
 {
+        SIM_COUNT();
         const cuuint64_t known =
             CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 

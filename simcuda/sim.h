@@ -9,6 +9,20 @@
 
 #include "util.h"
 
+/* Calls per entry point (calls.c): every entry point starts with SIM_COUNT(). */
+struct sim_counter {
+        const char *name;
+        _Atomic unsigned long long n;
+        _Atomic bool linked;
+        struct sim_counter *next;
+};
+void sim_count(struct sim_counter *c);
+#define SIM_COUNT()                                                                                \
+        do {                                                                                       \
+                static struct sim_counter counter_ = {.name = __func__};                           \
+                sim_count(&counter_);                                                              \
+        } while (0)
+
 /* Entry points of the Driver API carry default visibility; everything else stays hidden. */
 #define SIM_API __attribute__((visibility("default"))) CUresult CUDAAPI
 

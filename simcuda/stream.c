@@ -374,6 +374,7 @@ void sim_stream_drain(struct CUctx_st *ctx, bool only_blocking)
 
 SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
+        SIM_COUNT();
         struct CUctx_st *ctx = sim_current_ctx();
         struct CUstream_st *s;
         CUresult res;
@@ -396,6 +397,7 @@ SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
 /* Like the real driver, work already queued still runs; the stream goes away after it. */
 SIM_API cuStreamDestroy(CUstream hStream)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
                 return CUDA_ERROR_INVALID_HANDLE;
@@ -408,6 +410,7 @@ SIM_API cuStreamDestroy(CUstream hStream)
 
 SIM_API cuStreamSynchronize(CUstream hStream)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         CUresult res;
 
@@ -427,6 +430,7 @@ SIM_API cuStreamSynchronize(CUstream hStream)
 
 SIM_API cuStreamQuery(CUstream hStream)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         CUresult res;
         bool idle;
@@ -443,6 +447,7 @@ SIM_API cuStreamQuery(CUstream hStream)
 
 SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         struct op *op;
         CUresult res;
@@ -464,6 +469,7 @@ SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 
 SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
+        SIM_COUNT();
         const unsigned known =
             CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
         struct CUevent_st *e;
@@ -485,6 +491,7 @@ SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
 
 SIM_API cuEventDestroy(CUevent hEvent)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
@@ -496,6 +503,7 @@ SIM_API cuEventDestroy(CUevent hEvent)
 
 SIM_API cuEventRecord(CUevent hEvent, CUstream hStream)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         struct op *op;
         CUresult res;
@@ -536,6 +544,7 @@ static bool event_done_locked(const struct CUevent_st *e)
 
 SIM_API cuEventQuery(CUevent hEvent)
 {
+        SIM_COUNT();
         bool done;
 
         SIM_CHECK_INIT();
@@ -549,6 +558,7 @@ SIM_API cuEventQuery(CUevent hEvent)
 
 SIM_API cuEventSynchronize(CUevent hEvent)
 {
+        SIM_COUNT();
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
@@ -561,6 +571,7 @@ SIM_API cuEventSynchronize(CUevent hEvent)
 
 SIM_API cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
+        SIM_COUNT();
         CUresult res = CUDA_SUCCESS;
 
         SIM_CHECK_INIT();
@@ -584,6 +595,7 @@ SIM_API cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 
 SIM_API cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
+        SIM_COUNT();
         struct CUstream_st *s;
         struct op *op;
         CUresult res;

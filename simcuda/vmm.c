@@ -289,6 +289,7 @@ static CUresult alloc_add(int fd, uint64_t size, const CUmemAllocationProp *prop
 SIM_API cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                       CUmemAllocationGranularity_flags option)
 {
+        SIM_COUNT();
         CUresult res;
 
         SIM_CHECK_INIT();
@@ -305,6 +306,7 @@ SIM_API cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocation
 SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                     const CUmemAllocationProp *prop, unsigned long long flags)
 {
+        SIM_COUNT();
         CUresult res;
         int fd;
 
@@ -323,6 +325,7 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 SIM_API cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+        SIM_COUNT();
         struct alloc *a;
 
         SIM_CHECK_INIT();
@@ -339,6 +342,7 @@ SIM_API cuMemRelease(CUmemGenericAllocationHandle handle)
 SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                CUmemGenericAllocationHandle handle)
 {
+        SIM_COUNT();
         struct alloc *a;
 
         SIM_CHECK_INIT();
@@ -357,6 +361,7 @@ SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
 SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                      CUmemAllocationHandleType handleType, unsigned long long flags)
 {
+        SIM_COUNT();
         CUresult res = CUDA_SUCCESS;
         struct alloc *a;
 
@@ -384,6 +389,7 @@ SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocati
 SIM_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                        CUmemAllocationHandleType shHandleType)
 {
+        SIM_COUNT();
         int fd = (int)(intptr_t)osHandle;
         CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
         _cleanup_close_ int dup_fd = -1;
@@ -415,6 +421,7 @@ SIM_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, voi
 SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                             unsigned long long flags)
 {
+        SIM_COUNT();
         const size_t page = (size_t)sysconf(_SC_PAGESIZE);
         struct reservation r = {0};
         size_t align, at;
@@ -463,6 +470,7 @@ SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUd
 /* Refuses to free a reservation that still has mappings: unmap them first. */
 SIM_API cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+        SIM_COUNT();
         struct reservation *r;
         CUresult res = CUDA_SUCCESS;
 
@@ -483,6 +491,7 @@ SIM_API cuMemAddressFree(CUdeviceptr ptr, size_t size)
 SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                  unsigned long long flags)
 {
+        SIM_COUNT();
         struct mapping m = {.ptr = ptr, .size = size};
         CUresult res = CUDA_ERROR_INVALID_VALUE;
         struct reservation *r;
@@ -523,6 +532,7 @@ out:
 
 SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+        SIM_COUNT();
         CUresult res = CUDA_ERROR_INVALID_VALUE;
         struct reservation *r;
         size_t count;
@@ -584,6 +594,7 @@ static CUresult access_slot(const CUmemLocation *loc, const struct alloc *a, int
 
 SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
+        SIM_COUNT();
         CUresult res = CUDA_ERROR_INVALID_VALUE;
         struct reservation *r;
         size_t n_maps;
@@ -653,6 +664,7 @@ static struct mapping *mapping_at(uintptr_t p)
 
 SIM_API cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
 {
+        SIM_COUNT();
         CUresult res = CUDA_ERROR_INVALID_VALUE;
         struct mapping *m;
         int slot;
@@ -673,6 +685,7 @@ SIM_API cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
 
 SIM_API cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
+        SIM_COUNT();
         struct mapping *m;
 
         SIM_CHECK_INIT();

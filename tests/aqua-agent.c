@@ -7,12 +7,15 @@
  *   open ROLE DEVICE [CHUNK_BYTES]   -> ok
  *   offer BYTES                      -> ok OFFERED
  *   reclaim BYTES TIMEOUT_MS         -> ok RESULT FREED
- *   borrow BYTES MIN [dram]          -> ok INDEX BYTES DRAM   (INDEX names the lease later)
+ *   borrow BYTES MIN [dram|tensors]  -> ok INDEX BYTES DRAM   (INDEX names the lease later)
+ *   tensor BYTES                     -> ok INDEX DPTR         (a tensor grown to BYTES)
+ *   tfill INDEX SEED / tcheck INDEX SEED -> ok / ok BAD_CHUNKS
+ *   tinfo INDEX                      -> ok dptr=D peer=B local=B dram=B end=B
  *   return_dram BYTES                -> ok
  *   fill INDEX SEED / check INDEX SEED -> ok / ok BAD_CHUNKS
  *   return INDEX                     -> ok
  *   poll MS [until-EVENT]            -> ok migrated=N reclaimed=BYTES disconnected=N
- *                                          reconnected=N lost=N failed=N
+ *                                          reconnected=N lost=N failed=N tmoved=BYTES
  *   info                             -> ok connected=0|1 offered=B borrowed=B dram=B paired=UUID
  *   free DEVICE                      -> ok FREE_BYTES          (cuMemGetInfo)
  *   close                            -> ok
@@ -35,6 +38,8 @@ static aqua_ctx *ctx;
 static const struct cuda_driver *cu;
 static aqua_lease *leases[MAX_LEASES];
 static size_t n_leases;
+static aqua_tensor *tensors[MAX_LEASES];
+static size_t n_tensors;
 static int device;
 
 static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -138,11 +143,64 @@ static int walk(size_t index, unsigned seed, bool fill, size_t *ret_bad)
         return r;
 }
 
+/* Fill or check every mapped chunk of a tensor through its device address (or host copy). */
+static int twalk(size_t index, unsigned seed, bool fill, size_t *ret_bad)
+{
+        struct aqua_tensor_info ti;
+        uint64_t *buf;
+        size_t bad = 0;
+        int r;
+
+        if (index >= n_tensors)
+                return -EINVAL;
+        r = aqua_tensor_get_info(ctx, tensors[index], &ti);
+        if (r == 0)
+                r = use_device(device);
+        if (r < 0)
+                return r;
+        buf = malloc(ti.chunk_bytes);
+        if (!buf)
+                return -ENOMEM;
+        for (uint64_t off = ti.begin; off < ti.end && r == 0; off += ti.chunk_bytes) {
+                struct aqua_tensor_range rg;
+                uint64_t base = pattern_base(seed, off / ti.chunk_bytes);
+                size_t words = ti.chunk_bytes / 8;
+                void *host;
+
+                r = aqua_tensor_get_range(ctx, tensors[index], off, &rg);
+                if (r < 0)
+                        break;
+                host = rg.host ? (char *)rg.host + (off - rg.offset) : NULL;
+                if (fill) {
+                        for (size_t i = 0; i < words; i++)
+                                buf[i] = base ^ i;
+                        if (host)
+                                memcpy(host, buf, ti.chunk_bytes);
+                        else
+                                r = cu_ok(cu->cuMemcpyHtoD(ti.dptr + off, buf, ti.chunk_bytes));
+                        continue;
+                }
+                if (host)
+                        memcpy(buf, host, ti.chunk_bytes);
+                else
+                        r = cu_ok(cu->cuMemcpyDtoH(buf, ti.dptr + off, ti.chunk_bytes));
+                for (size_t i = 0; i < words && r == 0; i++)
+                        if (buf[i] != (base ^ i)) {
+                                bad++;
+                                break;
+                        }
+        }
+        free(buf);
+        if (r == 0 && ret_bad)
+                *ret_bad = bad;
+        return r;
+}
+
 static void cmd_poll(int ms, const char *until)
 {
         uint64_t deadline = now_mono_ns() + (uint64_t)ms * NSEC_PER_MSEC;
         unsigned migrated = 0, disconnected = 0, reconnected = 0, lost = 0, failed = 0;
-        uint64_t reclaimed = 0;
+        uint64_t reclaimed = 0, tmoved = 0;
         int fd, r;
 
         aqua_fd(ctx, &fd);
@@ -185,6 +243,10 @@ static void cmd_poll(int ms, const char *until)
                                 failed++;
                                 name = "failed";
                                 break;
+                        case AQUA_EVENT_TENSOR_MIGRATED:
+                                tmoved += ev[i].bytes;
+                                name = "tmoved";
+                                break;
                         default:
                                 break;
                         }
@@ -196,8 +258,10 @@ static void cmd_poll(int ms, const char *until)
                 /* The fd wakes us; the short timeout only bounds the wait for the deadline. */
                 poll(&p, 1, MIN(ms_until(deadline), 50));
         }
-        reply("ok migrated=%u reclaimed=%llu disconnected=%u reconnected=%u lost=%u failed=%u",
-              migrated, (unsigned long long)reclaimed, disconnected, reconnected, lost, failed);
+        reply("ok migrated=%u reclaimed=%llu disconnected=%u reconnected=%u lost=%u failed=%u "
+              "tmoved=%llu",
+              migrated, (unsigned long long)reclaimed, disconnected, reconnected, lost, failed,
+              (unsigned long long)tmoved);
 }
 
 static void dispatch(char *line)
@@ -230,7 +294,11 @@ static void dispatch(char *line)
                 struct aqua_grant g;
                 x = strtoull(a, NULL, 0);
                 y = strtoull(b, NULL, 0);
-                r = aqua_borrow(ctx, x, y, strcmp(c, "dram") == 0 ? AQUA_BORROW_ALLOW_DRAM : 0, &g);
+                r = aqua_borrow(ctx, x, y,
+                                strcmp(c, "dram") == 0      ? AQUA_BORROW_ALLOW_DRAM
+                                : strcmp(c, "tensors") == 0 ? AQUA_BORROW_TENSORS
+                                                            : 0,
+                                &g);
                 if (r != 0 || n_leases == MAX_LEASES) {
                         fail(r ? r : -E2BIG);
                         return;
@@ -245,6 +313,37 @@ static void dispatch(char *line)
                 size_t bad = 0;
                 r = walk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[0] == 'f', &bad);
                 r < 0 ? fail(r) : reply("ok %zu", bad);
+        } else if (strcmp(cmd, "tensor") == 0) {
+                aqua_tensor *t = NULL;
+                x = strtoull(a, NULL, 0);
+                r = n_tensors < MAX_LEASES ? aqua_tensor_new(ctx, x, NULL, &t) : -E2BIG;
+                if (r == 0) {
+                        r = aqua_tensor_grow(ctx, t, x);
+                        if (r != 0)
+                                aqua_tensor_free(ctx, t);
+                }
+                if (r != 0) {
+                        fail(r);
+                        return;
+                }
+                tensors[n_tensors++] = t;
+                reply("ok %zu %llu", n_tensors - 1, (unsigned long long)aqua_tensor_dptr(t));
+        } else if (strcmp(cmd, "tfill") == 0 || strcmp(cmd, "tcheck") == 0) {
+                size_t bad = 0;
+                r = twalk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[1] == 'f', &bad);
+                r < 0 ? fail(r) : reply("ok %zu", bad);
+        } else if (strcmp(cmd, "tinfo") == 0) {
+                struct aqua_tensor_info ti;
+                size_t i = strtoul(a, NULL, 0);
+                r = i < n_tensors ? aqua_tensor_get_info(ctx, tensors[i], &ti) : -EINVAL;
+                if (r < 0) {
+                        fail(r);
+                        return;
+                }
+                reply("ok dptr=%llu peer=%llu local=%llu dram=%llu end=%llu",
+                      (unsigned long long)ti.dptr, (unsigned long long)ti.peer_bytes,
+                      (unsigned long long)ti.local_bytes, (unsigned long long)ti.dram_bytes,
+                      (unsigned long long)ti.end);
         } else if (strcmp(cmd, "return") == 0) {
                 size_t i = strtoul(a, NULL, 0);
                 r = i < n_leases ? aqua_return(ctx, leases[i]) : -EINVAL;
@@ -272,7 +371,7 @@ static void dispatch(char *line)
                 r < 0 ? fail(r) : reply("ok %zu", free_b);
         } else if (strcmp(cmd, "close") == 0) {
                 ctx = aqua_close(ctx);
-                n_leases = 0;
+                n_leases = n_tensors = 0;
                 reply("ok");
         } else
                 reply("err %d unknown command", -EINVAL);

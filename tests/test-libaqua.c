@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -239,6 +240,38 @@ Test(libaqua, reclaims_two_gib_from_a_consumer_with_its_data_intact)
         cr_assert_eq(field(r, "dram"), 1 * GiB);
         r = agent_do(&producer, "info");
         cr_assert_eq(field(r, "offered"), 2 * GiB);
+}
+
+Test(libaqua, moves_a_tensor_off_a_reclaimed_lease_to_dram_at_the_same_address)
+{
+        uint64_t dptr;
+        const char *r;
+        unsigned long long idx;
+
+        /* The producer's chunks are 32 MiB (the default), and so are the tensor's. */
+        cr_assert_eq(agent_num(&producer, "offer %llu", SMALL), SMALL);
+        r = agent_do(&consumer, "borrow %llu %llu tensors", SMALL, SMALL);
+        cr_assert_str_eq(r, "0 268435456 0", "a pool lease of 256 MiB: %s", r);
+        /* 192 MiB of tensor on the pool: two of its eight chunks stay free. */
+        r = agent_do(&consumer, "tensor %llu", 3 * SMALL / 4);
+        cr_assert_eq(sscanf(r, "%llu %" SCNu64, &idx, &dptr), 2, "%s", r);
+        cr_assert_str_eq(agent_do(&consumer, "tfill 0 9"), "0");
+        r = agent_do(&consumer, "tinfo 0");
+        cr_assert_eq(field(r, "peer"), 3 * SMALL / 4);
+
+        agent_send(&producer, "reclaim 0 30000");
+        r = agent_do(&consumer, "poll 30000 tmoved");
+        cr_assert_eq(field(r, "tmoved"), 3 * SMALL / 4, "exactly the tensor's chunks moved: %s", r);
+        r = agent_reply(&producer);
+        cr_assert_str_eq(r, "0 268435456", "all of it came back: %s", r);
+
+        r = agent_do(&consumer, "tinfo 0");
+        cr_assert_eq(field(r, "dptr"), dptr, "the device address did not change");
+        cr_assert_eq(field(r, "dram"), 3 * SMALL / 4);
+        cr_assert_eq(field(r, "peer"), 0);
+        cr_assert_str_eq(agent_do(&consumer, "tcheck 0 9"), "0");
+        r = agent_do(&consumer, "info");
+        cr_assert_eq(field(r, "borrowed"), 0);
 }
 
 Test(libaqua, gives_a_dead_consumers_chunks_back_to_the_pool)

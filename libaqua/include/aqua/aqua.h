@@ -160,6 +160,12 @@ struct aqua_info {
         uint64_t offered_bytes;  /* producer: in the daemon's pool (leased or not) */
         uint64_t borrowed_bytes; /* consumer: peer memory currently mapped */
         uint64_t dram_bytes;     /* consumer: data moved to DRAM by reclaims, still held */
+        /* consumer, aqua tensors: bytes of tensor chunks per tier, and pool capacity left */
+        uint64_t tensor_peer_bytes;
+        uint64_t tensor_local_bytes;
+        uint64_t tensor_dram_bytes; /* placement keeps it within dram_granted; reclaims may not */
+        uint64_t pool_free_bytes;   /* free chunks of AQUA_BORROW_TENSORS leases */
+        uint64_t dram_granted;      /* DRAM budget the daemon granted (AQUA_BORROW_ALLOW_DRAM) */
 };
 
 /* Fill *ret with the context's state as last known locally (no round trip). */
@@ -201,6 +207,13 @@ AQUA_API int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes);
 
 /* For aqua_borrow()'s flags. */
 #define AQUA_BORROW_ALLOW_DRAM (1u << 0) /* a DRAM budget may make up what peers cannot */
+/*
+ * The lease becomes capacity for aqua tensors (below) instead of a range the caller uses: its
+ * chunks back tensor chunks one for one, and libaqua keeps each chunk used or free. The grant's
+ * dptr is 0 (the lease's own range is libaqua's). aqua_return() of such a lease fails with
+ * -EBUSY while a tensor still uses one of its chunks.
+ */
+#define AQUA_BORROW_TENSORS (1u << 1)
 
 struct aqua_grant {
         /* The new lease; NULL when no peer memory was granted. Owned by the context. */
@@ -235,10 +248,13 @@ AQUA_API int aqua_return(aqua_ctx *ctx, aqua_lease *lease);
 /* Give back `bytes` of DRAM budget (the caller unpinned that much host memory). */
 AQUA_API int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes);
 
-/* Where one chunk of a lease lives now. */
+/* Where one chunk of a lease or of a tensor lives now. */
 enum aqua_tier {
-        AQUA_TIER_PEER = 1, /* the producer's GPU memory, mapped at the lease's range */
-        AQUA_TIER_DRAM = 2, /* host memory, moved there by a reclaim (see aqua_chunk_info.host) */
+        AQUA_TIER_NONE = 0,  /* nothing: a tensor chunk not mapped (yet, or any more); a tensor-pool
+                              * lease chunk given back to its producer by a reclaim */
+        AQUA_TIER_PEER = 1,  /* a producer's GPU memory, leased and mapped over the peer link */
+        AQUA_TIER_DRAM = 2,  /* host memory (moved there by a reclaim, or placed there) */
+        AQUA_TIER_LOCAL = 3, /* the context's own GPU memory (tensors only) */
 };
 
 struct aqua_lease_info {
@@ -299,6 +315,12 @@ enum aqua_event_type {
         AQUA_EVENT_PAIR_CHANGED,
         /* The daemon is shutting down. */
         AQUA_EVENT_DAEMON_STOPPING,
+        /* Consumer: chunks of a tensor changed tier outside a call on that tensor: a reclaim
+         * moved them off a producer (to `tier`), or, for RELOCATED, their device address no
+         * longer holds them. `tensor`, `offset`, `bytes` name the run; `tier` the new tier;
+         * `host` is NULL when the device address is unchanged (always, where the driver maps
+         * host memory), else the host address now holding the run's first byte. */
+        AQUA_EVENT_TENSOR_MIGRATED,
         /* The connection to the daemon was lost. libaqua reconnects inside aqua_poll(); the
          * fd of aqua_fd() wakes the caller when it is time to try. Mappings stay valid. */
         AQUA_EVENT_DISCONNECTED,
@@ -306,12 +328,18 @@ enum aqua_event_type {
         AQUA_EVENT_RECONNECTED,
 };
 
+typedef struct aqua_tensor aqua_tensor;
+
 struct aqua_event {
         enum aqua_event_type type;
-        aqua_lease *lease; /* MIGRATED, RECLAIM_FAILED, LEASE_LOST */
-        uint64_t offset;   /* MIGRATED: offset of the chunk in the lease */
-        uint64_t bytes;    /* RECLAIMED, MIGRATED */
-        int error;         /* RECLAIM_FAILED: a negative errno */
+        aqua_lease *lease;   /* MIGRATED, RECLAIM_FAILED, LEASE_LOST */
+        uint64_t offset;     /* MIGRATED: offset of the chunk in the lease; TENSOR_MIGRATED:
+                              * offset in the tensor */
+        uint64_t bytes;      /* RECLAIMED, MIGRATED, TENSOR_MIGRATED */
+        int error;           /* RECLAIM_FAILED: a negative errno */
+        aqua_tensor *tensor; /* TENSOR_MIGRATED (also RECLAIM_FAILED of a tensor's chunk) */
+        enum aqua_tier tier; /* TENSOR_MIGRATED: where the run lives now */
+        void *host;          /* TENSOR_MIGRATED: see there */
 };
 
 /*
@@ -332,6 +360,213 @@ AQUA_API int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
  * not read from it or close it.
  */
 AQUA_API int aqua_fd(aqua_ctx *ctx, int *ret_fd);
+
+/* ------------------------------------------------------------------------------ tensors */
+
+/*
+ * An aqua tensor is one reserved device address range of the context's GPU, backed chunk by
+ * chunk by leased peer memory, the GPU's own memory, or host DRAM, and readable and writable by
+ * kernels on that GPU wherever a chunk is mapped. Chunks are mapped on demand (grow) and
+ * released at either end (trim) without moving the data between; a reclaim moves the chunks it
+ * takes to DRAM and maps the DRAM at the same address (host-location cuMemCreate), so the
+ * device pointer stays valid. Where the driver cannot map host memory there, the data goes to
+ * pinned host memory and AQUA_EVENT_TENSOR_MIGRATED gives its host address.
+ *
+ * Placement of a new chunk: a free chunk of an AQUA_BORROW_TENSORS lease (of the tensor's chunk
+ * size), else the GPU's own memory if the tensor allows it, else DRAM as long as the tensor
+ * chunks in DRAM stay within the DRAM budget the daemon granted (aqua_borrow() with
+ * AQUA_BORROW_ALLOW_DRAM). A tensor may name one tier instead.
+ *
+ * Tensors belong to their context: same thread rules (not thread-safe, serialize every call on
+ * one context), freed by aqua_close() at the latest. Consumers only (-EPERM otherwise).
+ */
+
+/* For struct aqua_tensor_options.flags. */
+#define AQUA_TENSOR_ALLOW_LOCAL   (1u << 0) /* automatic placement may use the GPU's own memory */
+#define AQUA_TENSOR_RECLAIM_LOCAL (1u << 1) /* a reclaim moves chunks to free local memory first   \
+                                             */
+
+struct aqua_tensor_options {
+        size_t size; /* sizeof(struct aqua_tensor_options) as the caller was compiled */
+        /* Size of each chunk, a multiple of the GPU's granularity; peer chunks of another size
+         * cannot back this tensor. 0: the chunk size of the first AQUA_BORROW_TENSORS lease,
+         * else 32 MiB. */
+        uint64_t chunk_bytes;
+        /* AQUA_TIER_NONE: automatic placement (above); PEER, LOCAL or DRAM: only that tier. */
+        enum aqua_tier tier;
+        unsigned flags;
+};
+
+#define AQUA_TENSOR_OPTIONS_INIT                                                                   \
+        {                                                                                          \
+                .size = sizeof(struct aqua_tensor_options)                                         \
+        }
+
+/*
+ * Reserve max_bytes (rounded up to whole chunks) of device addresses for a tensor; nothing is
+ * mapped yet. opts may be NULL. Free it with aqua_tensor_free().
+ * Errors: -EPERM (not a consumer), -EINVAL, -ENOMEM, -EIO (the driver refused the range).
+ */
+AQUA_API int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
+                             const struct aqua_tensor_options *opts, aqua_tensor **ret);
+
+/* Unmap and release every chunk (peer chunks go back to their lease's free chunks) and the
+ * range. Waits for libaqua's copies still in flight. Accepts NULL; returns NULL. */
+AQUA_API aqua_tensor *aqua_tensor_free(aqua_ctx *ctx, aqua_tensor *t);
+
+/* The tensor's device address (fixed for its life) and the size of its range. */
+AQUA_API uint64_t aqua_tensor_dptr(const aqua_tensor *t);
+
+struct aqua_tensor_info {
+        uint64_t dptr;      /* start of the range; never changes */
+        uint64_t max_bytes; /* length of the range */
+        uint64_t chunk_bytes;
+        uint64_t begin, end; /* the mapped window [begin, end), whole chunks; begin == end: empty */
+        uint64_t peer_bytes, local_bytes, dram_bytes;
+};
+
+AQUA_API int aqua_tensor_get_info(aqua_ctx *ctx, const aqua_tensor *t,
+                                  struct aqua_tensor_info *ret);
+
+/*
+ * Map chunks so that the window reaches `end` bytes (rounded up to a chunk); the start of the
+ * window stays (offset 0 for a new tensor; where aqua_tensor_trim() left it, also when the trim
+ * emptied the window). Growing to less than the current end does nothing. All or nothing: on
+ * failure the chunks this call mapped are released again and the tensor is as before.
+ * Returns 0, AQUA_NO_MEMORY (no tier allowed has room: no lease chunk free, no local memory or
+ * not allowed, DRAM budget exhausted), -ERANGE (end > max_bytes), -EPERM, -EINVAL, -EIO.
+ */
+AQUA_API int aqua_tensor_grow(aqua_ctx *ctx, aqua_tensor *t, uint64_t end);
+
+/*
+ * Shrink the window to [begin, end): release whole chunks that lie entirely before begin or
+ * entirely at or after end. Chunks in between keep their data and address; nothing is copied.
+ * The window may then grow again at its end. Returns 0, -EINVAL (begin > end), -EPERM.
+ */
+AQUA_API int aqua_tensor_trim(aqua_ctx *ctx, aqua_tensor *t, uint64_t begin, uint64_t end);
+
+/* One run of neighbouring chunks of one tier. */
+struct aqua_tensor_range {
+        uint64_t offset; /* in the tensor */
+        uint64_t bytes;
+        enum aqua_tier tier; /* AQUA_TIER_NONE: not mapped */
+        /* NULL: the run is at dptr + offset. Else (pinned-host fallback, DRAM only) the host
+         * address of the run's first chunk; such runs are one chunk long. */
+        void *host;
+};
+
+/*
+ * The run of chunks that holds `offset`: from the chunk containing it to the last neighbour of
+ * the same tier (and mapping). Walk a tensor with offset = previous offset + bytes.
+ * Returns 0 or -ERANGE (offset >= max_bytes).
+ */
+AQUA_API int aqua_tensor_get_range(aqua_ctx *ctx, const aqua_tensor *t, uint64_t offset,
+                                   struct aqua_tensor_range *ret);
+
+/*
+ * Opt-in: move DRAM chunks (and local ones when include_local) of t (NULL:
+ * every tensor of the context) to free chunks of AQUA_BORROW_TENSORS leases, at most max_bytes
+ * (AQUA_ALL: no limit), e.g. after a producer offered again and aqua_borrow() got a lease.
+ * Addresses stay; a chunk that was in pinned host memory is mapped at its address again (also
+ * reported as AQUA_EVENT_TENSOR_MIGRATED with host NULL). Synchronous: waits for libaqua's copies
+ * in flight, copies, remaps. *ret_bytes (may be NULL) gets the bytes moved. Returns 0 (also when
+ * nothing could move), -EPERM, -EINVAL, -EIO.
+ */
+AQUA_API int aqua_tensor_promote(aqua_ctx *ctx, aqua_tensor *t, bool include_local,
+                                 uint64_t max_bytes, uint64_t *ret_bytes);
+
+/* ------------------------------------------------------------------------------ copies */
+
+/*
+ * CUDA streams and events as cuda.h declares them (CUstream, CUevent, or cudaStream_t and
+ * cudaEvent_t of the runtime, which are the same pointers), without including cuda.h.
+ */
+struct CUstream_st;
+struct CUevent_st;
+
+/* One piece of a batch: bytes from src to dst. Device addresses, or host addresses of pinned
+ * or pageable memory (unified addressing): any tier to any tier. */
+struct aqua_copy_piece {
+        uint64_t dst;
+        uint64_t src;
+        uint64_t bytes;
+};
+
+/* Identifies a batch for aqua_copy_query()/aqua_copy_wait(); increases with every batch. */
+typedef uint64_t aqua_ticket;
+
+/*
+ * Copy n pieces asynchronously as one batch on `stream` (NULL: libaqua's own stream of the
+ * context's GPU). Neighbouring pieces that continue each other (src and dst both contiguous)
+ * merge into one; the rest goes through one cuMemcpyBatchAsync call where the driver has it,
+ * else one copy per merged group. The batch starts after wait_event (may be NULL: the writer's
+ * event, e.g. recorded after the kernel that produced the data) and, on `stream`, after the work
+ * queued there before; done_event (may be NULL) is recorded when the batch has completed, for the
+ * engine's streams to wait on. Pieces within a batch must not overlap each other's destinations.
+ * libaqua keeps track of the batch: aqua_poll() waits for batches still in flight before a
+ * reclaim moves chunks, so a copy never races a migration.
+ * Memory the pieces name must stay mapped until the batch completes.
+ * *ret_ticket (may be NULL) identifies the batch. Returns 0, -EINVAL (n == 0, a zero-length
+ * piece), -ENOMEM, -EIO (the driver refused; nothing of the batch was queued then, unless the
+ * driver lacks batches and failed half-way, which the error message logs).
+ */
+AQUA_API int aqua_copy_batch(aqua_ctx *ctx, const struct aqua_copy_piece *pieces, size_t n,
+                             struct CUstream_st *stream, struct CUevent_st *wait_event,
+                             struct CUevent_st *done_event, aqua_ticket *ret_ticket);
+
+/* 0 when the batch has completed (or is unknown: long done), AQUA_PENDING while it runs. */
+AQUA_API int aqua_copy_query(aqua_ctx *ctx, aqua_ticket ticket);
+
+/* Block until the batch has completed. Returns 0 or -EIO. */
+AQUA_API int aqua_copy_wait(aqua_ctx *ctx, aqua_ticket ticket);
+
+/* ---------------------------------------------------------- layer-wise offload and prefetch */
+
+/*
+ * Layer-by-layer movement of a KV cache between the engine's working memory and an aqua tensor
+ * (or any tier): offload layer i as soon as its compute is recorded, prefetch layer i + 1 while
+ * layer i computes. Offloads run on one stream and prefetches on another, so the two directions
+ * overlap each other and the engine's compute. Each layer has a completion event the engine's
+ * compute stream can wait on (GPU-side) and a ticket the host can query.
+ * Not thread-safe; belongs to its context (free it before aqua_close()).
+ */
+typedef struct aqua_layers aqua_layers;
+
+/*
+ * For n_layers layers. offload_stream / prefetch_stream: the caller's streams (NULL: libaqua
+ * creates its own, non-blocking). Returns 0, -EINVAL, -ENOMEM, -EIO.
+ */
+AQUA_API int aqua_layers_new(aqua_ctx *ctx, unsigned n_layers, struct CUstream_st *offload_stream,
+                             struct CUstream_st *prefetch_stream, aqua_layers **ret);
+AQUA_API aqua_layers *aqua_layers_free(aqua_layers *l);
+
+/*
+ * Queue the offload of `layer`: the pieces (working memory -> tensor) start once `computed`
+ * (the event the engine recorded after the layer's kernels; may be NULL) has completed.
+ * Returns 0, -EINVAL (layer out of range), or aqua_copy_batch()'s errors.
+ */
+AQUA_API int aqua_layers_offload(aqua_layers *l, unsigned layer,
+                                 const struct aqua_copy_piece *pieces, size_t n,
+                                 struct CUevent_st *computed);
+
+/*
+ * Queue the prefetch of `layer` (tensor -> working memory), after `after` (may be NULL; e.g. the
+ * event of the compute that frees the destination). Before the layer's kernels, make the
+ * compute stream wait for aqua_layers_event(layer).
+ */
+AQUA_API int aqua_layers_prefetch(aqua_layers *l, unsigned layer,
+                                  const struct aqua_copy_piece *pieces, size_t n,
+                                  struct CUevent_st *after);
+
+/* The event recorded after layer's last queued transfer (valid until aqua_layers_free()). */
+AQUA_API int aqua_layers_event(aqua_layers *l, unsigned layer, struct CUevent_st **ret);
+
+/* 0 when layer's last queued transfer has completed (or none was queued), AQUA_PENDING while
+ * it runs, -EINVAL. */
+AQUA_API int aqua_layers_query(aqua_layers *l, unsigned layer);
+
+/* Block until layer's last queued transfer has completed; 0, -EINVAL, -EIO. */
+AQUA_API int aqua_layers_wait(aqua_layers *l, unsigned layer);
 
 #ifdef __cplusplus
 }
