@@ -7,9 +7,11 @@
  * range, or a host copy after a reclaim where host memory could not be mapped in). They are
  * plain memcpy, which needs device memory the CPU can address: simcuda's, not a real GPU's.
  */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "aqua/aqua.h"
 #include "kvswap.h"
@@ -139,6 +141,23 @@ static void lease_free(struct aq *a, struct aq_lease *l)
         free(l);
 }
 
+/*
+ * Can the CPU read memory at p? A write(2) from an address the process cannot read fails with
+ * EFAULT instead of faulting: true on simcuda, false for a real GPU's device memory.
+ */
+static bool cpu_addressable(const void *p)
+{
+        int fd[2];
+        bool ok;
+
+        if (pipe2(fd, O_CLOEXEC) < 0)
+                return false;
+        ok = write(fd[1], p, 1) == 1;
+        close(fd[0]);
+        close(fd[1]);
+        return ok;
+}
+
 static int lease_add(struct aq *a, const struct aqua_grant *g)
 {
         struct aqua_lease_info li;
@@ -148,6 +167,12 @@ static int lease_add(struct aq *a, const struct aqua_grant *g)
         r = aqua_lease_get_info(a->ctx, g->lease, &li);
         if (r < 0)
                 return r;
+        if (!cpu_addressable((const void *)(uintptr_t)li.dptr)) {
+                log_error("aqua: this backend copies through the CPU's view of the lease, which "
+                          "only simulated GPUs (simcuda) give; a real GPU needs copies by the "
+                          "driver");
+                return -EOPNOTSUPP;
+        }
         l = calloc(1, sizeof(*l));
         if (!l)
                 return -ENOMEM;
