@@ -1,17 +1,11 @@
 /*
- * The aqua swap backend: swapped KV blocks live in GPU memory borrowed from a producer through
- * libaqua, move to DRAM with it when the producer reclaims, and go to host memory without a lease.
- *
- * Leases are raw mappings from aqua_borrow(): a range of chunks, each cut into blocks of the
- * engine's block size. Copies address a chunk's bytes where libaqua says they are (the device
- * range, or a host copy after a reclaim where host memory could not be mapped in). They are
- * plain memcpy, which needs device memory the CPU can address: simcuda's, not a real GPU's.
+ * The aqua swap backend: swapped KV blocks live in one aqua tensor whose chunks libaqua places in
+ * memory borrowed from a producer GPU (a tensor pool) or in DRAM, and moves to DRAM when the
+ * producer reclaims; copies are libaqua's batched copies. Host memory when the tensor is full.
  */
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "aqua/aqua.h"
 #include "kvswap.h"
@@ -20,65 +14,50 @@
 #include "time-util.h"
 #include "util.h"
 
-struct aq_lease;
+/* The tensor's address range: only what is used gets mapped, so it can be generous. */
+#define TENSOR_MAX_BYTES (UINT64_C(64) << 30)
 
 struct aq_chunk {
-        struct aq_lease *lease;
-        uint64_t offset, bytes;
-        enum aqua_tier tier;
-        uint8_t *base; /* where its bytes are now */
-        uint32_t n_blocks, n_free;
+        enum kv_tier tier;
+        uint8_t *base; /* where its bytes are: the tensor's address, or a host copy */
+        uint32_t n_free;
         uint32_t *free; /* stack of free block indices */
 };
 
-struct aq_lease {
-        aqua_lease *lease;
-        uint64_t id, dptr, bytes;
-        size_t n_chunks;
-        struct aq_chunk *chunks;
-        uint64_t used_blocks;
-        struct aq_lease *next;
-};
-
 struct aq_ref {
-        struct aq_chunk *chunk;
-        uint32_t block;
+        uint32_t chunk, block;
 };
 
 struct aq_slot {
         size_t n, block_bytes;
         uint64_t checksum;
         enum kv_tier tier;
-        uint8_t *host; /* a host buffer when no lease had room; else refs[] */
+        uint8_t *host; /* a host buffer when the tensor had no room; else refs[] */
         struct aq_slot *prev, *next;
         struct aq_ref refs[];
-};
-
-struct piece {
-        const uint8_t *src;
-        uint8_t *dst;
-        size_t len;
 };
 
 struct aq {
         struct kv_swap_aqua_config cfg;
         aqua_ctx *ctx;
-        struct aq_lease *leases;
-        struct aq_slot *slots;
+        aqua_tensor *tensor;
+        uint64_t dptr, chunk_bytes;
+        struct aq_chunk *chunks; /* the tensor's window, chunk by chunk from offset 0 */
+        size_t n_chunks;
         size_t block_bytes; /* 0 until the first swap-out */
+        uint32_t blocks_per_chunk;
         uint64_t free_blocks[_KV_TIER_MAX];
+        bool tensor_full; /* the last grow found no room in any tier */
+        struct aq_slot *slots;
+        aqua_lease **leases;
+        size_t n_leases;
         uint64_t last_borrow_ns;
         int last_borrow_result;
         bool reclaimed;
-        struct piece *pieces;
+        struct aqua_copy_piece *pieces;
         size_t pieces_allocated;
         struct kv_swap_aqua_stats st;
 };
-
-static const char *sz(char *buf, size_t n, uint64_t bytes)
-{
-        return format_size(buf, n, bytes);
-}
 
 void kv_swap_aqua_config_defaults(struct kv_swap_aqua_config *c)
 {
@@ -90,135 +69,24 @@ void kv_swap_aqua_config_defaults(struct kv_swap_aqua_config *c)
         };
 }
 
-static enum kv_tier tier_of_chunk(const struct aq_chunk *c)
+static const char *sz(char *buf, size_t n, uint64_t bytes)
 {
-        return c->tier == AQUA_TIER_PEER ? KV_TIER_PEER : KV_TIER_DRAM;
+        return format_size(buf, n, bytes);
 }
 
-/* Read where chunk i of l is now from libaqua; keeps the free-block counts by tier right. */
-static int chunk_refresh(struct aq *a, struct aq_lease *l, size_t i)
-{
-        struct aq_chunk *c = &l->chunks[i];
-        struct aqua_chunk_info ci;
-        int r;
-
-        r = aqua_lease_get_chunk(a->ctx, l->lease, i, &ci);
-        if (r < 0)
-                return r;
-        a->free_blocks[tier_of_chunk(c)] -= c->n_free;
-        c->offset = ci.offset;
-        c->bytes = ci.bytes;
-        c->tier = ci.tier;
-        c->base = ci.host ? ci.host : (uint8_t *)(uintptr_t)(l->dptr + ci.offset);
-        a->free_blocks[tier_of_chunk(c)] += c->n_free;
-        return 0;
-}
-
-/* Cut a chunk into blocks once the block size is known. */
-static int chunk_blocks(struct aq *a, struct aq_chunk *c)
-{
-        if (c->free || a->block_bytes == 0)
-                return 0;
-        c->n_blocks = (uint32_t)MIN(c->bytes / a->block_bytes, (uint64_t)UINT32_MAX);
-        c->free = calloc(MAX(c->n_blocks, 1u), sizeof(*c->free));
-        if (!c->free)
-                return -ENOMEM;
-        /* Lowest blocks on top: the first slots sit at the start of the lease. */
-        for (uint32_t b = 0; b < c->n_blocks; b++)
-                c->free[b] = c->n_blocks - 1 - b;
-        c->n_free = c->n_blocks;
-        a->free_blocks[tier_of_chunk(c)] += c->n_free;
-        return 0;
-}
-
-static void lease_free(struct aq *a, struct aq_lease *l)
-{
-        for (size_t i = 0; i < l->n_chunks; i++) {
-                a->free_blocks[tier_of_chunk(&l->chunks[i])] -= l->chunks[i].n_free;
-                free(l->chunks[i].free);
-        }
-        free(l->chunks);
-        free(l);
-}
-
-/*
- * Can the CPU read memory at p? A write(2) from an address the process cannot read fails with
- * EFAULT instead of faulting: true on simcuda, false for a real GPU's device memory.
- */
-static bool cpu_addressable(const void *p)
-{
-        int fd[2];
-        bool ok;
-
-        if (pipe2(fd, O_CLOEXEC) < 0)
-                return false;
-        ok = write(fd[1], p, 1) == 1;
-        close(fd[0]);
-        close(fd[1]);
-        return ok;
-}
-
-static int lease_add(struct aq *a, const struct aqua_grant *g)
-{
-        struct aqua_lease_info li;
-        struct aq_lease *l;
-        int r;
-
-        r = aqua_lease_get_info(a->ctx, g->lease, &li);
-        if (r < 0)
-                return r;
-        if (!cpu_addressable((const void *)(uintptr_t)li.dptr)) {
-                log_error("aqua: this backend copies through the CPU's view of the lease, which "
-                          "only simulated GPUs (simcuda) give; a real GPU needs copies by the "
-                          "driver");
-                return -EOPNOTSUPP;
-        }
-        l = calloc(1, sizeof(*l));
-        if (!l)
-                return -ENOMEM;
-        l->chunks = calloc(MAX(li.n_chunks, (size_t)1), sizeof(*l->chunks));
-        if (!l->chunks) {
-                free(l);
-                return -ENOMEM;
-        }
-        l->lease = g->lease;
-        l->id = li.lease_id;
-        l->dptr = li.dptr;
-        l->bytes = li.bytes;
-        l->n_chunks = li.n_chunks;
-        for (size_t i = 0; i < l->n_chunks && r >= 0; i++) {
-                l->chunks[i].lease = l;
-                l->chunks[i].tier = AQUA_TIER_PEER;
-                r = chunk_refresh(a, l, i);
-                if (r >= 0)
-                        r = chunk_blocks(a, &l->chunks[i]);
-        }
-        if (r < 0) {
-                lease_free(a, l);
-                return r;
-        }
-        l->next = a->leases;
-        a->leases = l;
-        a->st.leases++;
-        a->st.lent_bytes += li.peer_bytes;
-        a->st.peer_bytes += li.peer_bytes;
-        return 0;
-}
-
-/* Ask aquad for memory; a refusal is an expected outcome, logged when it changes. */
+/* Ask aquad for a tensor pool; a refusal is an expected outcome, logged when it changes. */
 static int borrow(struct aq *a, bool allow_dram)
 {
+        unsigned flags = AQUA_BORROW_TENSORS | (allow_dram ? AQUA_BORROW_ALLOW_DRAM : 0);
         struct aqua_grant g;
         char b1[32], b2[32];
         int r;
 
         a->last_borrow_ns = now_mono_ns();
-        r = aqua_borrow(a->ctx, a->cfg.borrow_bytes, 0, allow_dram ? AQUA_BORROW_ALLOW_DRAM : 0,
-                        &g);
+        r = aqua_borrow(a->ctx, a->cfg.borrow_bytes, 0, flags, &g);
         if (r != 0) {
                 if (r != a->last_borrow_result)
-                        log_info("aqua: nothing to borrow now (%s); slots go to DRAM",
-                                 aqua_strerror(r));
+                        log_info("aqua: nothing to borrow now (%s)", aqua_strerror(r));
                 a->last_borrow_result = r;
                 return r < 0 && r != -ENOTCONN && r != -ETIMEDOUT ? r : 0;
         }
@@ -229,20 +97,83 @@ static int borrow(struct aq *a, bool allow_dram)
                          sz(b1, sizeof(b1), g.dram_bytes));
                 return 0;
         }
-        r = lease_add(a, &g);
-        if (r < 0) {
+        aqua_lease **l = reallocarray(a->leases, a->n_leases + 1, sizeof(*l));
+        if (!l) {
                 aqua_return(a->ctx, g.lease);
-                return r;
+                return -ENOMEM;
         }
-        log_info("aqua: borrowed %s of peer memory (lease %" PRIu64 ", mapped at 0x%" PRIx64
-                 ")%s%s",
-                 sz(b1, sizeof(b1), g.bytes), a->leases->id, g.dptr,
-                 g.dram_bytes ? ", DRAM budget " : "",
+        a->leases = l;
+        a->leases[a->n_leases++] = g.lease;
+        a->st.leases++;
+        a->st.lent_bytes += g.bytes;
+        a->tensor_full = false;
+        log_info("aqua: borrowed %s of peer memory for the KV tensor%s%s",
+                 sz(b1, sizeof(b1), g.bytes), g.dram_bytes ? ", DRAM budget " : "",
                  g.dram_bytes ? sz(b2, sizeof(b2), g.dram_bytes) : "");
         return 0;
 }
 
-int kv_swap_aqua_stats(const struct kv_swap *s, struct kv_swap_aqua_stats *ret);
+/* Read where chunk i is now; keeps the free-block counts by tier right. */
+static int chunk_refresh(struct aq *a, size_t i)
+{
+        struct aq_chunk *c = &a->chunks[i];
+        struct aqua_tensor_range rg;
+        uint64_t off = i * a->chunk_bytes;
+        int r;
+
+        r = aqua_tensor_get_range(a->ctx, a->tensor, off, &rg);
+        if (r < 0)
+                return r;
+        a->free_blocks[c->tier] -= c->n_free;
+        c->tier = rg.tier == AQUA_TIER_PEER ? KV_TIER_PEER : KV_TIER_DRAM;
+        c->base = rg.host ? (uint8_t *)rg.host + (off - rg.offset)
+                          : (uint8_t *)(uintptr_t)(a->dptr + off);
+        a->free_blocks[c->tier] += c->n_free;
+        return 0;
+}
+
+static int refresh_all(struct aq *a)
+{
+        for (size_t i = 0; i < a->n_chunks; i++) {
+                int r = chunk_refresh(a, i);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Map one more chunk at the end of the tensor: AQUA_NO_MEMORY when no tier has room. */
+static int grow(struct aq *a)
+{
+        struct aq_chunk *c;
+        int r;
+
+        if (a->tensor_full || (a->n_chunks + 1) * a->chunk_bytes > TENSOR_MAX_BYTES)
+                return AQUA_NO_MEMORY;
+        c = reallocarray(a->chunks, a->n_chunks + 1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        a->chunks = c;
+        c = &a->chunks[a->n_chunks];
+        *c = (struct aq_chunk){.tier = KV_TIER_DRAM};
+        c->free = calloc(a->blocks_per_chunk, sizeof(*c->free));
+        if (!c->free)
+                return -ENOMEM;
+        r = aqua_tensor_grow(a->ctx, a->tensor, (a->n_chunks + 1) * a->chunk_bytes);
+        if (r != 0) {
+                free(c->free);
+                if (r == AQUA_NO_MEMORY)
+                        a->tensor_full = true;
+                return r;
+        }
+        /* Lowest blocks on top: slots fill a chunk from its start. */
+        for (uint32_t b = 0; b < a->blocks_per_chunk; b++)
+                c->free[b] = a->blocks_per_chunk - 1 - b;
+        c->n_free = a->blocks_per_chunk;
+        a->free_blocks[KV_TIER_DRAM] += c->n_free;
+        a->n_chunks++;
+        return chunk_refresh(a, a->n_chunks - 1);
+}
 
 static void slot_account(struct aq *a, const struct aq_slot *s, bool add)
 {
@@ -261,41 +192,70 @@ static void slot_account(struct aq *a, const struct aq_slot *s, bool add)
         }
 }
 
-static void *ref_addr(const struct aq *a, const struct aq_ref *r)
+static uint64_t ref_addr(const struct aq *a, const struct aq_ref *r)
 {
-        return r->chunk->base + (size_t)r->block * a->block_bytes;
+        return (uint64_t)(uintptr_t)(a->chunks[r->chunk].base + (size_t)r->block * a->block_bytes);
 }
 
-static enum kv_tier slot_tier(const struct aq_slot *s)
+static enum kv_tier slot_tier(const struct aq *a, const struct aq_slot *s)
 {
         if (s->host)
                 return KV_TIER_DRAM;
         for (size_t i = 0; i < s->n; i++)
-                if (s->refs[i].chunk->tier != AQUA_TIER_PEER)
+                if (a->chunks[s->refs[i].chunk].tier != KV_TIER_PEER)
                         return KV_TIER_DRAM;
         return KV_TIER_PEER;
 }
 
-/* Take n blocks from lease chunks, peer first; false (nothing taken) when they do not fit. */
-static bool take_blocks(struct aq *a, struct aq_slot *s, size_t n)
+/* Take n free blocks of the tiers allowed (peer first); callers checked there are enough. */
+static void take_blocks(struct aq *a, struct aq_slot *s, size_t n, bool dram_too)
 {
         size_t k = 0;
 
-        if (a->free_blocks[KV_TIER_PEER] + a->free_blocks[KV_TIER_DRAM] < n)
-                return false;
-        for (int want = KV_TIER_PEER; want < _KV_TIER_MAX && k < n; want++)
-                for (struct aq_lease *l = a->leases; l && k < n; l = l->next)
-                        for (size_t i = 0; i < l->n_chunks && k < n; i++) {
-                                struct aq_chunk *c = &l->chunks[i];
-                                if (tier_of_chunk(c) != want)
-                                        continue;
-                                while (c->n_free > 0 && k < n) {
-                                        s->refs[k++] = (struct aq_ref){c, c->free[--c->n_free]};
-                                        a->free_blocks[want]--;
-                                        l->used_blocks++;
-                                }
+        for (int want = KV_TIER_PEER; want <= (dram_too ? KV_TIER_DRAM : KV_TIER_PEER); want++)
+                for (size_t i = 0; i < a->n_chunks && k < n; i++) {
+                        struct aq_chunk *c = &a->chunks[i];
+                        if (c->tier != (enum kv_tier)want)
+                                continue;
+                        while (c->n_free > 0 && k < n) {
+                                s->refs[k++] = (struct aq_ref){(uint32_t)i, c->free[--c->n_free]};
+                                a->free_blocks[want]--;
                         }
-        return true;
+                }
+}
+
+/*
+ * Room for n blocks in the tensor, peer memory first: free peer blocks, else grow while the
+ * pool has free chunks, else free blocks of any tier, else grow into DRAM. Returns 1 with the
+ * blocks taken, 0 when the tensor has no room (the slot goes to host memory).
+ */
+static int place(struct aq *a, struct aq_slot *s, size_t n)
+{
+        struct aqua_info in;
+        int r;
+
+        while (a->free_blocks[KV_TIER_PEER] < n) {
+                if (aqua_get_info(a->ctx, &in) < 0 || in.pool_free_bytes < a->chunk_bytes)
+                        break;
+                r = grow(a);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        break;
+        }
+        if (a->free_blocks[KV_TIER_PEER] >= n) {
+                take_blocks(a, s, n, false);
+                return 1;
+        }
+        while (a->free_blocks[KV_TIER_PEER] + a->free_blocks[KV_TIER_DRAM] < n) {
+                r = grow(a);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        return 0;
+        }
+        take_blocks(a, s, n, true);
+        return 1;
 }
 
 static void release_blocks(struct aq *a, struct aq_slot *s)
@@ -303,47 +263,42 @@ static void release_blocks(struct aq *a, struct aq_slot *s)
         if (s->host)
                 return;
         for (size_t i = 0; i < s->n; i++) {
-                struct aq_chunk *c = s->refs[i].chunk;
+                struct aq_chunk *c = &a->chunks[s->refs[i].chunk];
                 c->free[c->n_free++] = s->refs[i].block;
-                a->free_blocks[tier_of_chunk(c)]++;
-                c->lease->used_blocks--;
+                a->free_blocks[c->tier]++;
         }
-}
-
-/*
- * One batched copy: the pieces in order, contiguous neighbours merged. The memcpy stands in for
- * one cuMemcpyBatchAsync over the merged pieces.
- */
-static void copy_batch(struct aq *a, size_t n)
-{
-        size_t k = 0;
-
-        for (size_t i = 0; i < n; i++) {
-                struct piece *p = &a->pieces[i];
-                if (k > 0) {
-                        struct piece *q = &a->pieces[k - 1];
-                        if (q->src + q->len == p->src && q->dst + q->len == p->dst) {
-                                q->len += p->len;
-                                continue;
-                        }
-                }
-                a->pieces[k++] = *p;
-        }
-        for (size_t i = 0; i < k; i++)
-                memcpy(a->pieces[i].dst, a->pieces[i].src, a->pieces[i].len);
-        a->st.copies++;
-        a->st.copy_pieces += k;
 }
 
 static int pieces_reserve(struct aq *a, size_t n)
 {
         if (n <= a->pieces_allocated)
                 return 0;
-        struct piece *p = reallocarray(a->pieces, n, sizeof(*p));
+        struct aqua_copy_piece *p = reallocarray(a->pieces, n, sizeof(*p));
         if (!p)
                 return -ENOMEM;
         a->pieces = p;
         a->pieces_allocated = n;
+        return 0;
+}
+
+/* One batched copy through libaqua (it merges pieces that continue each other), waited for. */
+static int copy_batch(struct aq *a, size_t n)
+{
+        aqua_ticket ticket;
+        size_t merged = 0;
+        int r;
+
+        for (size_t i = 0; i < n; i++)
+                merged += i == 0 ||
+                          a->pieces[i - 1].src + a->pieces[i - 1].bytes != a->pieces[i].src ||
+                          a->pieces[i - 1].dst + a->pieces[i - 1].bytes != a->pieces[i].dst;
+        r = aqua_copy_batch(a->ctx, a->pieces, n, NULL, NULL, NULL, &ticket);
+        if (r == 0)
+                r = aqua_copy_wait(a->ctx, ticket);
+        if (r < 0)
+                return log_error_errno(r, "aqua: a batched copy of %zu pieces failed: %m", n);
+        a->st.copies++;
+        a->st.copy_pieces += merged;
         return 0;
 }
 
@@ -358,13 +313,10 @@ static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_by
         if (n == 0 || block_bytes == 0 || size_mul_overflows(n, block_bytes, &bytes))
                 return -EINVAL;
         if (a->block_bytes == 0) {
+                if (block_bytes > a->chunk_bytes)
+                        return -EINVAL;
                 a->block_bytes = block_bytes;
-                for (struct aq_lease *l = a->leases; l; l = l->next)
-                        for (size_t i = 0; i < l->n_chunks; i++) {
-                                r = chunk_blocks(a, &l->chunks[i]);
-                                if (r < 0)
-                                        return r;
-                        }
+                a->blocks_per_chunk = (uint32_t)(a->chunk_bytes / block_bytes);
         }
         if (block_bytes != a->block_bytes)
                 return -EINVAL;
@@ -376,21 +328,33 @@ static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_by
                 return -ENOMEM;
         s->n = n;
         s->block_bytes = block_bytes;
-        if (!take_blocks(a, s, n)) {
-                s->host = malloc(bytes);
-                if (!s->host) {
-                        free(s);
-                        return -ENOMEM;
-                }
-        }
         s->checksum = kv_checksum(blocks, n, block_bytes);
-        for (size_t i = 0; i < n; i++)
-                a->pieces[i] = (struct piece){
-                    blocks[i], s->host ? s->host + i * block_bytes : ref_addr(a, &s->refs[i]),
-                    block_bytes};
-        copy_batch(a, n);
+        r = place(a, s, n);
+        if (r == 0) {
+                s->host = malloc(bytes);
+                if (!s->host)
+                        r = -ENOMEM;
+                else
+                        for (size_t i = 0; i < n; i++)
+                                memcpy(s->host + i * block_bytes, blocks[i], block_bytes);
+        } else if (r > 0) {
+                for (size_t i = 0; i < n; i++)
+                        a->pieces[i] = (struct aqua_copy_piece){
+                            .dst = ref_addr(a, &s->refs[i]),
+                            .src = (uint64_t)(uintptr_t)blocks[i],
+                            .bytes = block_bytes,
+                        };
+                r = copy_batch(a, n);
+                if (r < 0)
+                        release_blocks(a, s);
+        }
+        if (r < 0) {
+                free(s->host);
+                free(s);
+                return r;
+        }
 
-        s->tier = slot_tier(s);
+        s->tier = slot_tier(a, s);
         slot_account(a, s, true);
         s->next = a->slots;
         if (a->slots)
@@ -420,19 +384,28 @@ static int aq_swap_in(void *ctx, void *slot, void *const *blocks, size_t n, size
         struct aq *a = ctx;
         struct aq_slot *s = slot;
         enum kv_tier tier;
-        bool ok;
+        int r = 0;
 
         if (!s || n != s->n || block_bytes != s->block_bytes)
                 return -EINVAL;
-        for (size_t i = 0; i < n; i++)
-                a->pieces[i] =
-                    (struct piece){s->host ? s->host + i * block_bytes : ref_addr(a, &s->refs[i]),
-                                   blocks[i], block_bytes};
-        copy_batch(a, n);
+        if (s->host)
+                for (size_t i = 0; i < n; i++)
+                        memcpy(blocks[i], s->host + i * block_bytes, block_bytes);
+        else {
+                for (size_t i = 0; i < n; i++)
+                        a->pieces[i] = (struct aqua_copy_piece){
+                            .dst = (uint64_t)(uintptr_t)blocks[i],
+                            .src = ref_addr(a, &s->refs[i]),
+                            .bytes = block_bytes,
+                        };
+                r = copy_batch(a, n);
+        }
         /* The copy that arrived is what the engine reads: check that one. */
-        ok = kv_checksum(blocks, n, block_bytes) == s->checksum;
+        bool ok = r == 0 && kv_checksum(blocks, n, block_bytes) == s->checksum;
         tier = s->tier;
         slot_drop(a, s);
+        if (r < 0)
+                return r;
         if (!ok) {
                 a->st.checksum_failures++;
                 return -EIO;
@@ -452,60 +425,21 @@ static enum kv_tier aq_tier_of(void *ctx, void *slot)
         return ((struct aq_slot *)slot)->tier;
 }
 
-static struct aq_lease *lease_find(struct aq *a, const aqua_lease *lease)
+/* After chunks changed tier: move the slots in them, counting those that left peer memory. */
+static void retier_slots(struct aq *a, uint64_t *ret_out, uint64_t *ret_out_bytes, uint64_t *ret_in)
 {
-        for (struct aq_lease *l = a->leases; l; l = l->next)
-                if (l->lease == lease)
-                        return l;
-        return NULL;
-}
-
-/* Chunks of l in [offset, offset + bytes) moved (or everything, bytes == 0): re-read them. */
-static int lease_moved(struct aq *a, struct aq_lease *l, uint64_t offset, uint64_t bytes,
-                       uint64_t *slots, uint64_t *slot_bytes)
-{
-        int r;
-
-        for (size_t i = 0; i < l->n_chunks; i++) {
-                struct aq_chunk *c = &l->chunks[i];
-                if (bytes && (c->offset + c->bytes <= offset || c->offset >= offset + bytes))
-                        continue;
-                bool was_peer = c->tier == AQUA_TIER_PEER;
-                r = chunk_refresh(a, l, i);
-                if (r < 0)
-                        return r;
-                if (was_peer && c->tier != AQUA_TIER_PEER)
-                        a->st.peer_bytes -= MIN(c->bytes, a->st.peer_bytes);
-        }
-        /* Requests swapped out into those chunks are in DRAM now. */
         for (struct aq_slot *s = a->slots; s; s = s->next) {
-                if (s->tier != KV_TIER_PEER || slot_tier(s) == KV_TIER_PEER)
+                enum kv_tier t = slot_tier(a, s);
+                if (t == s->tier)
                         continue;
+                if (t == KV_TIER_DRAM) {
+                        (*ret_out)++;
+                        *ret_out_bytes += (uint64_t)s->n * s->block_bytes;
+                } else
+                        (*ret_in)++;
                 slot_account(a, s, false);
-                s->tier = KV_TIER_DRAM;
+                s->tier = t;
                 slot_account(a, s, true);
-                (*slots)++;
-                *slot_bytes += (uint64_t)s->n * s->block_bytes;
-        }
-        return 0;
-}
-
-/* A lease wholly in DRAM with nothing in it holds host memory for nobody: give it back. */
-static void return_empty_leases(struct aq *a)
-{
-        for (struct aq_lease **p = &a->leases; *p;) {
-                struct aq_lease *l = *p;
-                bool peer = false;
-                for (size_t i = 0; i < l->n_chunks; i++)
-                        peer = peer || l->chunks[i].tier == AQUA_TIER_PEER;
-                if (peer || l->used_blocks > 0 || a->block_bytes == 0) {
-                        p = &l->next;
-                        continue;
-                }
-                *p = l->next;
-                log_info("aqua: lease %" PRIu64 " is all in DRAM and empty: returned", l->id);
-                aqua_return(a->ctx, l->lease);
-                lease_free(a, l);
         }
 }
 
@@ -513,7 +447,8 @@ static int aq_poll(void *ctx)
 {
         struct aq *a = ctx;
         struct aqua_event ev[16];
-        uint64_t moved = 0, slots = 0, slot_bytes = 0;
+        uint64_t moved = 0, out = 0, out_bytes = 0, in = 0;
+        bool rescan = false;
         size_t n;
         int r;
 
@@ -521,30 +456,28 @@ static int aq_poll(void *ctx)
                 r = aqua_poll(a->ctx, ev, ARRAY_SIZE(ev), &n);
                 if (r < 0)
                         return r;
-                for (size_t i = 0; i < n; i++) {
-                        struct aq_lease *l = ev[i].lease ? lease_find(a, ev[i].lease) : NULL;
+                for (size_t i = 0; i < n; i++)
                         switch (ev[i].type) {
-                        case AQUA_EVENT_MIGRATED:
-                        case AQUA_EVENT_LEASE_LOST:
-                                if (!l)
+                        case AQUA_EVENT_TENSOR_MIGRATED:
+                                if (ev[i].tensor != a->tensor)
                                         break;
-                                r = lease_moved(a, l, ev[i].offset,
-                                                ev[i].type == AQUA_EVENT_MIGRATED ? ev[i].bytes : 0,
-                                                &slots, &slot_bytes);
-                                if (r < 0)
-                                        return r;
-                                moved += ev[i].bytes;
-                                if (ev[i].type == AQUA_EVENT_LEASE_LOST)
-                                        log_warning("aqua: aquad lost lease %" PRIu64
-                                                    "; its data was moved to DRAM",
-                                                    l->id);
+                                if (ev[i].tier != AQUA_TIER_PEER)
+                                        moved += ev[i].bytes;
+                                rescan = true;
+                                break;
+                        case AQUA_EVENT_MIGRATED:
+                                rescan = true;
+                                break;
+                        case AQUA_EVENT_LEASE_LOST:
+                                log_warning("aqua: aquad lost a lease; its data was moved to DRAM");
+                                rescan = true;
                                 break;
                         case AQUA_EVENT_RECLAIM_FAILED:
                                 log_error("aqua: a reclaim could not be honoured: %s",
                                           aqua_strerror(ev[i].error));
                                 break;
                         case AQUA_EVENT_DISCONNECTED:
-                                log_warning("aqua: lost aquad; leases stay mapped");
+                                log_warning("aqua: lost aquad; the tensor stays mapped");
                                 break;
                         case AQUA_EVENT_RECONNECTED:
                                 log_info("aqua: connected to aquad again");
@@ -555,28 +488,54 @@ static int aq_poll(void *ctx)
                         default:
                                 break;
                         }
-                }
         } while (n == ARRAY_SIZE(ev));
 
+        if (rescan) {
+                r = refresh_all(a);
+                if (r < 0)
+                        return r;
+                retier_slots(a, &out, &out_bytes, &in);
+                a->tensor_full = false; /* the pool changed: a grow may find room again */
+        }
         if (moved > 0) {
                 char b1[32], b2[32];
                 a->st.migrated_bytes += moved;
-                a->st.slots_migrated += slots;
-                a->st.slot_bytes_migrated += slot_bytes;
+                a->st.slots_migrated += out;
+                a->st.slot_bytes_migrated += out_bytes;
                 a->reclaimed = true;
-                log_info("aqua: reclaim: libaqua moved %s of leased memory to DRAM at the same "
+                log_info("aqua: reclaim: libaqua moved %s of the KV tensor to DRAM at the same "
                          "addresses; %" PRIu64 " swapped requests (%s of KV) are in DRAM now",
-                         sz(b1, sizeof(b1), moved), slots, sz(b2, sizeof(b2), slot_bytes));
+                         sz(b1, sizeof(b1), moved), out, sz(b2, sizeof(b2), out_bytes));
         }
-        return_empty_leases(a);
 
-        /* Out of peer room: ask again now and then (the producer may offer again). */
-        bool room = a->block_bytes ? a->free_blocks[KV_TIER_PEER] > 0 : a->st.peer_bytes > 0;
-        if (!room && now_mono_ns() - a->last_borrow_ns >= a->cfg.retry_ns) {
+        /* Out of peer room: ask again now and then (the producer may offer again), and move
+         * what is in DRAM back to peer memory when a new lease came. */
+        struct aqua_info info;
+        if (a->free_blocks[KV_TIER_PEER] == 0 && aqua_get_info(a->ctx, &info) == 0 &&
+            info.pool_free_bytes == 0 && now_mono_ns() - a->last_borrow_ns >= a->cfg.retry_ns) {
+                size_t before = a->n_leases;
                 r = borrow(a, false);
                 if (r < 0)
                         return r;
+                if (a->n_leases > before && info.tensor_dram_bytes > 0) {
+                        uint64_t promoted = 0;
+                        char b[32];
+                        r = aqua_tensor_promote(a->ctx, a->tensor, false, AQUA_ALL, &promoted);
+                        if (r < 0)
+                                return r;
+                        r = refresh_all(a);
+                        if (r < 0)
+                                return r;
+                        out = out_bytes = in = 0;
+                        retier_slots(a, &out, &out_bytes, &in);
+                        a->st.slots_promoted += in;
+                        log_info("aqua: moved %s of the KV tensor back to peer memory: %" PRIu64
+                                 " swapped requests with it",
+                                 sz(b, sizeof(b), promoted), in);
+                }
         }
+        if (aqua_get_info(a->ctx, &info) == 0)
+                a->st.peer_bytes = info.tensor_peer_bytes;
         return 0;
 }
 
@@ -588,15 +547,16 @@ static void aq_free(void *ctx)
                 return;
         while (a->slots)
                 slot_drop(a, a->slots);
-        while (a->leases) {
-                struct aq_lease *l = a->leases;
-                a->leases = l->next;
-                aqua_return(a->ctx, l->lease);
-                lease_free(a, l);
-        }
+        aqua_tensor_free(a->ctx, a->tensor);
+        for (size_t i = 0; i < a->n_leases; i++)
+                aqua_return(a->ctx, a->leases[i]);
         if (a->st.dram_budget > 0)
                 aqua_return_dram(a->ctx, a->st.dram_budget);
         aqua_close(a->ctx);
+        for (size_t i = 0; i < a->n_chunks; i++)
+                free(a->chunks[i].free);
+        free(a->chunks);
+        free(a->leases);
         free(a->pieces);
         free(a);
 }
@@ -613,17 +573,15 @@ static const struct kv_swap_ops aqua_ops = {
 
 static void aqua_log(enum aqua_log_level level, const char *message, void *userdata)
 {
-        log_internal(level == AQUA_LOG_ERROR     ? LOG_LEVEL_ERROR
-                     : level == AQUA_LOG_WARNING ? LOG_LEVEL_WARNING
-                     : level == AQUA_LOG_NOTICE  ? LOG_LEVEL_NOTICE
-                     : level == AQUA_LOG_INFO    ? LOG_LEVEL_INFO
-                                                 : LOG_LEVEL_DEBUG,
-                     0, "libaqua: %s", message);
+        log_internal(level == AQUA_LOG_ERROR ? LOG_LEVEL_ERROR : LOG_LEVEL_WARNING, 0,
+                     "libaqua: %s", message);
 }
 
 int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
+        struct aqua_tensor_options to = AQUA_TENSOR_OPTIONS_INIT;
+        struct aqua_tensor_info ti;
         struct aq *a;
         int r;
 
@@ -641,11 +599,18 @@ int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret)
                 free(a);
                 return r;
         }
+        /* Borrow first: the tensor takes the chunk size of the pool. */
         r = borrow(a, c->allow_dram);
+        if (r >= 0)
+                r = aqua_tensor_new(a->ctx, TENSOR_MAX_BYTES, &to, &a->tensor);
+        if (r >= 0)
+                r = aqua_tensor_get_info(a->ctx, a->tensor, &ti);
         if (r < 0) {
                 aq_free(a);
                 return r;
         }
+        a->dptr = ti.dptr;
+        a->chunk_bytes = ti.chunk_bytes;
         *ret = (struct kv_swap){&aqua_ops, a};
         return 0;
 }

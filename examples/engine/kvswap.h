@@ -90,13 +90,15 @@ int kv_swap_host_stats(const struct kv_swap *s, struct kv_swap_host_stats *ret);
 int kv_swap_host_corrupt(struct kv_swap *s, void *slot, size_t offset);
 
 /*
- * The aqua backend (kvswap-aqua.c): the consumer side of aqua. It borrows
- * peer GPU memory through libaqua and keeps swapped blocks there while the
- * lease lasts; when the producer reclaims it, poll() (aqua_poll() at the
- * engine's safe point) lets libaqua move the lease to DRAM at the same
- * addresses, and the slots in it answer KV_TIER_DRAM from then on. Without
- * room in a lease, slots go to host memory (DRAM). Every swap-in is checked
- * against the checksum taken at swap-out.
+ * The aqua backend (kvswap-aqua.c): the consumer side of aqua. It borrows a
+ * tensor pool (peer GPU memory) through libaqua and keeps swapped blocks in
+ * one aqua tensor, whose chunks libaqua places in the pool while it has room
+ * and in DRAM (within the daemon's budget) otherwise. A reclaim moves chunks
+ * to DRAM at the same addresses inside poll() (aqua_poll() at the engine's
+ * safe point); the slots in them answer KV_TIER_DRAM from then on. When a
+ * producer offers again, a new borrow and aqua_tensor_promote() bring them
+ * back. Copies are libaqua's batched copies; without room in the tensor a
+ * slot is host memory. Every swap-in is checked against the swap-out checksum.
  */
 struct kv_swap_aqua_config {
         const char *endpoint;  /* aquad's endpoint; NULL: $AQUA_ENDPOINT or libaqua's default */
@@ -123,6 +125,7 @@ struct kv_swap_aqua_stats {
         uint64_t migrated_bytes; /* lease memory a reclaim moved to DRAM */
         uint64_t slots_migrated; /* swapped requests whose KV a reclaim moved to DRAM */
         uint64_t slot_bytes_migrated;
+        uint64_t slots_promoted;         /* swapped requests moved back to peer memory */
         uint64_t dram_budget;            /* DRAM budget the daemon granted */
         uint64_t slots_peer, slots_dram; /* live slots by tier */
         uint64_t bytes_peer, bytes_dram; /* their KV bytes */

@@ -606,13 +606,15 @@ static void print_aqua_summary(const struct kv_swap_aqua_stats *st)
 {
         printf("SUMMARY swap=aqua leases=%" PRIu64 " lent_bytes=%" PRIu64 " peer_bytes=%" PRIu64
                " migrated_bytes=%" PRIu64 " slots_migrated=%" PRIu64 " slot_bytes_migrated=%" PRIu64
-               " dram_budget=%" PRIu64 " peak_kv_peer_bytes=%" PRIu64 " peak_kv_dram_bytes=%" PRIu64
-               " verified_swap_ins_peer=%" PRIu64 " verified_swap_ins_dram=%" PRIu64
-               " checksum_failures=%" PRIu64 " copies=%" PRIu64 " copy_pieces=%" PRIu64 "\n",
+               " slots_promoted=%" PRIu64 " dram_budget=%" PRIu64 " peak_kv_peer_bytes=%" PRIu64
+               " peak_kv_dram_bytes=%" PRIu64 " verified_swap_ins_peer=%" PRIu64
+               " verified_swap_ins_dram=%" PRIu64 " checksum_failures=%" PRIu64 " copies=%" PRIu64
+               " copy_pieces=%" PRIu64 "\n",
                st->leases, st->lent_bytes, st->peer_bytes, st->migrated_bytes, st->slots_migrated,
-               st->slot_bytes_migrated, st->dram_budget, st->peak_bytes_peer, st->peak_bytes_dram,
-               st->verified_swap_ins[KV_TIER_PEER], st->verified_swap_ins[KV_TIER_DRAM],
-               st->checksum_failures, st->copies, st->copy_pieces);
+               st->slot_bytes_migrated, st->slots_promoted, st->dram_budget, st->peak_bytes_peer,
+               st->peak_bytes_dram, st->verified_swap_ins[KV_TIER_PEER],
+               st->verified_swap_ins[KV_TIER_DRAM], st->checksum_failures, st->copies,
+               st->copy_pieces);
 }
 
 int main(int argc, char **argv)
