@@ -8,7 +8,7 @@ CUDA_INCLUDE = -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
 LOGS = $(BUILD)/meson-logs/testlog.json $(ASAN_BUILD)/meson-logs/testlog-asan.json \
        $(FUZZ_BUILD)/meson-logs/testlog.json
 
-.PHONY: check build build-asan test test-asan fuzz bootstrap clean
+.PHONY: check build build-asan test test-asan fuzz bootstrap clean demo
 
 # Every suite in the normal build, again under ASan+UBSan, then the fuzzers for a bounded time
 # when clang is there. The last line counts meson's results over all of them.
@@ -22,6 +22,10 @@ check: bootstrap
 
 bootstrap:
 	@scripts/bootstrap
+
+# The burst demo (examples/README.md): aquad, a producer and a consumer engine on (simulated) GPUs.
+demo: bootstrap build
+	@AQUA_BUILD=$(CURDIR)/$(BUILD) examples/demo/run
 
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) $(CUDA_INCLUDE)

@@ -207,8 +207,3 @@ int kv_swap_host_corrupt(struct kv_swap *s, void *slot, size_t offset)
         h->data[offset] ^= 0x01;
         return 0;
 }
-
-int kv_swap_aqua_new(const char *endpoint, struct kv_swap *ret)
-{
-        return -EOPNOTSUPP;
-}

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,11 +90,52 @@ int kv_swap_host_stats(const struct kv_swap *s, struct kv_swap_host_stats *ret);
 int kv_swap_host_corrupt(struct kv_swap *s, void *slot, size_t offset);
 
 /*
- * THE AQUA BACKEND GOES HERE. It will keep one growable aqua tensor for the
- * swapped KV: slots are ranges of it, backed by leased peer HBM while the
- * consumer holds a lease and by DRAM otherwise; swap_out/swap_in become
- * aqua's batched copies; poll() calls aqua_poll() so a reclaim moves slots to
- * DRAM (tier_of() then answers KV_TIER_DRAM). Until libaqua exists this
- * returns -EOPNOTSUPP.
+ * The aqua backend (kvswap-aqua.c): the consumer side of aqua. It borrows a
+ * tensor pool (peer GPU memory) through libaqua and keeps swapped blocks in
+ * one aqua tensor, whose chunks libaqua places in the pool while it has room
+ * and in DRAM (within the daemon's budget) otherwise. A reclaim moves chunks
+ * to DRAM at the same addresses inside poll() (aqua_poll() at the engine's
+ * safe point); the slots in them answer KV_TIER_DRAM from then on. When a
+ * producer offers again, a new borrow and aqua_tensor_promote() bring them
+ * back. Copies are libaqua's batched copies; without room in the tensor a
+ * slot is host memory. Every swap-in is checked against the swap-out checksum.
  */
-int kv_swap_aqua_new(const char *endpoint, struct kv_swap *ret);
+struct kv_swap_aqua_config {
+        const char *endpoint;  /* aquad's endpoint; NULL: $AQUA_ENDPOINT or libaqua's default */
+        int device;            /* the consumer's CUDA device ordinal */
+        uint64_t borrow_bytes; /* memory to ask for (now, and again once no peer room is left) */
+        bool allow_dram;       /* the first borrow may make up what peers lack with DRAM budget */
+        uint64_t retry_ns;     /* wall time between borrow attempts while no peer room is left */
+};
+
+void kv_swap_aqua_config_defaults(struct kv_swap_aqua_config *c);
+
+/*
+ * Connect to aquad as a consumer and borrow. A daemon with nothing to lend is
+ * no error: slots go to DRAM until a borrow succeeds. Errors from aqua_open()
+ * (-ECONNREFUSED, -ENOENT, -ELIBACC, ...) are passed up.
+ */
+int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret);
+
+/* What the aqua backend did so far, and holds now. */
+struct kv_swap_aqua_stats {
+        uint64_t leases;         /* leases granted */
+        uint64_t lent_bytes;     /* peer bytes granted over all leases */
+        uint64_t peer_bytes;     /* peer memory mapped now */
+        uint64_t migrated_bytes; /* lease memory a reclaim moved to DRAM */
+        uint64_t slots_migrated; /* swapped requests whose KV a reclaim moved to DRAM */
+        uint64_t slot_bytes_migrated;
+        uint64_t slots_promoted;         /* swapped requests moved back to peer memory */
+        uint64_t dram_budget;            /* DRAM budget the daemon granted */
+        uint64_t slots_peer, slots_dram; /* live slots by tier */
+        uint64_t bytes_peer, bytes_dram; /* their KV bytes */
+        uint64_t peak_bytes_peer, peak_bytes_dram;
+        uint64_t verified_swap_ins[_KV_TIER_MAX]; /* swap-ins whose checksum matched, by tier */
+        uint64_t checksum_failures;
+        uint64_t copies;      /* batched copies issued (one per swap-out or swap-in) */
+        uint64_t copy_pieces; /* contiguous pieces in them */
+};
+int kv_swap_aqua_stats(const struct kv_swap *s, struct kv_swap_aqua_stats *ret);
+
+/* Whether a reclaim moved memory since the last call (clears it): for demos that wait for one. */
+bool kv_swap_aqua_take_reclaimed(struct kv_swap *s);

@@ -14,7 +14,7 @@
 
 struct run_summary {
         enum sched_kind sched;
-        enum kv_tier tier;
+        const char *tier;         /* a kv_tier's name, or "aqua" */
         uint64_t ttft[3], tbt[3]; /* p50, p90, p99 */
         double tokens_per_s, requests_per_s;
         struct engine_result r;
@@ -47,6 +47,16 @@ static void help(void)
                "Runs:\n"
                "  --sched LIST            fcfs,fair (default both)\n"
                "  --tier LIST             peer,dram (default both)\n"
+               "  --swap host|aqua        where swapped KV goes (host): 'host' copies to host\n"
+               "                          memory and models the tier's time; 'aqua' borrows peer\n"
+               "                          GPU memory through aquad (libaqua, $AQUA_ENDPOINT) and\n"
+               "                          falls back to DRAM; the runs then share it (no --tier)\n"
+               "  --aqua-device N         aqua: the consumer's CUDA device (0)\n"
+               "  --aqua-borrow SIZE      aqua: memory to borrow (1GiB)\n"
+               "  --hold-at DUR           aqua: from this virtual time on, once swapped requests\n"
+               "                          sit in peer memory, stop the clock and poll until a\n"
+               "                          reclaim has moved memory (for demos that cause one)\n"
+               "  --hold-timeout DUR      ...but no longer than this wall time (60s)\n"
                "Engine model:\n"
                "  --decode-slots N        decodes per iteration (64)\n"
                "  --batch-tokens N        tokens per iteration (1024)\n"
@@ -64,6 +74,7 @@ static void help(void)
                "  --call-cost DUR         fixed cost of one batched copy (3us)\n"
                "Output:\n"
                "  --realtime[=SPEED]      pace each run in real time, SPEED times faster (1)\n"
+               "  --progress DUR          print a progress line every DUR of wall time\n"
                "  --quiet                 print only the SUMMARY lines\n"
                "  -h, --help              show this help\n");
 }
@@ -95,6 +106,12 @@ enum {
         ARG_CALL_COST,
         ARG_REALTIME,
         ARG_QUIET,
+        ARG_SWAP,
+        ARG_AQUA_DEVICE,
+        ARG_AQUA_BORROW,
+        ARG_HOLD_AT,
+        ARG_HOLD_TIMEOUT,
+        ARG_PROGRESS,
 };
 
 static const struct option options[] = {
@@ -124,6 +141,12 @@ static const struct option options[] = {
     {"call-cost", required_argument, NULL, ARG_CALL_COST},
     {"realtime", optional_argument, NULL, ARG_REALTIME},
     {"quiet", no_argument, NULL, ARG_QUIET},
+    {"swap", required_argument, NULL, ARG_SWAP},
+    {"aqua-device", required_argument, NULL, ARG_AQUA_DEVICE},
+    {"aqua-borrow", required_argument, NULL, ARG_AQUA_BORROW},
+    {"hold-at", required_argument, NULL, ARG_HOLD_AT},
+    {"hold-timeout", required_argument, NULL, ARG_HOLD_TIMEOUT},
+    {"progress", required_argument, NULL, ARG_PROGRESS},
     {"help", no_argument, NULL, 'h'},
     {},
 };
@@ -135,6 +158,11 @@ struct args {
         struct engine_config cfg;
         double realtime; /* 0: as fast as possible */
         bool quiet;
+        bool aqua;
+        struct kv_swap_aqua_config aqua_cfg;
+        bool hold;
+        uint64_t hold_at_ns, hold_timeout_ns;
+        uint64_t progress_ns; /* 0: none */
 };
 
 static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret)
@@ -208,12 +236,14 @@ static int parse_args(int argc, char **argv, struct args *a)
 
         trace_gen_defaults(&a->gen);
         engine_config_defaults(&a->cfg);
+        kv_swap_aqua_config_defaults(&a->aqua_cfg);
+        a->hold_timeout_ns = 60 * NSEC_PER_SEC;
         a->sched[SCHED_FCFS] = a->sched[SCHED_FAIR] = true;
         a->tier[KV_TIER_PEER] = a->tier[KV_TIER_DRAM] = true;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 const char *name =
-                    c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
+                    c >= ARG_TRACE && c <= ARG_PROGRESS ? options[c - ARG_TRACE].name : "";
                 switch (c) {
                 case 'h':
                         help();
@@ -309,6 +339,30 @@ static int parse_args(int argc, char **argv, struct args *a)
                 case ARG_QUIET:
                         a->quiet = true;
                         break;
+                case ARG_SWAP:
+                        if (strcmp(optarg, "aqua") == 0 || strcmp(optarg, "host") == 0)
+                                a->aqua = optarg[0] == 'a';
+                        else
+                                r = log_error_errno(
+                                    EINVAL, "--swap: expected host or aqua, got \"%s\"", optarg);
+                        break;
+                case ARG_AQUA_DEVICE:
+                        r = parse_u32(name, optarg, 0, &v);
+                        a->aqua_cfg.device = (int)MIN(v, (uint32_t)INT32_MAX);
+                        break;
+                case ARG_AQUA_BORROW:
+                        r = parse_bytes(name, optarg, &a->aqua_cfg.borrow_bytes);
+                        break;
+                case ARG_HOLD_AT:
+                        r = parse_dur(name, optarg, &a->hold_at_ns);
+                        a->hold = true;
+                        break;
+                case ARG_HOLD_TIMEOUT:
+                        r = parse_dur(name, optarg, &a->hold_timeout_ns);
+                        break;
+                case ARG_PROGRESS:
+                        r = parse_dur(name, optarg, &a->progress_ns);
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -318,6 +372,8 @@ static int parse_args(int argc, char **argv, struct args *a)
         if (optind < argc)
                 return log_error_errno(EINVAL, "unexpected argument \"%s\" (see --help)",
                                        argv[optind]);
+        if (a->hold && !a->aqua)
+                return log_error_errno(EINVAL, "--hold-at needs --swap aqua");
         uint64_t block = a->cfg.bytes_per_token * a->cfg.block_tokens;
         if (a->cfg.hbm_bytes / block == 0) {
                 char b[32];
@@ -333,49 +389,52 @@ static double ms(uint64_t ns)
         return (double)ns / NSEC_PER_MSEC;
 }
 
-static int run_one(const struct args *a, const struct trace *t, enum sched_kind sched,
-                   enum kv_tier tier, struct run_summary *ret)
+/* One engine replaying the trace: a scheduler with its swap backend. */
+struct run {
+        enum sched_kind sched;
+        const char *tier;
+        struct kv_swap own; /* the host backend of this run; unused with aqua */
+        struct kv_swap *swap;
+        struct engine *e;
+        bool done;
+        uint64_t done_wall_ns;
+};
+
+static int run_setup(const struct args *a, const struct trace *t, struct run *run,
+                     struct kv_swap *shared)
 {
-        _cleanup_(kv_swap_free) struct kv_swap swap = {};
         struct engine_config cfg = a->cfg;
-        struct engine *e = NULL;
-        uint64_t start = now_mono_ns();
         int r;
 
-        cfg.sched = sched;
-        r = kv_swap_host_new(tier, 0, &swap);
-        if (r < 0)
-                return log_error_errno(r, "Failed to set up the host swap backend: %m");
-        r = engine_new(&cfg, &swap, &e);
+        cfg.sched = run->sched;
+        run->swap = shared;
+        if (!shared) {
+                r = kv_swap_host_new(kv_tier_from_string(run->tier), 0, &run->own);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to set up the host swap backend: %m");
+                run->swap = &run->own;
+        }
+        r = engine_new(&cfg, run->swap, &run->e);
         if (r < 0)
                 return log_error_errno(r, "Invalid engine configuration: %m");
         for (size_t i = 0; i < t->n && r >= 0; i++)
-                r = engine_add(e, &t->req[i], NULL);
-        if (r < 0) {
-                engine_free(e);
+                r = engine_add(run->e, &t->req[i], NULL);
+        if (r < 0)
                 return log_error_errno(r, "Failed to queue requests: %m");
-        }
-        for (;;) {
-                r = engine_step(e);
-                if (r != 0)
-                        break;
-                if (a->realtime > 0) {
-                        uint64_t due = start + (uint64_t)((double)engine_now(e) / a->realtime);
-                        uint64_t now = now_mono_ns();
-                        if (due > now)
-                                sleep_ns(due - now);
-                }
-        }
-        if (r < 0) {
-                engine_free(e);
-                return log_error_errno(r, "Run %s/%s failed: %m", sched_to_string(sched),
-                                       kv_tier_to_string(tier));
-        }
+        return 0;
+}
 
-        /* Move the result out; the engine is gone after this. */
-        struct run_summary s = {.sched = sched, .tier = tier};
-        engine_take_result(e, &s.r);
-        engine_free(e);
+static void run_clear(struct run *run)
+{
+        run->e = engine_free(run->e);
+        kv_swap_free(&run->own);
+}
+
+static void run_summarize(struct run *run, uint64_t start, struct run_summary *ret)
+{
+        struct run_summary s = {.sched = run->sched, .tier = run->tier};
+
+        engine_take_result(run->e, &s.r);
         for (int i = 0; i < 3; i++) {
                 if (stats_percentile(&s.r.ttft, percentiles[i], &s.ttft[i]) < 0)
                         s.ttft[i] = 0;
@@ -387,9 +446,118 @@ static int run_one(const struct args *a, const struct trace *t, enum sched_kind 
                 s.tokens_per_s = (double)s.r.output_tokens * NSEC_PER_SEC / span;
                 s.requests_per_s = (double)s.r.requests_done * NSEC_PER_SEC / span;
         }
-        s.wall_ns = now_mono_ns() - start;
+        s.wall_ns = run->done_wall_ns - start;
         *ret = s;
-        return 0;
+}
+
+static void print_progress(const struct args *a, const struct run *runs, size_t n,
+                           struct kv_swap *shared, uint64_t now)
+{
+        char line[512];
+        size_t k = 0;
+
+        k += snprintf(line + k, sizeof(line) - k, "progress t=%6.1fs", (double)now / NSEC_PER_SEC);
+        for (size_t i = 0; i < n && k < sizeof(line); i++) {
+                const struct engine_result *res = engine_result(runs[i].e);
+                k += snprintf(line + k, sizeof(line) - k, "  %s %" PRIu64 "/%" PRIu64 " done",
+                              sched_to_string(runs[i].sched), res->requests_done, res->requests);
+        }
+        struct kv_swap_aqua_stats st;
+        if (shared && kv_swap_aqua_stats(shared, &st) == 0 && k < sizeof(line)) {
+                char p[32], d[32];
+                snprintf(line + k, sizeof(line) - k,
+                         "  | swapped KV: %s in peer HBM (%" PRIu64
+                         " requests), %s in DRAM (%" PRIu64 ")",
+                         format_size(p, sizeof(p), st.bytes_peer), st.slots_peer,
+                         format_size(d, sizeof(d), st.bytes_dram), st.slots_dram);
+        }
+        printf("%s\n", line);
+        fflush(stdout);
+}
+
+/*
+ * Demo support: stop the virtual clock and keep polling the backend (as an engine's loop would
+ * at its safe point) until a reclaim has moved memory, so that a script can make one happen
+ * while requests sit in peer memory. Returns the wall time spent.
+ */
+static uint64_t hold(const struct args *a, struct kv_swap *shared, uint64_t now)
+{
+        struct kv_swap_aqua_stats st = {};
+        uint64_t start = now_mono_ns(), deadline = start + a->hold_timeout_ns;
+        char p[32];
+
+        kv_swap_aqua_stats(shared, &st);
+        printf("HOLD t=%.1fs: %" PRIu64 " swapped requests (%s of KV) in peer memory; "
+               "waiting for a reclaim\n",
+               (double)now / NSEC_PER_SEC, st.slots_peer, format_size(p, sizeof(p), st.bytes_peer));
+        fflush(stdout);
+        kv_swap_aqua_take_reclaimed(shared);
+        for (;;) {
+                int r = shared->ops->poll(shared->ctx);
+                if (r < 0) {
+                        log_error_errno(r, "aqua: poll failed while holding: %m");
+                        break;
+                }
+                if (kv_swap_aqua_take_reclaimed(shared)) {
+                        printf("RESUME t=%.1fs: reclaim handled\n", (double)now / NSEC_PER_SEC);
+                        break;
+                }
+                if (now_mono_ns() >= deadline) {
+                        printf("RESUME t=%.1fs: no reclaim came within the hold timeout\n",
+                               (double)now / NSEC_PER_SEC);
+                        break;
+                }
+                sleep_ns(10 * NSEC_PER_MSEC);
+        }
+        fflush(stdout);
+        return now_mono_ns() - start;
+}
+
+/*
+ * Step every run on one virtual clock, the one furthest behind first, so that runs sharing an
+ * aqua backend see the same memory at the same simulated time (a reclaim hits them all).
+ */
+static int run_all(const struct args *a, struct run *runs, size_t n, struct kv_swap *shared,
+                   struct run_summary *ret)
+{
+        uint64_t start = now_mono_ns(), next_progress = start + a->progress_ns;
+        bool hold_pending = a->hold;
+        int r;
+
+        for (;;) {
+                struct run *run = NULL;
+                for (size_t i = 0; i < n; i++)
+                        if (!runs[i].done && (!run || engine_now(runs[i].e) < engine_now(run->e)))
+                                run = &runs[i];
+                if (!run)
+                        return 0;
+                struct kv_swap_aqua_stats st;
+                if (hold_pending && engine_now(run->e) >= a->hold_at_ns &&
+                    kv_swap_aqua_stats(shared, &st) == 0 && st.slots_peer > 0) {
+                        hold_pending = false;
+                        start += hold(a, shared, engine_now(run->e));
+                }
+                r = engine_step(run->e);
+                if (r == ENGINE_DONE) {
+                        run->done = true;
+                        run->done_wall_ns = now_mono_ns();
+                        run_summarize(run, start, &ret[run - runs]);
+                        continue;
+                }
+                if (r < 0)
+                        return log_error_errno(r, "Run %s/%s failed: %m",
+                                               sched_to_string(run->sched), run->tier);
+                uint64_t now = now_mono_ns();
+                if (a->realtime > 0) {
+                        uint64_t due = start + (uint64_t)((double)engine_now(run->e) / a->realtime);
+                        if (due > now)
+                                sleep_ns(due - now);
+                }
+                if (a->progress_ns > 0 && now >= next_progress) {
+                        print_progress(a, runs, n, shared, engine_now(run->e));
+                        next_progress = now + a->progress_ns;
+                }
+        }
 }
 
 static uint64_t sum_tiers(const uint64_t v[_KV_TIER_MAX])
@@ -405,9 +573,9 @@ static void print_human(const struct run_summary *s)
         char out[32], in[32];
         printf("%-5s %-5s %5" PRIu64 "/%-5" PRIu64
                " %8.1f %8.1f %8.1f   %6.1f %6.1f %6.1f  %7.0f %7" PRIu64 " %10s %10s %8.1f\n",
-               sched_to_string(s->sched), kv_tier_to_string(s->tier), s->r.requests_done,
-               s->r.requests, ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]),
-               ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s, s->r.preemptions,
+               sched_to_string(s->sched), s->tier, s->r.requests_done, s->r.requests,
+               ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]), ms(s->tbt[1]),
+               ms(s->tbt[2]), s->tokens_per_s, s->r.preemptions,
                format_size(out, sizeof(out), sum_tiers(s->r.swap_out_bytes)),
                format_size(in, sizeof(in), sum_tiers(s->r.swap_in_bytes)),
                ms(sum_tiers(s->r.swap_ns)));
@@ -420,21 +588,43 @@ static void print_summary(const struct run_summary *s)
                " tbt_p50_ms=%.3f tbt_p90_ms=%.3f tbt_p99_ms=%.3f tokens_per_s=%.1f"
                " requests_per_s=%.3f output_tokens=%" PRIu64 " iterations=%" PRIu64
                " preemptions=%" PRIu64 " swap_out_bytes=%" PRIu64 " swap_in_bytes=%" PRIu64
+               " swap_out_peer_bytes=%" PRIu64 " swap_out_dram_bytes=%" PRIu64
+               " swap_in_peer_bytes=%" PRIu64 " swap_in_dram_bytes=%" PRIu64
                " swap_ms=%.3f integrity_errors=%" PRIu64 " wall_ms=%.1f\n",
-               sched_to_string(s->sched), kv_tier_to_string(s->tier), s->r.requests,
-               s->r.requests_done, s->r.rejected, s->r.requests - s->r.requests_done,
-               ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]), ms(s->tbt[0]), ms(s->tbt[1]),
-               ms(s->tbt[2]), s->tokens_per_s, s->requests_per_s, s->r.output_tokens,
-               s->r.iterations, s->r.preemptions, sum_tiers(s->r.swap_out_bytes),
-               sum_tiers(s->r.swap_in_bytes), ms(sum_tiers(s->r.swap_ns)), s->r.integrity_errors,
-               ms(s->wall_ns));
+               sched_to_string(s->sched), s->tier, s->r.requests, s->r.requests_done, s->r.rejected,
+               s->r.requests - s->r.requests_done, ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]),
+               ms(s->tbt[0]), ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s, s->requests_per_s,
+               s->r.output_tokens, s->r.iterations, s->r.preemptions,
+               sum_tiers(s->r.swap_out_bytes), sum_tiers(s->r.swap_in_bytes),
+               s->r.swap_out_bytes[KV_TIER_PEER], s->r.swap_out_bytes[KV_TIER_DRAM],
+               s->r.swap_in_bytes[KV_TIER_PEER], s->r.swap_in_bytes[KV_TIER_DRAM],
+               ms(sum_tiers(s->r.swap_ns)), s->r.integrity_errors, ms(s->wall_ns));
+}
+
+/* The aqua backend's own line: real bytes (the KV samples), not the cost model's. */
+static void print_aqua_summary(const struct kv_swap_aqua_stats *st)
+{
+        printf("SUMMARY swap=aqua leases=%" PRIu64 " lent_bytes=%" PRIu64 " peer_bytes=%" PRIu64
+               " migrated_bytes=%" PRIu64 " slots_migrated=%" PRIu64 " slot_bytes_migrated=%" PRIu64
+               " slots_promoted=%" PRIu64 " dram_budget=%" PRIu64 " peak_kv_peer_bytes=%" PRIu64
+               " peak_kv_dram_bytes=%" PRIu64 " verified_swap_ins_peer=%" PRIu64
+               " verified_swap_ins_dram=%" PRIu64 " checksum_failures=%" PRIu64 " copies=%" PRIu64
+               " copy_pieces=%" PRIu64 "\n",
+               st->leases, st->lent_bytes, st->peer_bytes, st->migrated_bytes, st->slots_migrated,
+               st->slot_bytes_migrated, st->slots_promoted, st->dram_budget, st->peak_bytes_peer,
+               st->peak_bytes_dram, st->verified_swap_ins[KV_TIER_PEER],
+               st->verified_swap_ins[KV_TIER_DRAM], st->checksum_failures, st->copies,
+               st->copy_pieces);
 }
 
 int main(int argc, char **argv)
 {
         struct args a = {};
         struct trace t = {};
-        struct run_summary runs[_SCHED_MAX * _KV_TIER_MAX];
+        struct run_summary runs[_SCHED_MAX * _KV_TIER_MAX] = {};
+        struct run rs[_SCHED_MAX * _KV_TIER_MAX] = {};
+        struct kv_swap shared = {};
+        struct kv_swap_aqua_stats aqua_stats = {};
         size_t n_runs = 0;
         int r;
 
@@ -497,21 +687,49 @@ int main(int argc, char **argv)
                        format_size(hbm, sizeof(hbm), a.cfg.hbm_bytes), a.cfg.hbm_bytes / block,
                        a.cfg.block_tokens, format_size(bpt, sizeof(bpt), a.cfg.bytes_per_token),
                        a.cfg.decode_slots, a.cfg.max_batch_tokens, a.cfg.slice_iters);
-                printf("Swap: host-memory backend (real copies, checksummed); time modelled for "
-                       "peer %.0f GB/s, dram %.0f GB/s\n\n",
-                       a.cfg.cost[KV_TIER_PEER].gbytes_per_s,
-                       a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+                if (a.aqua)
+                        printf(
+                            "Swap: aqua (peer GPU memory borrowed through aquad, DRAM when none; "
+                            "real copies, checksummed); time modelled for peer %.0f GB/s, "
+                            "dram %.0f GB/s\n\n",
+                            a.cfg.cost[KV_TIER_PEER].gbytes_per_s,
+                            a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+                else
+                        printf("Swap: host-memory backend (real copies, checksummed); time "
+                               "modelled for peer %.0f GB/s, dram %.0f GB/s\n\n",
+                               a.cfg.cost[KV_TIER_PEER].gbytes_per_s,
+                               a.cfg.cost[KV_TIER_DRAM].gbytes_per_s);
+                fflush(stdout);
         }
 
+        if (a.aqua) {
+                r = kv_swap_aqua_new(&a.aqua_cfg, &shared);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to set up the aqua swap backend: %m");
+                        if (r == -ENOENT || r == -ECONNREFUSED)
+                                log_error("Is aquad running? $AQUA_ENDPOINT names it.");
+                        else if (r == -ELIBACC)
+                                log_error("No CUDA driver: set $AQUA_CUDA_LIBRARY (simcuda's "
+                                          "build/simcuda/libcuda.so.1 without a GPU).");
+                        goto out;
+                }
+        }
         for (int s = 0; s < _SCHED_MAX; s++)
                 for (int k = 0; k < _KV_TIER_MAX; k++) {
-                        if (!a.sched[s] || !a.tier[k])
+                        if (!a.sched[s] || (!a.aqua && !a.tier[k]) || (a.aqua && k > 0))
                                 continue;
-                        r = run_one(&a, &t, s, k, &runs[n_runs]);
+                        struct run *run = &rs[n_runs++];
+                        run->sched = s;
+                        run->tier = a.aqua ? "aqua" : kv_tier_to_string(k);
+                        r = run_setup(&a, &t, run, a.aqua ? &shared : NULL);
                         if (r < 0)
                                 goto out;
-                        n_runs++;
                 }
+        r = run_all(&a, rs, n_runs, a.aqua ? &shared : NULL, runs);
+        if (r < 0)
+                goto out;
+        if (a.aqua)
+                kv_swap_aqua_stats(&shared, &aqua_stats);
 
         if (!a.quiet) {
                 printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: p50    "
@@ -523,17 +741,23 @@ int main(int argc, char **argv)
         }
         for (size_t i = 0; i < n_runs; i++)
                 print_summary(&runs[i]);
+        if (a.aqua)
+                print_aqua_summary(&aqua_stats);
         for (size_t i = 0; i < n_runs; i++)
                 if (runs[i].r.integrity_errors > 0 || runs[i].r.requests_done != runs[i].r.requests)
                         r = -EIO;
+        if (aqua_stats.checksum_failures > 0)
+                r = -EIO;
         if (r < 0)
                 log_error(
                     "Some runs lost requests or failed an integrity check (see SUMMARY lines)");
 out:
         for (size_t i = 0; i < n_runs; i++) {
+                run_clear(&rs[i]);
                 stats_clear(&runs[i].r.ttft);
                 stats_clear(&runs[i].r.tbt);
         }
+        kv_swap_free(&shared);
         trace_clear(&t);
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -136,13 +136,6 @@ Test(kvswap, peer_transfers_cost_less_than_dram_ones)
         cr_assert_eq(kv_tier_cost_ns(&c[KV_TIER_DRAM], 0), 0);
 }
 
-Test(kvswap, the_aqua_backend_is_not_there_yet)
-{
-        struct kv_swap s = {};
-        cr_assert_eq(kv_swap_aqua_new(NULL, &s), -EOPNOTSUPP);
-        cr_assert_null(s.ops);
-}
-
 Test(kvswap, tier_names_round_trip)
 {
         cr_assert_eq(kv_tier_from_string("peer"), KV_TIER_PEER);

@@ -146,6 +146,7 @@ static const struct lend_ops dry_run_ops = {
     .offer = dry_offer,
     .reclaim = dry_reclaim,
     .report_load = NULL,
+    .poll = NULL,
     .free = dry_free,
 };
 
@@ -156,9 +157,4 @@ int lend_dry_run_new(struct lend_backend *ret)
                 return -ENOMEM;
         *ret = (struct lend_backend){&dry_run_ops, d};
         return 0;
-}
-
-int lend_aqua_new(const char *endpoint, struct lend_backend *ret)
-{
-        return -EOPNOTSUPP;
 }

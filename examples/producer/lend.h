@@ -65,14 +65,16 @@ void lend_commit(struct lend_state *s, enum lend_action a, uint64_t bytes);
  * daemon. offer: put bytes more into the pool; *ret_bytes is what really
  * went in. reclaim: take bytes back; returns once they are free for the
  * producer's own use (a consumer still mapping them has moved off);
- * *ret_bytes is what came back. report_load: tell the coordinator the load
- * (may be NULL). Negative errno on failure.
+ * *ret_bytes is what left the pool. report_load: tell the coordinator the load
+ * (may be NULL). poll: handle what the coordinator sent, once per step (may
+ * be NULL). Negative errno on failure.
  */
 struct lend_ops {
         const char *name;
         int (*offer)(void *ctx, uint64_t bytes, uint64_t *ret_bytes);
         int (*reclaim)(void *ctx, uint64_t bytes, uint64_t *ret_bytes);
         int (*report_load)(void *ctx, double load);
+        int (*poll)(void *ctx);
         void (*free)(void *ctx);
 };
 
@@ -88,9 +90,22 @@ void lend_backend_free(struct lend_backend *b);
 int lend_dry_run_new(struct lend_backend *ret);
 
 /*
- * THE AQUA BACKEND GOES HERE: offer allocates exportable chunks with libaqua
- * and offers them to aquad; reclaim asks aquad for them back and waits for
- * consumers to move off; report_load sends the load. Until libaqua exists
- * this returns -EOPNOTSUPP.
+ * The aqua backend (lend-aqua.c): a libaqua producer context on a CUDA device.
+ * offer allocates exportable chunks of `chunk` bytes and offers them to aquad;
+ * reclaim asks for them back and waits (up to reclaim_timeout_ns) for the
+ * consumers to move off: what is still on its way then counts as reclaimed
+ * (it has left the pool) and is released later inside poll (aqua_poll());
+ * report_load sends the load with the working set the policy keeps.
  */
-int lend_aqua_new(const char *endpoint, struct lend_backend *ret);
+struct lend_aqua_config {
+        const char *endpoint; /* NULL: $AQUA_ENDPOINT or libaqua's default */
+        int device;
+        uint64_t reclaim_timeout_ns;
+        const struct lend_config *policy; /* for the used/free bytes of load reports */
+};
+
+/* Errors of aqua_open(): -ECONNREFUSED or -ENOENT (no aquad), -ELIBACC (no driver), ... */
+int lend_aqua_new(const struct lend_aqua_config *c, struct lend_backend *ret);
+
+/* What the aqua backend saw: bytes freed after their reclaim call returned (inside poll). */
+uint64_t lend_aqua_late_reclaimed(const struct lend_backend *b);

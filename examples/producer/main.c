@@ -1,6 +1,7 @@
 /* aqua-producer: follow a load trace, keep the working set, lend the rest, reclaim and re-offer. */
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 static void help(void)
 {
         printf("Usage: aqua-producer --trace FILE [OPTIONS]\n"
+               "       aqua-producer --load-file FILE --backend aqua [OPTIONS]\n"
                "\n"
                "Stands in for a producer model (vision, audio) sharing a GPU's HBM: follows a\n"
                "load trace (time_s,load with load 0..1 of its peak), computes the working set it\n"
@@ -22,10 +24,16 @@ static void help(void)
                "reclaims at once when its load grows into lent memory, and offers memory again\n"
                "when its load falls, with hysteresis (a load band and a hold time) so the pool\n"
                "does not flap. Runs on a virtual clock; the lending calls go to a dry-run\n"
-               "backend that keeps the books. Prints each transition and a 'SUMMARY' line.\n"
+               "backend that keeps the books, or to aquad through libaqua. Prints each\n"
+               "transition and a 'SUMMARY' line.\n"
                "\n"
                "  --trace FILE            load trace (CSV time_s,load, or .yaml with load: [{time, "
                "load}])\n"
+               "  --load-file FILE        instead: read the load (one number) from FILE at every\n"
+               "                          step, in real time, until SIGINT or SIGTERM\n"
+               "  --backend NAME          dry-run (default) or aqua: offer and reclaim GPU memory\n"
+               "                          through aquad ($AQUA_ENDPOINT; $AQUA_CUDA_LIBRARY)\n"
+               "  --device N              aqua: the producer's CUDA device (0)\n"
                "  --capacity SIZE         GPU memory (80GiB)\n"
                "  --weights SIZE          always kept (16GiB)\n"
                "  --activation-peak SIZE  kept on top at load 1.0 (40GiB)\n"
@@ -53,6 +61,9 @@ enum {
         ARG_STEP,
         ARG_REALTIME,
         ARG_QUIET,
+        ARG_LOAD_FILE,
+        ARG_BACKEND,
+        ARG_DEVICE,
 };
 
 static const struct option options[] = {
@@ -68,6 +79,9 @@ static const struct option options[] = {
     {"step", required_argument, NULL, ARG_STEP},
     {"realtime", optional_argument, NULL, ARG_REALTIME},
     {"quiet", no_argument, NULL, ARG_QUIET},
+    {"load-file", required_argument, NULL, ARG_LOAD_FILE},
+    {"backend", required_argument, NULL, ARG_BACKEND},
+    {"device", required_argument, NULL, ARG_DEVICE},
     {"help", no_argument, NULL, 'h'},
     {},
 };
@@ -93,13 +107,36 @@ static double gib(uint64_t b)
         return (double)b / (1 << 30);
 }
 
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+        stop = 1;
+}
+
+/* The load written in path; keeps `last` while the file cannot be read (a writer replacing it). */
+static double read_load(const char *path, double last)
+{
+        FILE *f = fopen(path, "re");
+        double v;
+
+        if (!f)
+                return last;
+        if (fscanf(f, "%lf", &v) != 1 || !(v >= 0 && v <= 1))
+                v = last;
+        fclose(f);
+        return v;
+}
+
 int main(int argc, char **argv)
 {
         _cleanup_(lend_backend_free) struct lend_backend backend = {};
         struct lend_config cfg;
         struct lend_state st = {};
         struct load_trace trace = {};
-        const char *path = NULL;
+        const char *path = NULL, *load_file = NULL;
+        bool aqua = false;
+        int device = 0;
         uint64_t step = 100 * NSEC_PER_MSEC;
         double realtime = 0;
         bool quiet = false;
@@ -109,7 +146,7 @@ int main(int argc, char **argv)
         lend_config_defaults(&cfg);
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 const char *name =
-                    c >= ARG_TRACE && c <= ARG_QUIET ? options[c - ARG_TRACE].name : "";
+                    c >= ARG_TRACE && c <= ARG_DEVICE ? options[c - ARG_TRACE].name : "";
                 switch (c) {
                 case 'h':
                         help();
@@ -159,6 +196,25 @@ int main(int argc, char **argv)
                 case ARG_QUIET:
                         quiet = true;
                         break;
+                case ARG_LOAD_FILE:
+                        load_file = optarg;
+                        break;
+                case ARG_BACKEND:
+                        if (strcmp(optarg, "aqua") == 0 || strcmp(optarg, "dry-run") == 0)
+                                aqua = optarg[0] == 'a';
+                        else
+                                r = log_error_errno(
+                                    EINVAL, "--backend: expected dry-run or aqua, got \"%s\"",
+                                    optarg);
+                        break;
+                case ARG_DEVICE: {
+                        int64_t v;
+                        if (parse_int64(optarg, 10, &v) < 0 || v < 0 || v > 1024)
+                                r = log_error_errno(
+                                    EINVAL, "--device: expected an ordinal, got \"%s\"", optarg);
+                        device = (int)v;
+                        break;
+                }
                 default:
                         return EXIT_FAILURE;
                 }
@@ -169,8 +225,8 @@ int main(int argc, char **argv)
                 log_error("unexpected argument \"%s\" (see --help)", argv[optind]);
                 return EXIT_FAILURE;
         }
-        if (!path) {
-                log_error("--trace FILE is required (see --help)");
+        if (!path == !load_file) {
+                log_error("one of --trace FILE and --load-file FILE is required (see --help)");
                 return EXIT_FAILURE;
         }
         if (lend_config_check(&cfg) < 0) {
@@ -179,16 +235,47 @@ int main(int argc, char **argv)
         }
 
         _cleanup_free_ char *error = NULL;
-        r = load_trace_load(path, &trace, &error);
-        if (r < 0) {
-                log_error("%s", error ?: strerror(-r));
-                return EXIT_FAILURE;
+        if (path) {
+                r = load_trace_load(path, &trace, &error);
+                if (r < 0) {
+                        log_error("%s", error ?: strerror(-r));
+                        return EXIT_FAILURE;
+                }
+        } else {
+                /* One point, so that the trace-driven code below has a load and an end. */
+                trace.p = calloc(1, sizeof(*trace.p));
+                if (!trace.p)
+                        return log_error_errno(ENOMEM, "Out of memory"), EXIT_FAILURE;
+                trace.n = 1;
+                trace.p[0].load = read_load(load_file, -1);
+                if (trace.p[0].load < 0) {
+                        log_error("%s: expected a load between 0 and 1", load_file);
+                        load_trace_clear(&trace);
+                        return EXIT_FAILURE;
+                }
+                realtime = 1;
         }
-        r = lend_dry_run_new(&backend);
+        if (aqua) {
+                struct lend_aqua_config ac = {.device = device, .policy = &cfg};
+                r = lend_aqua_new(&ac, &backend);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to connect to aquad as a producer: %m");
+                        if (r == -ENOENT || r == -ECONNREFUSED)
+                                log_error("Is aquad running? $AQUA_ENDPOINT names it.");
+                        else if (r == -ELIBACC)
+                                log_error("No CUDA driver: set $AQUA_CUDA_LIBRARY (simcuda's "
+                                          "build/simcuda/libcuda.so.1 without a GPU).");
+                }
+        } else
+                r = lend_dry_run_new(&backend);
         if (r < 0) {
                 load_trace_clear(&trace);
                 return log_error_errno(r, "Failed to set up the lending backend: %m"), EXIT_FAILURE;
         }
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        struct sigaction sa = {.sa_handler = on_signal};
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
 
         if (!quiet)
                 printf("Producer on a %.1f GiB GPU: keeps %.1f GiB weights + up to %.1f GiB "
@@ -204,8 +291,8 @@ int main(int argc, char **argv)
         uint64_t end = trace.p[trace.n - 1].time_ns + cfg.hold_ns + step;
         uint64_t start = now_mono_ns();
         double last_load = -1;
-        for (uint64_t t = 0; t <= end; t += step) {
-                double load = load_at(&trace, t);
+        for (uint64_t t = 0; !stop && (load_file || t <= end); t += step) {
+                double load = load_file ? read_load(load_file, last_load) : load_at(&trace, t);
                 enum lend_action a;
                 uint64_t bytes, done = 0;
 
@@ -215,6 +302,13 @@ int main(int argc, char **argv)
                                 break;
                 }
                 last_load = load;
+                if (backend.ops->poll) {
+                        r = backend.ops->poll(backend.ctx);
+                        if (r < 0) {
+                                log_error_errno(r, "Polling the lending backend failed: %m");
+                                break;
+                        }
+                }
                 lend_decide(&cfg, &st, t, load, &a, &bytes);
                 if (a == LEND_OFFER)
                         r = backend.ops->offer(backend.ctx, bytes, &done);
@@ -250,10 +344,11 @@ int main(int argc, char **argv)
                 }
         }
         if (r >= 0)
-                printf("SUMMARY producer=dry-run points=%zu offers=%" PRIu64 " reclaims=%" PRIu64
+                printf("SUMMARY producer=%s points=%zu offers=%" PRIu64 " reclaims=%" PRIu64
                        " bytes_offered=%" PRIu64 " bytes_reclaimed=%" PRIu64 " max_lent=%" PRIu64
                        " final_lent=%" PRIu64 " final_load=%.3f\n",
-                       trace.n, offers, reclaims, offered, reclaimed, max_lent, st.lent, last_load);
+                       backend.ops->name, trace.n, offers, reclaims, offered, reclaimed, max_lent,
+                       st.lent, last_load);
         load_trace_clear(&trace);
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
