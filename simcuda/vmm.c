@@ -238,8 +238,8 @@ CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
         return res;
 }
 
-CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs,
-                             const size_t *sizes, size_t count)
+CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes,
+                             size_t count)
 {
         /* One per direction: a mapping open for reading is not always open for writing. */
         struct vm_hits dst_hits = {0}, src_hits = {0};
