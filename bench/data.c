@@ -193,24 +193,21 @@ static int run_batch(int rounds)
 
 /* ---------------------------------------------------------------- reclaim */
 
-#define RECLAIM_BYTES GiB
-#define RECLAIM_CHUNK (32 * MiB)
+#define RECLAIM_BYTES  GiB
+#define RECLAIM_CHUNK  (32 * MiB)
+#define RECLAIM_ROUNDS 3
 
 /*
- * The consumer: a tensor of 1 GiB on a leased pool, written; polls every 1 ms until the reclaim
- * has moved it all, then times the baselines: one 1 GiB copy into fresh memory (first touch,
- * as the reclaim's destination is fresh) and into the same memory again (warm).
+ * The consumer, once per round: a tensor of 1 GiB on a leased pool, written; polls every 1 ms
+ * until the reclaim has moved it all, then times the baselines: one 1 GiB copy into fresh memory
+ * (first touch, as the reclaim's destination is fresh) and into the same memory again (warm).
+ * Each round ends with one line on out_fd and everything of the round freed.
  */
 static _Noreturn void consumer(int go_fd, int ready_fd, int out_fd)
 {
         struct aqua_options opt = AQUA_OPTIONS_INIT;
-        struct aqua_grant g;
-        struct aqua_tensor_info ti;
-        struct aqua_copy_piece p;
-        aqua_tensor *t, *fresh;
-        uint64_t moved = 0, t_fresh, t_warm, in_poll = 0;
         aqua_ctx *ctx;
-        char *buf, line[256];
+        char *buf;
         char c = 1;
         int r;
 
@@ -221,64 +218,86 @@ static _Noreturn void consumer(int go_fd, int ready_fd, int out_fd)
         r = aqua_open(0, AQUA_ROLE_CONSUMER, &opt, &ctx);
         if (r < 0)
                 fail("consumer open", r);
-        r = aqua_borrow(ctx, RECLAIM_BYTES, RECLAIM_BYTES, AQUA_BORROW_TENSORS, &g);
-        if (r != 0)
-                fail("borrow", r);
-        r = aqua_tensor_new(ctx, RECLAIM_BYTES, NULL, &t);
-        if (r == 0)
-                r = aqua_tensor_grow(ctx, t, RECLAIM_BYTES);
-        if (r != 0)
-                fail("tensor", r);
         buf = malloc(RECLAIM_BYTES);
         memset(buf, 0x5a, RECLAIM_BYTES);
-        p = (struct aqua_copy_piece){aqua_tensor_dptr(t), (uint64_t)(uintptr_t)buf, RECLAIM_BYTES};
-        timed_batch(ctx, &p, 1);
-        if (write(ready_fd, &c, 1) != 1)
-                _exit(1);
-        while (moved < RECLAIM_BYTES) {
-                struct aqua_event ev[64];
-                struct timespec ms = {0, 1000000};
-                size_t n = 0;
-                uint64_t p0 = now_mono_ns();
+        for (int round = 0; round < RECLAIM_ROUNDS; round++) {
+                struct aqua_grant g;
+                struct aqua_tensor_info ti;
+                struct aqua_copy_piece p;
+                aqua_tensor *t, *fresh;
+                uint64_t moved = 0, t_fresh, t_warm, in_poll = 0;
+                char line[256];
 
-                r = aqua_poll(ctx, ev, 64, &n);
-                in_poll += now_mono_ns() - p0;
-                if (r < 0)
-                        fail("poll", r);
-                for (size_t i = 0; i < n; i++)
-                        if (ev[i].type == AQUA_EVENT_TENSOR_MIGRATED)
-                                moved += ev[i].bytes;
-                        else if (ev[i].type == AQUA_EVENT_RECLAIM_FAILED)
-                                fail("reclaim", ev[i].error);
-                if (n == 0)
-                        nanosleep(&ms, NULL);
+                if (round > 0 && read(go_fd, &c, 1) != 1)
+                        _exit(1);
+                r = aqua_borrow(ctx, RECLAIM_BYTES, RECLAIM_BYTES, AQUA_BORROW_TENSORS, &g);
+                if (r != 0)
+                        fail("borrow", r);
+                r = aqua_tensor_new(ctx, RECLAIM_BYTES, NULL, &t);
+                if (r == 0)
+                        r = aqua_tensor_grow(ctx, t, RECLAIM_BYTES);
+                if (r != 0)
+                        fail("tensor", r);
+                p = (struct aqua_copy_piece){aqua_tensor_dptr(t), (uint64_t)(uintptr_t)buf,
+                                             RECLAIM_BYTES};
+                timed_batch(ctx, &p, 1);
+                if (write(ready_fd, &c, 1) != 1)
+                        _exit(1);
+                while (moved < RECLAIM_BYTES) {
+                        struct aqua_event ev[64];
+                        struct timespec ms = {0, 1000000};
+                        size_t n = 0;
+                        uint64_t p0 = now_mono_ns();
+
+                        r = aqua_poll(ctx, ev, 64, &n);
+                        in_poll += now_mono_ns() - p0;
+                        if (r < 0)
+                                fail("poll", r);
+                        for (size_t i = 0; i < n; i++)
+                                if (ev[i].type == AQUA_EVENT_TENSOR_MIGRATED)
+                                        moved += ev[i].bytes;
+                                else if (ev[i].type == AQUA_EVENT_RECLAIM_FAILED)
+                                        fail("reclaim", ev[i].error);
+                        if (n == 0)
+                                nanosleep(&ms, NULL);
+                }
+                aqua_tensor_get_info(ctx, t, &ti);
+                if (ti.dram_bytes != RECLAIM_BYTES || ti.dptr != aqua_tensor_dptr(t)) {
+                        fprintf(stderr, "bench-data: the tensor did not move to DRAM in place\n");
+                        _exit(1);
+                }
+                fresh = local_tensor(ctx, RECLAIM_BYTES);
+                p = (struct aqua_copy_piece){aqua_tensor_dptr(fresh), aqua_tensor_dptr(t),
+                                             RECLAIM_BYTES};
+                t_fresh = timed_batch(ctx, &p, 1);
+                t_warm = timed_batch(ctx, &p, 1);
+                snprintf(line, sizeof(line), "%llu %llu %llu\n", (unsigned long long)t_fresh,
+                         (unsigned long long)t_warm, (unsigned long long)in_poll);
+                if (write(out_fd, line, strlen(line)) < 0)
+                        _exit(1);
+                aqua_tensor_free(ctx, fresh);
+                aqua_tensor_free(ctx, t);
+                r = aqua_return(ctx, g.lease);
+                if (r != 0)
+                        fail("return", r);
         }
-        aqua_tensor_get_info(ctx, t, &ti);
-        if (ti.dram_bytes != RECLAIM_BYTES || ti.dptr != aqua_tensor_dptr(t)) {
-                fprintf(stderr, "bench-data: the tensor did not move to DRAM in place\n");
-                _exit(1);
-        }
-        fresh = local_tensor(ctx, RECLAIM_BYTES);
-        p = (struct aqua_copy_piece){aqua_tensor_dptr(fresh), aqua_tensor_dptr(t), RECLAIM_BYTES};
-        t_fresh = timed_batch(ctx, &p, 1);
-        t_warm = timed_batch(ctx, &p, 1);
-        snprintf(line, sizeof(line), "copy_fresh_ns %llu\ncopy_warm_ns %llu\npoll_ns %llu\n",
-                 (unsigned long long)t_fresh, (unsigned long long)t_warm,
-                 (unsigned long long)in_poll);
-        if (write(out_fd, line, strlen(line)) < 0)
-                _exit(1);
+        free(buf);
         aqua_close(ctx);
         _exit(0);
 }
 
+/*
+ * RECLAIM_ROUNDS rounds of: offer 1 GiB, let the consumer fill a tensor on it, time the reclaim,
+ * take the consumer's baselines of that round. Each figure is the median over the rounds of the
+ * per-round ratio, so that a burst of load on the machine in one round does not decide it.
+ */
 static int run_reclaim(void)
 {
+        uint64_t reclaim[RECLAIM_ROUNDS], fresh[RECLAIM_ROUNDS], warm[RECLAIM_ROUNDS];
+        uint64_t in_poll[RECLAIM_ROUNDS], vs_fresh[RECLAIM_ROUNDS], vs_warm[RECLAIM_ROUNDS];
         struct aqua_options opt = AQUA_OPTIONS_INIT;
-        unsigned long long fresh = 0, warm = 0, in_poll = 0;
-        uint64_t t0, t1, freed = 0;
         int go[2], ready[2], out[2], r;
         aqua_ctx *ctx;
-        char c, buf[256] = "";
         FILE *f;
         pid_t pid;
 
@@ -295,42 +314,61 @@ static int run_reclaim(void)
         close(go[0]);
         close(ready[1]);
         close(out[1]);
+        f = fdopen(out[0], "r");
         opt.client_name = "bench-data-producer";
         opt.chunk_bytes = RECLAIM_CHUNK;
         r = aqua_open(1, AQUA_ROLE_PRODUCER, &opt, &ctx);
         if (r < 0)
                 fail("producer open", r);
-        r = aqua_offer(ctx, RECLAIM_BYTES, NULL);
-        if (r != 0)
-                fail("offer", r);
-        c = 1;
-        if (write(go[1], &c, 1) != 1)
-                return 1;
-        if (read(ready[0], &c, 1) != 1) {
-                fprintf(stderr, "bench-data: the consumer did not start\n");
-                return 1;
-        }
-        /* From the request until the producer is told its memory is free. */
-        t0 = now_mono_ns();
-        r = aqua_reclaim(ctx, AQUA_ALL, AQUA_FOREVER, &freed);
-        t1 = now_mono_ns();
-        if (r != 0)
-                fail("reclaim", r);
-        f = fdopen(out[0], "r");
-        if (fread(buf, 1, sizeof(buf) - 1, f) == 0 ||
-            sscanf(buf, "copy_fresh_ns %llu\ncopy_warm_ns %llu\npoll_ns %llu", &fresh, &warm,
-                   &in_poll) != 3) {
-                fprintf(stderr, "bench-data: no baseline from the consumer\n");
-                return 1;
+        for (int round = 0; round < RECLAIM_ROUNDS; round++) {
+                unsigned long long tf, tw, tp;
+                uint64_t t0, t1, freed = 0;
+                char c = 1, line[256];
+
+                r = aqua_offer(ctx, RECLAIM_BYTES, NULL);
+                if (r != 0)
+                        fail("offer", r);
+                if (write(go[1], &c, 1) != 1)
+                        return 1;
+                if (read(ready[0], &c, 1) != 1) {
+                        fprintf(stderr, "bench-data: the consumer did not start\n");
+                        return 1;
+                }
+                /* From the request until the producer is told its memory is free. */
+                t0 = now_mono_ns();
+                r = aqua_reclaim(ctx, AQUA_ALL, AQUA_FOREVER, &freed);
+                t1 = now_mono_ns();
+                if (r != 0)
+                        fail("reclaim", r);
+                if (freed != RECLAIM_BYTES) {
+                        fprintf(stderr, "bench-data: the reclaim freed %llu bytes\n",
+                                (unsigned long long)freed);
+                        return 1;
+                }
+                if (!fgets(line, sizeof(line), f) ||
+                    sscanf(line, "%llu %llu %llu", &tf, &tw, &tp) != 3 || !tf || !tw) {
+                        fprintf(stderr, "bench-data: no baseline from the consumer\n");
+                        return 1;
+                }
+                reclaim[round] = t1 - t0;
+                fresh[round] = tf;
+                warm[round] = tw;
+                in_poll[round] = tp;
+                /* Ratios kept as thousandths, to take their median like the times'. */
+                vs_fresh[round] = reclaim[round] * 1000 / tf;
+                vs_warm[round] = reclaim[round] * 1000 / tw;
+                printf("round %d reclaim_ms %.3f copy_fresh_ms %.3f copy_warm_ms %.3f\n", round,
+                       reclaim[round] / 1e6, tf / 1e6, tw / 1e6);
         }
         waitpid(pid, NULL, 0);
-        printf("reclaim_ms %.3f\n", (t1 - t0) / 1e6);
-        printf("reclaim_freed %llu\n", (unsigned long long)freed);
-        printf("consumer_poll_ms %.3f\n", in_poll / 1e6);
-        printf("copy_fresh_ms %.3f\n", fresh / 1e6);
-        printf("copy_warm_ms %.3f\n", warm / 1e6);
-        printf("reclaim_vs_fresh_copy %.3f\n", (double)(t1 - t0) / fresh);
-        printf("reclaim_vs_warm_copy %.3f\n", (double)(t1 - t0) / warm);
+        printf("reclaim_rounds %d\n", RECLAIM_ROUNDS);
+        printf("reclaim_ms %.3f\n", median(reclaim, RECLAIM_ROUNDS) / 1e6);
+        printf("consumer_poll_ms %.3f\n", median(in_poll, RECLAIM_ROUNDS) / 1e6);
+        printf("copy_fresh_ms %.3f\n", median(fresh, RECLAIM_ROUNDS) / 1e6);
+        printf("copy_warm_ms %.3f\n", median(warm, RECLAIM_ROUNDS) / 1e6);
+        printf("reclaim_vs_fresh_copy %.3f\n", median(vs_fresh, RECLAIM_ROUNDS) / 1e3);
+        printf("reclaim_vs_warm_copy %.3f\n", median(vs_warm, RECLAIM_ROUNDS) / 1e3);
+        fclose(f);
         aqua_close(ctx);
         return 0;
 }

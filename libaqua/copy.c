@@ -51,13 +51,17 @@ static void inflight_remove(aqua_ctx *ctx, size_t i)
 /* Forget batches that have completed; only when the table is full, to keep batches cheap. */
 static int inflight_reserve(aqua_ctx *ctx)
 {
+        size_t kept = 0;
+
         if (ctx->n_copies < ctx->cap_copies)
                 return 0;
-        for (size_t i = 0; i < ctx->n_copies;)
+        /* One pass that keeps the order: thousands may be in flight (one batch per block). */
+        for (size_t i = 0; i < ctx->n_copies; i++)
                 if (gpu_event_query(ctx->gpu, ctx->copies[i].ev) == 0)
-                        inflight_remove(ctx, i);
+                        event_put(ctx, ctx->copies[i].ev);
                 else
-                        i++;
+                        ctx->copies[kept++] = ctx->copies[i];
+        ctx->n_copies = kept;
         if (ctx->n_copies < ctx->cap_copies)
                 return 0;
         size_t cap = ctx->cap_copies ? ctx->cap_copies * 2 : 32;

@@ -212,15 +212,15 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
         if (res != CUDA_SUCCESS)
                 return res;
-        pieces = calloc(count, sizeof(*pieces));
+        res = sim_vm_check_pieces(dsts, srcs, sizes, count);
+        if (res != CUDA_SUCCESS)
+                return res;
+        pieces = malloc(count * sizeof(*pieces));
         if (!pieces)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         for (size_t i = 0; i < count; i++) {
                 while (k + 1 < numAttrs && attrsIdxs[k + 1] <= i)
                         k++;
-                res = check_pair(dsts[i], false, srcs[i], false, sizes[i]);
-                if (res != CUDA_SUCCESS)
-                        return res;
                 pieces[i] = (struct sim_piece){(void *)dsts[i], (const void *)srcs[i], sizes[i]};
                 if (attrs[k].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
                     size_add_overflows(staged, sizes[i], &staged))

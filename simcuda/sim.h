@@ -87,6 +87,9 @@ int sim_config_load(char **ret_error);
  * other addresses are pageable host memory, refused when must_be_device.
  */
 CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device);
+/* sim_vm_check of every piece of a batch (write to dsts[i], read srcs[i]) under one lock. */
+CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes,
+                             size_t count);
 /* The mapping holding p; false when p is outside every reservation. */
 bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped);
 /* A backing file for size bytes at a location (device memory is charged to the machine). */

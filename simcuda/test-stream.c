@@ -265,6 +265,60 @@ Test(stream, batch_misuse_is_an_invalid_value)
         CU_OK(cuStreamSynchronize(s));
 }
 
+/*
+ * Each piece is checked against the mapping it touches, however many pieces before it passed:
+ * a mapping open for reading does not pass a write, nor the hole or the mapping beyond one.
+ */
+Test(stream, every_batch_piece_is_checked_against_its_own_mapping)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemAccessDesc ro = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+        CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        CUmemGenericAllocationHandle a, b;
+        CUdeviceptr p, dsts[3], srcs[3];
+        size_t idx = 0, sizes[3] = {64, 64, 64};
+        static char host[3][64];
+        CUstream s;
+
+        SIM_ONLY();
+        sim_start(0);
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        /* [read-write][read-only][hole] */
+        CU_OK(cuMemAddressReserve(&p, 3 * GRAN, 0, 0, 0));
+        CU_OK(cuMemCreate(&a, GRAN, &prop, 0));
+        CU_OK(cuMemCreate(&b, GRAN, &prop, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, a, 0));
+        CU_OK(cuMemMap(p + GRAN, GRAN, 0, b, 0));
+        set_rw(p, GRAN, 0);
+        CU_OK(cuMemSetAccess(p + GRAN, GRAN, &ro, 1));
+        for (int i = 0; i < 3; i++) {
+                dsts[i] = p + (CUdeviceptr)i * 64;
+                srcs[i] = (CUdeviceptr)host[i];
+        }
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
+        /* A write that runs from the open mapping into the read-only one. */
+        dsts[2] = p + GRAN - 32;
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        /* Reading the read-only mapping passes; writing it after that read does not. */
+        dsts[0] = (CUdeviceptr)host[0];
+        srcs[0] = p + GRAN;
+        dsts[2] = p + GRAN + 128;
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        dsts[2] = (CUdeviceptr)host[2];
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
+        /* A read that runs from the read-only mapping into the hole. */
+        srcs[2] = p + 2 * GRAN - 32;
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        srcs[2] = p + 2 * GRAN;
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuStreamSynchronize(s));
+}
+
 Test(stream, peer_copies_move_between_devices)
 {
         CUcontext c0, c1;

@@ -37,6 +37,7 @@ struct mapping {
         size_t size;
         struct alloc *alloc;
         unsigned char access[SIM_MAX_DEVICES + 1];
+        unsigned char widest; /* the widest of access[]: what a copy may do here */
 };
 
 struct reservation {
@@ -170,19 +171,40 @@ static unsigned char max_access(const struct mapping *m)
         return best;
 }
 
-CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
+/*
+ * Mappings the checks of one batch found open, by 2 MiB granule (mappings are granule-aligned):
+ * a batch's pieces fall in a few dozen mappings, so most checks end here without a search.
+ * Valid only while vm_lock stays held.
+ */
+#define VM_HITS 64
+
+struct vm_hits {
+        struct vm_hit {
+                uintptr_t lo, hi;
+        } slot[VM_HITS];
+};
+
+static struct vm_hit *hit_slot(struct vm_hits *h, uintptr_t p)
+{
+        return &h->slot[(p / SIM_GRANULARITY) % VM_HITS];
+}
+
+static CUresult check_locked(uintptr_t p, size_t n, bool write, bool must_be_device,
+                             struct vm_hits *hits)
 {
         unsigned char need =
             write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+        struct vm_hit *hit = hits ? hit_slot(hits, p) : NULL;
         struct reservation *r;
-        CUresult res = CUDA_SUCCESS;
+        CUresult res;
         bool found;
 
         if (n == 0)
                 return CUDA_SUCCESS;
         if (p + n < p)
                 return CUDA_ERROR_INVALID_VALUE;
-        pthread_mutex_lock(&vm_lock);
+        if (hit && p >= hit->lo && p < hit->hi && n <= hit->hi - p)
+                return CUDA_SUCCESS;
         r = resv_find(p, 1);
         if (r) {
                 size_t i = map_lower(r, p);
@@ -191,19 +213,45 @@ CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
                 /* Every byte must lie in a mapping the copy engine may touch. */
                 for (; at < p + n; i++) {
                         if (i == r->n_maps || r->maps[i].ptr > at ||
-                            (max_access(&r->maps[i]) & need) != need) {
-                                res = CUDA_ERROR_INVALID_VALUE;
-                                break;
-                        }
+                            (r->maps[i].widest & need) != need)
+                                return CUDA_ERROR_INVALID_VALUE;
                         at = r->maps[i].ptr + r->maps[i].size;
                 }
+                /* Remembered under the granule of p: the next piece there needs no search. */
+                if (hit && r->maps[i - 1].ptr <= p)
+                        *hit = (struct vm_hit){r->maps[i - 1].ptr, at};
+                return CUDA_SUCCESS;
         }
-        pthread_mutex_unlock(&vm_lock);
-        if (r)
-                return res;
         res = sim_linear_check(p, n, &found);
         if (!found && must_be_device)
                 return CUDA_ERROR_INVALID_VALUE;
+        return res;
+}
+
+CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
+{
+        CUresult res;
+
+        pthread_mutex_lock(&vm_lock);
+        res = check_locked(p, n, write, must_be_device, NULL);
+        pthread_mutex_unlock(&vm_lock);
+        return res;
+}
+
+CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes,
+                             size_t count)
+{
+        /* One per direction: a mapping open for reading is not always open for writing. */
+        struct vm_hits dst_hits = {0}, src_hits = {0};
+        CUresult res = CUDA_SUCCESS;
+
+        pthread_mutex_lock(&vm_lock);
+        for (size_t i = 0; i < count && res == CUDA_SUCCESS; i++) {
+                res = check_locked(dsts[i], sizes[i], true, false, &dst_hits);
+                if (res == CUDA_SUCCESS)
+                        res = check_locked(srcs[i], sizes[i], false, false, &src_hits);
+        }
+        pthread_mutex_unlock(&vm_lock);
         return res;
 }
 
@@ -635,7 +683,7 @@ SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc
                         (void)access_slot(&desc[k].location, m->alloc, &slot);
                         m->access[slot] = (unsigned char)desc[k].flags;
                 }
-                best = max_access(m);
+                best = m->widest = max_access(m);
                 prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                        : best == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                   : PROT_NONE;
