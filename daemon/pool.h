@@ -217,6 +217,9 @@ struct lease *pool_find_lease(struct pool *p, uint64_t id);
 /* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
 int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
 
+/* pool-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
+int pool_check(struct pool *p, char *err);
+
 const char *chunk_state_to_string(enum chunk_state s);
 const char *lease_state_to_string(enum lease_state s);
 
