@@ -16,6 +16,11 @@
 
 int raw_connect(struct raw *r, const char *endpoint, const char *side_path)
 {
+        return raw_connect_ctx(r, NULL, endpoint, side_path);
+}
+
+int raw_connect_ctx(struct raw *r, void *ctx, const char *endpoint, const char *side_path)
+{
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         Aqua__SideFrame *f = NULL;
         struct pollfd p;
@@ -48,8 +53,11 @@ int raw_connect(struct raw *r, const char *endpoint, const char *side_path)
         memcpy(r->token, f->token.data, SIDE_TOKEN_LEN);
         aqua__side_frame__free_unpacked(f, NULL);
 
-        r->ctx = zmq_ctx_new();
-        r->dealer = zmq_socket(r->ctx, ZMQ_DEALER);
+        r->own_ctx = !ctx;
+        r->ctx = ctx ? ctx : zmq_ctx_new();
+        r->dealer = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
+        if (!r->dealer)
+                return -errno;
         zmq_setsockopt(r->dealer, ZMQ_LINGER, &linger, sizeof(linger));
         if (zmq_connect(r->dealer, endpoint) < 0)
                 return -errno;
@@ -63,7 +71,7 @@ void raw_close(struct raw *r)
         r->n_notices = 0;
         if (r->dealer)
                 zmq_close(r->dealer);
-        if (r->ctx)
+        if (r->ctx && r->own_ctx)
                 zmq_ctx_term(r->ctx);
         r->dealer = r->ctx = NULL;
         r->side = safe_close(r->side);

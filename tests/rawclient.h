@@ -23,10 +23,13 @@ struct raw {
         uint64_t next_id;
         Aqua__Envelope *notices[RAW_MAX_NOTICES]; /* unsolicited messages, oldest first */
         size_t n_notices;
+        bool own_ctx;
 };
 
 /* Connect both channels. Returns 0, 1 when refused (reason in r->reject), or a negative errno. */
 int raw_connect(struct raw *r, const char *endpoint, const char *side_path);
+/* The same on a ZeroMQ context shared with other clients (many clients, one set of threads). */
+int raw_connect_ctx(struct raw *r, void *ctx, const char *endpoint, const char *side_path);
 void raw_close(struct raw *r);
 
 /* Send e with a fresh request id and wait for the reply to it (notices are kept aside). */
