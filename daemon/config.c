@@ -36,6 +36,8 @@ static const struct conf_field limits_fields[] = {
     CONF_FIELD_INT(struct config_limits, pending_requests, "pending-requests", 1, 4096, 0),
     CONF_FIELD_SIZE(struct config_limits, message_size, "message-size", 256, 64 << 20, 0),
     CONF_FIELD_INT(struct config_limits, repeated_items, "repeated-items", 1, 1 << 20, 0),
+    CONF_FIELD_INT(struct config_limits, request_rate, "request-rate", 0, 1 << 24, 0),
+    CONF_FIELD_INT(struct config_limits, request_burst, "request-burst", 1, 1 << 24, 0),
     CONF_FIELD_END,
 };
 static const struct conf_schema limits_schema = {"limits", limits_fields};
@@ -112,6 +114,8 @@ static int defaults(struct config *c)
                     .pending_requests = 16,
                     .message_size = 1u << 20,
                     .repeated_items = 4096,
+                    .request_rate = 2000,
+                    .request_burst = 1000,
                 },
             .reclaim_deadline_ns = 5 * SEC,
             .reconcile_timeout_ns = 30 * SEC,
