@@ -66,6 +66,9 @@ int raw_connect_ctx(struct raw *r, void *ctx, const char *endpoint, const char *
 
 void raw_close(struct raw *r)
 {
+        /* Never connected (a zeroed struct): nothing to close, and fd 0 is not ours. */
+        if (!r->ctx && !r->dealer && r->side == 0)
+                return;
         for (size_t i = 0; i < r->n_notices; i++)
                 raw_free(r->notices[i]);
         r->n_notices = 0;
@@ -120,6 +123,11 @@ static Aqua__Envelope *recv_one(struct raw *r, int timeout_ms)
                 e = NULL;
         zmq_msg_close(&m);
         return e;
+}
+
+Aqua__Envelope *raw_recv(struct raw *r, int timeout_ms)
+{
+        return recv_one(r, timeout_ms);
 }
 
 static bool take_notice(struct raw *r, Aqua__Envelope__BodyCase body, Aqua__Envelope **ret)

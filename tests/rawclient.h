@@ -38,6 +38,8 @@ Aqua__Envelope *raw_call(struct raw *r, Aqua__Envelope *e);
 Aqua__Envelope *raw_call_bytes(struct raw *r, const void *data, size_t len, uint64_t id);
 /* Send e (request id e->request_id as set) without waiting. */
 int raw_send(struct raw *r, Aqua__Envelope *e);
+/* The next message that arrives, whatever it is (NULL after timeout_ms). */
+Aqua__Envelope *raw_recv(struct raw *r, int timeout_ms);
 /* The next message with request id id (0: the next notice of kind body). */
 Aqua__Envelope *raw_wait(struct raw *r, uint64_t id, Aqua__Envelope__BodyCase body, int timeout_ms);
 
