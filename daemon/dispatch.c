@@ -580,6 +580,25 @@ static void handle_load(struct server *s, struct client *c, const Aqua__Envelope
         reply_ack(s, c, e->request_id);
 }
 
+static void handle_scrub_done(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__ScrubDone *d = e->scrub_done;
+        char err[POOL_ERR_MAX];
+        uint32_t done = 0;
+        int code;
+
+        code = pool_scrub_done(s->pool, c->gpu, d->chunk_ids, d->n_chunk_ids, d->failed_chunk_ids,
+                               d->n_failed_chunk_ids, &done, err);
+        if (code != 0) {
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "scrub_done: out of memory" : err);
+                return;
+        }
+        log_debug("GPU %s scrubbed %" PRIu32 " chunks (%zu failed)", c->gpu->uuid, done,
+                  d->n_failed_chunk_ids);
+        reply_ack(s, c, e->request_id);
+}
+
 /* Which role a request needs; ROLE_UNSPECIFIED: any registered GPU client. */
 static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, const char **need)
 {
@@ -588,6 +607,7 @@ static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, c
         switch (body) {
         case AQUA__ENVELOPE__BODY_OFFER:
         case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
+        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
                 want = AQUA__ROLE__ROLE_PRODUCER;
                 break;
         case AQUA__ENVELOPE__BODY_BORROW:
@@ -652,6 +672,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         case AQUA__ENVELOPE__BODY_LOAD:
                 handle_load(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
+                handle_scrub_done(s, c, e);
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:

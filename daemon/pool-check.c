@@ -25,6 +25,11 @@ int pool_check(struct pool *p, char *err)
                                 return pool_fail(err, 1, "chunk %" PRIu64 " is %s with%s a lease",
                                                  c->id, chunk_state_to_string(c->state),
                                                  c->lease ? "" : "out");
+                        if (c->scrubbing && (!c->dirty || c->state != CHUNK_FREE))
+                                return pool_fail(err, 1,
+                                                 "chunk %" PRIu64 " is being scrubbed but is %s%s",
+                                                 c->id, chunk_state_to_string(c->state),
+                                                 c->dirty ? "" : " and clean");
                         if (list_linked(&c->free_node) != chunk_grantable(c))
                                 return pool_fail(err, 1,
                                                  "chunk %" PRIu64 " is %sin the free list but "

@@ -82,6 +82,7 @@ static void send_notice(struct server *s, const struct notice *m)
         Aqua__ReclaimNotice rn = AQUA__RECLAIM_NOTICE__INIT;
         Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
         Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
+        Aqua__ScrubRequest sr = AQUA__SCRUB_REQUEST__INIT;
         size_t max = s->limits.max_repeated;
 
         switch (m->kind) {
@@ -102,6 +103,15 @@ static void send_notice(struct server *s, const struct notice *m)
                 for (size_t off = 0; off < m->n_chunk_ids; off += max) {
                         rd.chunk_ids = m->chunk_ids + off;
                         rd.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
+                        server_send(s, m->gpu->owner, &e);
+                }
+                return;
+        case NOTICE_SCRUB:
+                e.body_case = AQUA__ENVELOPE__BODY_SCRUB_REQUEST;
+                e.scrub_request = &sr;
+                for (size_t off = 0; off < m->n_chunk_ids; off += max) {
+                        sr.chunk_ids = m->chunk_ids + off;
+                        sr.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
                         server_send(s, m->gpu->owner, &e);
                 }
                 return;

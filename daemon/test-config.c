@@ -37,6 +37,7 @@ Test(config, has_defaults_for_an_empty_file)
         cr_assert_eq(c->limits.message_size, 1u << 20);
         cr_assert_eq(c->limits.request_rate, 2000);
         cr_assert_eq(c->limits.request_burst, 1000);
+        cr_assert(c->scrub_chunks);
         cr_assert_eq(c->log_level, LOG_LEVEL_INFO);
         cr_assert_null(c->metrics);
 }
@@ -53,6 +54,7 @@ Test(config, reads_every_key)
                           "allow: {users: [root, 1234], groups: [0]}\n"
                           "admin: {users: [root]}\n"
                           "dram-budget: 64GiB\n"
+                          "scrub-chunks: false\n"
                           "limits:\n"
                           "  clients: 8\n"
                           "  chunks: 100\n"
@@ -82,6 +84,7 @@ Test(config, reads_every_key)
         cr_assert_eq(c->allow.gids[0], 0);
         cr_assert_eq(c->admin.n_users, 1);
         cr_assert_eq(c->dram_budget, UINT64_C(64) << 30);
+        cr_assert_not(c->scrub_chunks);
         cr_assert_eq(c->limits.clients, 8);
         cr_assert_eq(c->limits.pending_requests, 2);
         cr_assert_eq(c->limits.message_size, 64 << 10);
