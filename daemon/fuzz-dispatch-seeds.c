@@ -295,6 +295,30 @@ int main(int argc, char **argv)
         give_back(&s, 4, 2, NULL, 0, 0);
         save(&s, "death");
 
+        /* scrub: the consumer dies leaving data; one chunk scrubbed, one failed, one not asked */
+        {
+                Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+                Aqua__ScrubDone d = AQUA__SCRUB_DONE__INIT;
+                uint64_t done[] = {1, 7}, failed[] = {2};
+
+                s = (struct script){0};
+                offer(&s, 1, 3, true);
+                borrow(&s, FUZZ_CONSUMER, 2, 4 * MiB, 2 * MiB, false);
+                give_back(&s, 3, 1, NULL, 0, 0);
+                d.chunk_ids = done;
+                d.n_chunk_ids = 2;
+                d.failed_chunk_ids = failed;
+                d.n_failed_chunk_ids = 1;
+                e.body_case = BODY(SCRUB_DONE);
+                e.scrub_done = &d;
+                env(&s, FUZZ_CONSUMER, 5, &e);
+                die_(&s, FUZZ_CONSUMER);
+                env(&s, FUZZ_PRODUCER, 4, &e);
+                hello(&s, FUZZ_STRANGER, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P", NULL, 0);
+                borrow(&s, FUZZ_STRANGER, 6, 4 * MiB, 0, false);
+                save(&s, "scrub_done");
+        }
+
         /* descriptors that never get their request, and a request whose never come */
         s = (struct script){0};
         side(&s, FUZZ_PRODUCER, AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS, 9, 3);
@@ -378,6 +402,7 @@ int main(int argc, char **argv)
                 Aqua__Ack ack = AQUA__ACK__INIT;
                 Aqua__Error err = AQUA__ERROR__INIT;
                 Aqua__AdminReply ar = AQUA__ADMIN_REPLY__INIT;
+                Aqua__ScrubRequest sr = AQUA__SCRUB_REQUEST__INIT;
 
                 stray("welcome", BODY(WELCOME), &w);
                 stray("offer_reply", BODY(OFFER_REPLY), &orp);
@@ -391,6 +416,7 @@ int main(int argc, char **argv)
                 stray("ack", BODY(ACK), &ack);
                 stray("error", BODY(ERROR), &err);
                 stray("admin_reply", BODY(ADMIN_REPLY), &ar);
+                stray("scrub_request", BODY(SCRUB_REQUEST), &sr);
         }
 
         /* Not an Envelope at all, and an Envelope of an unknown major version. */
