@@ -31,6 +31,8 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
         r = ctx_ensure_connected(ctx, deadline);
         if (r < 0)
                 return r;
+        for (size_t i = 0; i < n; i++)
+                chunks[i]->in_call = true;
         for (size_t i = 0; i < n; i++) {
                 aqua__chunk_offer__init(&items[i]);
                 items[i].client_ref = chunks[i]->ref;
@@ -75,6 +77,8 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
                         goto out;
         }
 out:
+        for (size_t i = 0; i < n; i++)
+                chunks[i]->in_call = false;
         side_close_fds(fds, n_fds);
         if (reply)
                 aqua__envelope__free_unpacked(reply, NULL);
@@ -389,9 +393,10 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
 
 void producer_session_lost(aqua_ctx *ctx)
 {
-        /* Chunks whose offer was never answered: no daemon will ever know them. */
+        /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
+         * offer still in its call are the caller's to release. */
         for (size_t i = ctx->pool.n; i-- > 0;)
-                if (ctx->pool.chunks[i]->state == POOL_OFFERING)
+                if (ctx->pool.chunks[i]->state == POOL_OFFERING && !ctx->pool.chunks[i]->in_call)
                         pool_release(&ctx->pool, ctx->gpu, ctx->pool.chunks[i]);
 }
 
