@@ -606,6 +606,7 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 copies_clear(ctx);
                 lease_table_clear(&ctx->leases, ctx->gpu);
                 pool_clear(&ctx->pool, ctx->gpu);
+                producer_free(ctx);
         }
         transport_free(ctx->t);
         gpu_free(ctx->gpu);
@@ -679,7 +680,8 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (_unlikely_(!ctx || !ret_n || (n_events > 0 && !events)))
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
-        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t))) {
+        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t) &&
+                     ctx->scrub_n == 0)) {
                 *ret_n = 0;
                 return 0;
         }
@@ -688,6 +690,8 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
+        if (ctx->scrub_n && ctx->state == SESSION_CONNECTED)
+                producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);
         for (size_t i = 0; i < n; i++)
                 events[i] = ctx->events[(ctx->ev_head + i) % ctx->ev_cap];
