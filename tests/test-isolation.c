@@ -293,6 +293,8 @@ Test(isolation, sockets_carry_the_configured_mode_and_group)
 
         snprintf(yaml, sizeof(yaml), "socket-mode: 0640\nsocket-group: \"%u\"\n", (unsigned)gid);
         start(yaml);
+        /* Answering a client means set-up is over, modes and groups included. */
+        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         ipc = aquad_endpoint(daemon_) + strlen("ipc://");
         cr_assert_eq(stat(ipc, &st), 0);
         cr_assert_eq(st.st_mode & 07777, 0640, "ZeroMQ socket mode %o", st.st_mode & 07777);
@@ -304,6 +306,7 @@ Test(isolation, sockets_carry_the_configured_mode_and_group)
         teardown();
 
         start(NULL);
+        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         cr_assert_eq(stat(aquad_side_path(daemon_), &st), 0);
         cr_assert_eq(st.st_mode & 07777, 0660, "the default mode");
 }
@@ -469,13 +472,12 @@ Test(isolation, a_flooding_client_is_throttled_while_others_keep_their_service)
 
         qsort(quiet, ROUNDS, sizeof(*quiet), cmp_u64);
         qsort(busy, ROUNDS, sizeof(*busy), cmp_u64);
-        fprintf(
-            stderr,
+        test_note(
             "flood: well-behaved client: %d borrow+return rounds alone, %d beside the flooder, "
             "%" PRIu64 " errors; round trip median %" PRIu64 " us alone, %" PRIu64
             " us beside it (p90 %" PRIu64 " / %" PRIu64 " us)\n"
             "flood: flooder over %" PRIu64 " ms: %" PRIu64 " requests sent, %" PRIu64
-            " served, %" PRIu64 " throttled, %" PRIu64 " other answers (limit %d/s, burst %d)\n",
+            " served, %" PRIu64 " throttled, %" PRIu64 " other answers (limit %d/s, burst %d)",
             ROUNDS, ROUNDS, errors, quiet[ROUNDS / 2], busy[ROUNDS / 2], quiet[ROUNDS * 9 / 10],
             busy[ROUNDS * 9 / 10], secs_ms, f.sent, f.granted, f.throttled, f.other, RATE, BURST);
         cr_assert_eq(errors, 0, "every request of the well-behaved client was served");

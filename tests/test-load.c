@@ -225,14 +225,13 @@ static void run_load(struct load *ld)
         pthread_barrier_destroy(&ready);
         pthread_barrier_destroy(&go);
 
-        fprintf(stderr,
-                "load: %zu consumers + %zu producers, %.1f s: %" PRIu64
-                " borrow/return cycles (%.0f/s; %" PRIu64 " in the first half; fewest for one "
-                "consumer %" PRIu64 "), %" PRIu64 " errors\n"
-                "load: aquad VmRSS %" PRIu64 " KiB before, %" PRIu64 " at half time, %" PRIu64
-                " at the end; VmHWM %" PRIu64 " -> %" PRIu64 " KiB\n",
-                ld->pairs, ld->pairs, ld->secs, ld->cycles, ld->cycles / ld->secs, ld->first_half,
-                ld->least, ld->errors, ld->rss0, ld->rss1, ld->rss2, ld->hwm0, ld->hwm2);
+        test_note("load: %zu consumers + %zu producers, %.1f s: %" PRIu64
+                  " borrow/return cycles (%.0f/s; %" PRIu64 " in the first half; fewest for one "
+                  "consumer %" PRIu64 "), %" PRIu64 " errors\n"
+                  "load: aquad VmRSS %" PRIu64 " KiB before, %" PRIu64 " at half time, %" PRIu64
+                  " at the end; VmHWM %" PRIu64 " -> %" PRIu64 " KiB",
+                  ld->pairs, ld->pairs, ld->secs, ld->cycles, ld->cycles / ld->secs, ld->first_half,
+                  ld->least, ld->errors, ld->rss0, ld->rss1, ld->rss2, ld->hwm0, ld->hwm2);
         for (size_t i = 0; i < ld->pairs; i++)
                 cr_expect_eq(workers[i].errors, 0, "%s", workers[i].first_error);
         cr_assert_eq(ld->errors, 0);
