@@ -236,12 +236,19 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
                                          lease_id, consumer->uuid);
         } else if (n > 0)
                 return pool_fail(err, E(INVALID), "return: chunk ids without a lease");
-        for (size_t i = 0; i < n; i++) {
-                struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
-                if (!c || c->lease != l)
+        /* Ids no longer in the lease are skipped, not refused: a consumer that moved off a
+         * producer that died returns again what it may have returned already (ids are never
+         * reused, so a stale one names nobody else's chunk). None in it at all is an error. */
+        if (n > 0) {
+                size_t in_lease = 0;
+                for (size_t i = 0; i < n; i++) {
+                        struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+                        in_lease += c && c->lease == l;
+                }
+                if (in_lease == 0)
                         return pool_fail(err, E(UNKNOWN_CHUNK),
                                          "return: chunk %" PRIu64 " is not in lease %" PRIu64,
-                                         chunk_ids[i], lease_id);
+                                         chunk_ids[0], lease_id);
         }
         if (dram_bytes > consumer->dram_bytes)
                 return pool_fail(err, E(INVALID), "return: %s of DRAM, but GPU %s holds %s",
