@@ -408,6 +408,12 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
 
         switch (p->kind) {
         case PENDING_HELLO:
+                /* The answer to an attempt given up on (it timed out, a newer one followed):
+                 * acting on it would tear down the session the newer attempt made. */
+                if (e->request_id != ctx->hello_id || ctx->state != SESSION_AWAIT_WELCOME) {
+                        alog_debug("ignored the late answer to an earlier Hello");
+                        return;
+                }
                 if (e->body_case == AQUA__ENVELOPE__BODY_WELCOME) {
                         session_welcome(ctx, e->welcome);
                         session_reconnected(ctx);
