@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "aqua/aqua.h"
 #include "cuda-driver.h"
@@ -380,11 +381,19 @@ static void dispatch(char *line)
                 reply("err %d unknown command", -EINVAL);
 }
 
+/* AQUA_AGENT_LOG=1: libaqua's messages on stderr, for finding out what a test saw. */
+static void log_stderr(enum aqua_log_level level, const char *message, void *userdata)
+{
+        fprintf(stderr, "agent %d: %s\n", (int)getpid(), message);
+}
+
 int main(void)
 {
         char line[512];
 
         setvbuf(stdout, NULL, _IOLBF, 0);
+        if (getenv("AQUA_AGENT_LOG"))
+                aqua_set_log(log_stderr, NULL, AQUA_LOG_DEBUG);
         while (fgets(line, sizeof(line), stdin))
                 dispatch(line);
         aqua_close(ctx);
