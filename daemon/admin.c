@@ -156,7 +156,10 @@ static size_t fill_chunks(struct pool *p, struct reply_mem *m, size_t max)
                         i->chunk_id = c->id;
                         i->producer_uuid = g->uuid;
                         i->size = c->size;
-                        i->state = (char *)chunk_state_to_string(c->state);
+                        i->state = c->state != CHUNK_FREE ? (char *)chunk_state_to_string(c->state)
+                                   : c->scrubbing         ? "scrubbing"
+                                   : c->dirty             ? "dirty"
+                                                          : "free";
                         i->lease_id = c->lease ? c->lease->id : 0;
                 }
         }

@@ -36,6 +36,8 @@ static const struct conf_field limits_fields[] = {
     CONF_FIELD_INT(struct config_limits, pending_requests, "pending-requests", 1, 4096, 0),
     CONF_FIELD_SIZE(struct config_limits, message_size, "message-size", 256, 64 << 20, 0),
     CONF_FIELD_INT(struct config_limits, repeated_items, "repeated-items", 1, 1 << 20, 0),
+    CONF_FIELD_INT(struct config_limits, request_rate, "request-rate", 0, 1 << 24, 0),
+    CONF_FIELD_INT(struct config_limits, request_burst, "request-burst", 1, 1 << 24, 0),
     CONF_FIELD_END,
 };
 static const struct conf_schema limits_schema = {"limits", limits_fields};
@@ -50,6 +52,7 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_STRUCT(struct config, allow, "allow", &access_schema, 0),
     CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
     CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
+    CONF_FIELD_BOOL(struct config, scrub_chunks, "scrub-chunks", 0),
     CONF_FIELD_STRUCT(struct config, limits, "limits", &limits_schema, 0),
     CONF_FIELD_DURATION(struct config, reclaim_deadline_ns, "reclaim-deadline", SEC / 1000,
                         3600 * SEC, 0),
@@ -104,6 +107,7 @@ static int defaults(struct config *c)
 {
         *c = (struct config){
             .socket_mode = 0660,
+            .scrub_chunks = true,
             .limits =
                 {
                     .clients = 256,
@@ -112,6 +116,8 @@ static int defaults(struct config *c)
                     .pending_requests = 16,
                     .message_size = 1u << 20,
                     .repeated_items = 4096,
+                    .request_rate = 2000,
+                    .request_burst = 1000,
                 },
             .reclaim_deadline_ns = 5 * SEC,
             .reconcile_timeout_ns = 30 * SEC,

@@ -43,6 +43,8 @@ struct config_limits {
         int64_t pending_requests; /* per client: requests waiting for their side-channel fds */
         uint64_t message_size;    /* bytes of one Envelope */
         int64_t repeated_items;   /* items in any repeated field */
+        int64_t request_rate;     /* per client: requests per second sustained; 0: no limit */
+        int64_t request_burst;    /* per client: requests at once above the rate */
 };
 
 struct config {
@@ -53,6 +55,7 @@ struct config {
         struct config_access allow;
         struct config_access admin;
         uint64_t dram_budget;
+        bool scrub_chunks; /* chunks a consumer mapped are scrubbed before another gets them */
         struct config_limits limits;
         uint64_t reclaim_deadline_ns;
         uint64_t reconcile_timeout_ns; /* after a restart: how long holders have to re-register */

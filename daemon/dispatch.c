@@ -5,6 +5,7 @@
  * would make the daemon believe it dead while it still maps memory).
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -91,6 +92,40 @@ static struct pending *add_pending(struct server *s, struct client *c, uint64_t 
         return p;
 }
 
+/*
+ * A client may send limits.request-burst requests at once and limits.request-rate per second
+ * after that (a token bucket); one that sends more gets ERROR_CODE_THROTTLED for the excess,
+ * which costs the daemon no more than the decoding. A client that waits for each reply stays
+ * far below any sensible rate.
+ */
+static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
+{
+        const struct config_limits *l = &s->config->limits;
+        uint64_t now;
+
+        if (l->request_rate <= 0)
+                return true;
+        now = now_mono_ns();
+        if (!c->credit_ns)
+                c->credit = (double)l->request_burst;
+        else
+                c->credit =
+                    MIN((double)l->request_burst,
+                        c->credit + (double)(now - c->credit_ns) * (double)l->request_rate / 1e9);
+        c->credit_ns = now;
+        if (c->credit >= 1.0) {
+                c->credit -= 1.0;
+                return true;
+        }
+        s->stats.throttled++;
+        server_send_error(s, c->routing_id, c->routing_id_len, request_id, E(THROTTLED),
+                          "over %" PRId64 " requests per second (bursts of %" PRId64
+                          "); retry in %.0f ms",
+                          l->request_rate, l->request_burst,
+                          ceil((1.0 - c->credit) * 1e3 / (double)l->request_rate));
+        return false;
+}
+
 /* ------------------------------------------------------------------------------ hello */
 
 static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
@@ -154,10 +189,13 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
 {
         const Aqua__Hello *h = e->hello;
         struct client *c = server_find_by_routing(s, rid, rlen);
+        struct side_cred peer;
         struct pending *p;
         size_t need;
 
         if (c && c->registered) {
+                if (!take_credit(s, c, e->request_id))
+                        goto done;
                 server_send_error(s, rid, rlen, e->request_id, E(INVALID),
                                   "hello: already registered as client %" PRIu64, c->id);
                 goto done;
@@ -168,6 +206,16 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                                   "hello: unknown token; connect the side channel at %s and send "
                                   "the token it gives",
                                   s->config->side_socket);
+                goto done;
+        }
+        /* The token is a secret of the side channel's process; it is not enough when the
+         * kernel can say that this message comes from another (pid 0: it cannot say). */
+        if (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
+                s->stats.hijacks++;
+                log_notice("Hello from pid %d with the token of pid %d's side channel; refused",
+                           (int)peer.pid, (int)c->cred.pid);
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "hello: the token belongs to another process's side channel");
                 goto done;
         }
         memcpy(c->routing_id, rid, rlen);
@@ -532,6 +580,25 @@ static void handle_load(struct server *s, struct client *c, const Aqua__Envelope
         reply_ack(s, c, e->request_id);
 }
 
+static void handle_scrub_done(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        const Aqua__ScrubDone *d = e->scrub_done;
+        char err[POOL_ERR_MAX];
+        uint32_t done = 0;
+        int code;
+
+        code = pool_scrub_done(s->pool, c->gpu, d->chunk_ids, d->n_chunk_ids, d->failed_chunk_ids,
+                               d->n_failed_chunk_ids, &done, err);
+        if (code != 0) {
+                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
+                            code < 0 ? "scrub_done: out of memory" : err);
+                return;
+        }
+        log_debug("GPU %s scrubbed %" PRIu32 " chunks (%zu failed)", c->gpu->uuid, done,
+                  d->n_failed_chunk_ids);
+        reply_ack(s, c, e->request_id);
+}
+
 /* Which role a request needs; ROLE_UNSPECIFIED: any registered GPU client. */
 static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, const char **need)
 {
@@ -540,6 +607,7 @@ static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, c
         switch (body) {
         case AQUA__ENVELOPE__BODY_OFFER:
         case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
+        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
                 want = AQUA__ROLE__ROLE_PRODUCER;
                 break;
         case AQUA__ENVELOPE__BODY_BORROW:
@@ -581,6 +649,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                                   "%s before a successful Hello", wire_body_name(e));
                 goto done;
         }
+        if (!take_credit(s, c, e->request_id))
+                goto done;
         if (!role_allows(c, e->body_case, &need)) {
                 server_send_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
                                   "%s: needs a %s, this client registered as %s", wire_body_name(e),
@@ -602,6 +672,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         case AQUA__ENVELOPE__BODY_LOAD:
                 handle_load(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
+                handle_scrub_done(s, c, e);
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:

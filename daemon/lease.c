@@ -89,9 +89,12 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
         if (producer && producer->owner && !producer->draining && !lease_limit)
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
+                        struct chunk *ch = list_entry(pos, struct chunk, free_node);
                         if (got >= bytes || n >= p->settings.max_grant_chunks)
                                 break;
-                        got += list_entry(pos, struct chunk, free_node)->size;
+                        if (!chunk_grantable_to(ch, consumer))
+                                continue;
+                        got += ch->size;
                         n++;
                 }
         if (got < bytes && allow_dram) {
@@ -117,11 +120,16 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
                 if (!l)
                         return -ENOMEM;
                 journal_lease(p, l);
-                while (n-- > 0) {
-                        struct chunk *ch =
-                            list_entry(producer->free_chunks.next, struct chunk, free_node);
+                list_for_each(pos, tmp, &producer->free_chunks)
+                {
+                        struct chunk *ch = list_entry(pos, struct chunk, free_node);
+                        if (n == 0)
+                                break;
+                        if (!chunk_grantable_to(ch, consumer))
+                                continue;
                         chunk_lease(p, ch, l);
                         journal_chunk(p, ch);
+                        n--;
                 }
                 p->stats.leases_granted++;
                 events_add(&p->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
@@ -202,7 +210,10 @@ static void chunk_unmapped(struct pool *p, struct chunk *c, struct reclaimed *ba
                         reclaimed_add(back, c->id);
                 chunk_drop(p, c);
         } else {
+                struct gpu *consumer = c->lease->consumer;
+
                 chunk_release(p, c);
+                chunk_dirty(p, c, consumer);
                 journal_chunk(p, c);
         }
 }
@@ -225,12 +236,19 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
                                          lease_id, consumer->uuid);
         } else if (n > 0)
                 return pool_fail(err, E(INVALID), "return: chunk ids without a lease");
-        for (size_t i = 0; i < n; i++) {
-                struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
-                if (!c || c->lease != l)
+        /* Ids no longer in the lease are skipped, not refused: a consumer that moved off a
+         * producer that died returns again what it may have returned already (ids are never
+         * reused, so a stale one names nobody else's chunk). None in it at all is an error. */
+        if (n > 0) {
+                size_t in_lease = 0;
+                for (size_t i = 0; i < n; i++) {
+                        struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+                        in_lease += c && c->lease == l;
+                }
+                if (in_lease == 0)
                         return pool_fail(err, E(UNKNOWN_CHUNK),
                                          "return: chunk %" PRIu64 " is not in lease %" PRIu64,
-                                         chunk_ids[i], lease_id);
+                                         chunk_ids[0], lease_id);
         }
         if (dram_bytes > consumer->dram_bytes)
                 return pool_fail(err, E(INVALID), "return: %s of DRAM, but GPU %s holds %s",
@@ -254,12 +272,16 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
                                 chunk_unmapped(p, c, &back);
                                 returned++;
                         }
+                struct gpu *producer = l->producer;
                 if (l->n_chunks == 0) {
                         events_add(&p->events, "lease", "lease %" PRIu64 " returned by %s", l->id,
                                    consumer->uuid);
                         lease_free(p, l);
                 }
                 reclaimed_flush(p, &back);
+                /* Paired with another consumer meanwhile: that one must not see this data. */
+                if (producer->paired != consumer)
+                        scrub_check(p, producer);
         }
         if (dram_bytes) {
                 consumer->dram_bytes -= dram_bytes;
@@ -471,8 +493,10 @@ void pool_gpu_gone(struct pool *p, struct gpu *g)
                    g->restored ? "restored GPU" : "GPU", g->uuid,
                    g->client_name ? g->client_name : "?", (int)g->pid);
         g->owner = NULL;
+        g->serial = 0;
         g->restored = false;
         g->pid = 0;
+        /* Repairing also asks producers to scrub what a departed consumer left. */
         pool_repair(p);
         gpu_gc(p, g);
 }

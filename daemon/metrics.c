@@ -133,6 +133,13 @@ static void render_pool(struct prom_text *t, struct pool *p)
         counter(t, "aqua_leases_lost_total", "Leases that could not be reconciled after a restart.",
                 p->stats.leases_lost);
         counter(t, "aqua_journal_errors_total", "Failed journal writes.", p->stats.journal_errors);
+        counter(t, "aqua_scrubs_requested_total",
+                "Chunks producers were asked to zero before another consumer gets them.",
+                p->stats.scrubs_requested);
+        counter(t, "aqua_chunks_scrubbed_total", "Chunks producers zeroed and verified.",
+                p->stats.chunks_scrubbed);
+        counter(t, "aqua_scrub_failures_total", "Chunks that failed their scrub (dropped).",
+                p->stats.scrub_failures);
 }
 
 /* Per-GPU families: one pass per family keeps each family's samples together, as required. */
@@ -280,6 +287,10 @@ static void render_server(struct prom_text *t, struct server *s)
                 s->stats.refused);
         counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
                 s->stats.send_dropped);
+        counter(t, "aqua_requests_throttled_total",
+                "Requests refused over a client's request rate.", s->stats.throttled);
+        counter(t, "aqua_hello_foreign_token_total",
+                "Hellos refused for a token given to another process.", s->stats.hijacks);
 }
 
 static int render(struct prom_text *t, void *userdata)

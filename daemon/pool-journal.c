@@ -59,6 +59,7 @@ static Aquaj__JChunk *jchunk_new(const struct chunk *c)
         j->lease_id = c->lease ? c->lease->id : 0;
         j->reclaiming = c->state == CHUNK_RECLAIMING;
         j->orphan = c->orphan;
+        j->dirty = c->dirty;
         j->deadline_ms = c->deadline_ms;
         if (!j->producer) {
                 free(j);
@@ -288,6 +289,10 @@ static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
                         chunk_lease(p, c, l);
         }
         c->orphan = j->orphan;
+        /* Whose data a dirty chunk holds does not survive a restart: it is scrubbed for all. */
+        c->dirty = j->dirty;
+        c->dirty_for = 0;
+        c->scrubbing = false;
         c->state = !l ? CHUNK_FREE : j->reclaiming ? CHUNK_RECLAIMING : CHUNK_LEASED;
         c->deadline_ms = l ? j->deadline_ms : 0;
         c->deadline_ns = 0;

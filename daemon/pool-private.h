@@ -18,8 +18,11 @@ void chunk_drop(struct pool *p, struct chunk *c);
 void chunk_lease(struct pool *p, struct chunk *c, struct lease *l);
 /* LEASED or RECLAIMING -> FREE (back in its producer's free list when grantable). */
 void chunk_release(struct pool *p, struct chunk *c);
-/* Whether the chunk can be granted: free, with a handle, producer connected and not draining. */
+/* Whether the chunk can be granted: free, with a handle, producer connected and not draining,
+ * not being scrubbed. */
 bool chunk_grantable(const struct chunk *c);
+/* Whether a grantable chunk may go to consumer: clean, or dirty with that consumer's own data. */
+bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer);
 void chunk_set_free_listed(struct chunk *c);
 
 struct lease *lease_new(struct pool *p, uint64_t id, struct gpu *consumer, struct gpu *producer);
@@ -41,6 +44,11 @@ void lease_destroy(struct pool *p, struct lease *l);
 void pool_clear(struct pool *p);
 void pins_clear(struct pool *p, bool config_only);
 void pool_ops_clear(struct pool *p);
+
+/* scrub.c: consumer stopped mapping c, which is free again: dirty with its data. */
+void chunk_dirty(struct pool *p, struct chunk *c, const struct gpu *consumer);
+/* Ask producer to scrub its dirty chunks that its paired consumer did not leave (journaled). */
+void scrub_check(struct pool *p, struct gpu *producer);
 
 void notice_queue(struct pool *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);

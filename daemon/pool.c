@@ -234,8 +234,8 @@ void gpu_set_pair(struct pool *p, struct gpu *g, struct gpu *mate, const char *s
 
 bool chunk_grantable(const struct chunk *c)
 {
-        return c->state == CHUNK_FREE && c->fd >= 0 && !c->orphan && c->producer->owner &&
-               !c->producer->draining;
+        return c->state == CHUNK_FREE && c->fd >= 0 && !c->orphan && !c->scrubbing &&
+               c->producer->owner && !c->producer->draining;
 }
 
 void chunk_set_free_listed(struct chunk *c)

@@ -49,7 +49,8 @@ struct gpu {
         uint64_t capacity;
         uint64_t granularity;
         Aqua__Role role;
-        void *owner; /* the connected client (opaque here), NULL when none */
+        void *owner;     /* the connected client (opaque here), NULL when none */
+        uint64_t serial; /* of this registration, never reused; 0 while none is connected */
         char *client_name;
         pid_t pid;
         struct gpu_link *links;
@@ -84,6 +85,9 @@ struct chunk {
         int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
         enum chunk_state state;
         bool orphan;          /* producer gone: dropped once the consumer returns it */
+        bool dirty;           /* free, last mapped by a consumer, not yet scrubbed */
+        bool scrubbing;       /* dirty, its producer asked to scrub it: granted to nobody */
+        uint64_t dirty_for;   /* serial of the consumer registration that last mapped it */
         uint64_t deadline_ns; /* reclaiming: monotonic; 0: no deadline */
         uint64_t deadline_ms; /* the same as wall clock, for the journal */
         uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
@@ -116,6 +120,7 @@ enum notice_kind {
         NOTICE_RECLAIM,      /* ReclaimNotice to a consumer */
         NOTICE_RECLAIMED,    /* Reclaimed to a producer */
         NOTICE_PAIR_CHANGED, /* PairChanged to either */
+        NOTICE_SCRUB,        /* ScrubRequest to a producer */
         _NOTICE_KIND_MAX,
 };
 
@@ -139,6 +144,7 @@ struct pool_settings {
         uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
         bool auto_pairing;
         const struct topology *links; /* bandwidths for links GPUs report without one; may be NULL */
+        bool scrub; /* chunks a consumer mapped are scrubbed before another consumer gets them */
 };
 
 struct pool_stats {
@@ -147,6 +153,9 @@ struct pool_stats {
         uint64_t leases_lost;
         uint64_t chunks_offered;
         uint64_t journal_errors;
+        uint64_t scrubs_requested; /* chunks producers were asked to scrub */
+        uint64_t chunks_scrubbed;
+        uint64_t scrub_failures;
 };
 
 struct pool {
@@ -159,6 +168,7 @@ struct pool {
         size_t n_chunks, n_leases;
         uint64_t pool_bytes, lent_bytes;
         uint64_t next_chunk_id, next_lease_id;
+        uint64_t next_serial; /* of GPU registrations */
         uint64_t dram_granted;
         struct pool_pin *pins;
         size_t n_pins;
@@ -216,6 +226,9 @@ struct lease *pool_find_lease(struct pool *p, uint64_t id);
 
 /* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
 int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+
+/* pool-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
+int pool_check(struct pool *p, char *err);
 
 const char *chunk_state_to_string(enum chunk_state s);
 const char *lease_state_to_string(enum lease_state s);
@@ -295,6 +308,16 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
 int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, char *err);
+
+/* ------------------------------------------------------------ scrub.c: scrubbing chunks */
+
+/*
+ * Producer: these chunks are zeroed and verified (ids), or could not be (failed: they leave the
+ * pool, the producer is told with Reclaimed). Only chunks of this producer that it was asked to
+ * scrub count; ret_done gets how many did.
+ */
+int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, size_t n,
+                    const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
 void pool_tick(struct pool *p, uint64_t now_ns);

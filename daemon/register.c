@@ -227,6 +227,7 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                                 chunk_drop(p, c);
                         } else {
                                 chunk_release(p, c);
+                                chunk_dirty(p, c, g);
                                 journal_chunk(p, c);
                         }
                 }
@@ -292,6 +293,7 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
         g->role = h->role;
         g->pid = h->pid;
         g->owner = owner;
+        g->serial = ++p->next_serial;
 
         if (producer)
                 r = reconcile_producer(p, g, h, &w);
@@ -434,6 +436,9 @@ int pool_repair(struct pool *p)
                         gpus[i]->pair_bandwidth = bw[i];
                 }
         }
+        /* A producer's consumer may have changed or gone: what the last one left is scrubbed. */
+        for (size_t i = 0; i < n; i++)
+                scrub_check(p, gpus[i]);
         return 0;
 }
 

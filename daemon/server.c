@@ -82,6 +82,7 @@ static void send_notice(struct server *s, const struct notice *m)
         Aqua__ReclaimNotice rn = AQUA__RECLAIM_NOTICE__INIT;
         Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
         Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
+        Aqua__ScrubRequest sr = AQUA__SCRUB_REQUEST__INIT;
         size_t max = s->limits.max_repeated;
 
         switch (m->kind) {
@@ -102,6 +103,15 @@ static void send_notice(struct server *s, const struct notice *m)
                 for (size_t off = 0; off < m->n_chunk_ids; off += max) {
                         rd.chunk_ids = m->chunk_ids + off;
                         rd.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
+                        server_send(s, m->gpu->owner, &e);
+                }
+                return;
+        case NOTICE_SCRUB:
+                e.body_case = AQUA__ENVELOPE__BODY_SCRUB_REQUEST;
+                e.scrub_request = &sr;
+                for (size_t off = 0; off < m->n_chunk_ids; off += max) {
+                        sr.chunk_ids = m->chunk_ids + off;
+                        sr.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
                         server_send(s, m->gpu->owner, &e);
                 }
                 return;
@@ -153,6 +163,14 @@ struct client *server_find_by_token(struct server *s, const void *token, size_t 
                         return c;
         }
         return NULL;
+}
+
+int server_request_peer(const struct server *s, struct side_cred *ret)
+{
+        if (s->request_fd < 0)
+                return -ENOENT;
+        /* Fails for TCP, where the kernel knows no peer process. */
+        return side_peer_cred(s->request_fd, ret);
 }
 
 bool client_is_admin(const struct server *s, const struct client *c)
@@ -351,9 +369,13 @@ static void read_router(struct server *s)
                                           AQUA__ERROR_CODE__ERROR_CODE_MALFORMED,
                                           "a message of %zu parts; send one Envelope per message",
                                           frames - 1);
-                else
+                else {
+                        /* Which connection it came on: a Hello is checked against it. */
+                        s->request_fd = zmq_msg_get(&body, ZMQ_SRCFD);
                         dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
                                           zmq_msg_data(&body), zmq_msg_size(&body));
+                        s->request_fd = -1;
+                }
                 zmq_msg_close(&body);
                 zmq_msg_close(&id);
         }
@@ -522,7 +544,7 @@ int server_new(struct config *config, const char *config_path, struct server **r
         s = calloc(1, sizeof(*s));
         if (!s)
                 return -ENOMEM;
-        s->side_fd = s->signal_fd = -1;
+        s->side_fd = s->signal_fd = s->request_fd = -1;
         list_init(&s->clients);
         s->next_client_id = 1;
         s->start_ns = now_mono_ns();

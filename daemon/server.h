@@ -47,6 +47,8 @@ struct client {
         uint64_t hello_deadline_ns;
         struct list_node pending;
         size_t n_pending;
+        double credit;      /* requests it may send now (limits.request-rate, -burst) */
+        uint64_t credit_ns; /* when credit was last topped up; 0: never */
 };
 
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
@@ -58,6 +60,8 @@ struct server_stats {
         uint64_t refused;      /* side-channel connections refused */
         uint64_t send_dropped; /* replies or notices the ROUTER could not queue */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
+        uint64_t throttled;    /* requests refused over a client's request rate */
+        uint64_t hijacks;      /* Hellos from another process than the token's side channel */
 };
 
 struct server {
@@ -79,6 +83,7 @@ struct server {
         bool stopping;
         bool verbose; /* -v: debug logging whatever the config says */
         int exit_status;
+        int request_fd; /* the connection the request being dispatched came on; -1: unknown */
         uint64_t start_ns;
         server_ready_fn on_ready;
         void *ready_userdata;
@@ -112,6 +117,9 @@ void server_flush_notices(struct server *s);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
 struct client *server_find_by_token(struct server *s, const void *token, size_t len);
 void client_free_pending(struct client *c, struct pending *p);
+/* The process on the other end of the ZeroMQ connection the current request came on (ipc://
+ * only); -ENOENT or another negative errno when that is not known. */
+int server_request_peer(const struct server *s, struct side_cred *ret);
 bool client_is_admin(const struct server *s, const struct client *c);
 
 /* dispatch.c */

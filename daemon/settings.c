@@ -22,6 +22,7 @@ void server_apply_settings(struct server *s)
             .max_grant_chunks = (uint64_t)c->limits.repeated_items,
             .auto_pairing = c->pairing == CONFIG_PAIRING_AUTO,
             .links = c->topology ? &c->links : NULL,
+            .scrub = c->scrub_chunks,
         };
         s->pool->compact_threshold = c->journal_compact_bytes;
 }

@@ -35,6 +35,9 @@ Test(config, has_defaults_for_an_empty_file)
         cr_assert_eq(c->socket_mode, 0660);
         cr_assert_eq(c->pairing, CONFIG_PAIRING_AUTO);
         cr_assert_eq(c->limits.message_size, 1u << 20);
+        cr_assert_eq(c->limits.request_rate, 2000);
+        cr_assert_eq(c->limits.request_burst, 1000);
+        cr_assert(c->scrub_chunks);
         cr_assert_eq(c->log_level, LOG_LEVEL_INFO);
         cr_assert_null(c->metrics);
 }
@@ -51,6 +54,7 @@ Test(config, reads_every_key)
                           "allow: {users: [root, 1234], groups: [0]}\n"
                           "admin: {users: [root]}\n"
                           "dram-budget: 64GiB\n"
+                          "scrub-chunks: false\n"
                           "limits:\n"
                           "  clients: 8\n"
                           "  chunks: 100\n"
@@ -58,6 +62,8 @@ Test(config, reads_every_key)
                           "  pending-requests: 2\n"
                           "  message-size: 64KiB\n"
                           "  repeated-items: 300\n"
+                          "  request-rate: 0\n"
+                          "  request-burst: 5\n"
                           "reclaim-deadline: 250ms\n"
                           "reconcile-timeout: 3s\n"
                           "request-timeout: 2s\n"
@@ -78,9 +84,12 @@ Test(config, reads_every_key)
         cr_assert_eq(c->allow.gids[0], 0);
         cr_assert_eq(c->admin.n_users, 1);
         cr_assert_eq(c->dram_budget, UINT64_C(64) << 30);
+        cr_assert_not(c->scrub_chunks);
         cr_assert_eq(c->limits.clients, 8);
         cr_assert_eq(c->limits.pending_requests, 2);
         cr_assert_eq(c->limits.message_size, 64 << 10);
+        cr_assert_eq(c->limits.request_rate, 0);
+        cr_assert_eq(c->limits.request_burst, 5);
         cr_assert_eq(c->reclaim_deadline_ns, UINT64_C(250000000));
         cr_assert_eq(c->pairing, CONFIG_PAIRING_STATIC);
         cr_assert_eq(c->n_pairs, 1);

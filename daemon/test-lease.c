@@ -151,6 +151,37 @@ Test(lease, borrow_grants_chunks_of_the_paired_producer)
         cr_assert_eq(list_length(&producer->free_chunks), 1);
 }
 
+Test(lease, a_return_naming_chunks_returned_already_returns_the_rest)
+{
+        struct pool_grant g;
+        struct lease *l;
+        uint64_t ids[3], first, stale[2];
+        uint64_t lease_id;
+        uint32_t n = 0;
+
+        offer(3, NULL);
+        l = borrow(6 * MiB, 6 * MiB, false, &g);
+        lease_id = l->id;
+        for (size_t i = 0; i < 3; i++) {
+                struct list_node *k = l->chunks.next;
+                for (size_t j = 0; j < i; j++)
+                        k = k->next;
+                ids[i] = list_entry(k, struct chunk, lease_node)->id;
+        }
+        first = ids[0];
+        cr_assert_eq(pool_return(pool, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(n, 1);
+        /* The first again, with the second: the second goes back, the first is skipped. */
+        stale[0] = ids[0];
+        stale[1] = ids[1];
+        cr_assert_eq(pool_return(pool, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(l->n_chunks, 1);
+        /* Only stale ids: refused, nothing changes. */
+        cr_assert_eq(pool_return(pool, consumer, lease_id, stale, 2, 0, &n, err), E(UNKNOWN_CHUNK));
+        cr_assert_eq(l->n_chunks, 1);
+}
+
 Test(lease, borrow_makes_up_the_rest_with_dram_budget)
 {
         struct pool_grant g;
@@ -562,8 +593,12 @@ Test(pins, pair_gpus_named_by_ordinal)
                 plinks[i] = &links[i];
         }
         for (uint32_t i = 0; i < 4; i++) {
-                struct pool_hello h = {.uuid = uuids[i], .ordinal = i, .role = roles[i],
-                                       .granularity = 2 * MiB, .links = plinks, .n_links = 4,
+                struct pool_hello h = {.uuid = uuids[i],
+                                       .ordinal = i,
+                                       .role = roles[i],
+                                       .granularity = 2 * MiB,
+                                       .links = plinks,
+                                       .n_links = 4,
                                        .client_name = uuids[i]};
                 struct pool_welcome w = {0};
 

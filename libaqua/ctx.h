@@ -72,6 +72,9 @@ struct aqua_ctx {
         uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
         uint64_t reclaim_freed; /* bytes it has seen freed so far */
         size_t reclaim_waiting; /* its chunks still waiting */
+        uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
+        size_t scrub_n, scrub_cap;
+        void *scrub_buf; /* pinned host memory chunks are read back into */
 
         /* consumer */
         struct lease_table leases;
@@ -130,6 +133,9 @@ int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
 int producer_held(aqua_ctx *ctx, struct held *ret);
 /* The daemon that knew of these offers is gone: release chunks still waiting for an id. */
 void producer_session_lost(aqua_ctx *ctx);
+/* Scrub some of the chunks the daemon asked for (a bounded amount per call) and report them. */
+void producer_scrub_step(aqua_ctx *ctx);
+void producer_free(aqua_ctx *ctx);
 /* A late OfferReply for the batch starting at ref first_ref. */
 void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e);
 

@@ -25,7 +25,8 @@
         X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)                   \
         X(cuMemGetAddressRange) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD) X(cuMemcpyDtoH)       \
         X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync)             \
-        X(cuMemcpyPeer) X(cuMemcpyPeerAsync) X(cuStreamCreate) X(cuStreamDestroy)                  \
+        X(cuMemcpyPeer) X(cuMemcpyPeerAsync) X(cuMemsetD8Async) X(cuStreamCreate)                  \
+        X(cuStreamDestroy)                                                                         \
         X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate)              \
         X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)               \
         X(cuEventDestroy)

@@ -471,6 +471,48 @@ int gpu_copy_batch(struct gpu *g, CUstream s, CUevent wait, const struct aqua_co
         return 0;
 }
 
+static bool all_zero(const void *buf, size_t len)
+{
+        const uint64_t *w = buf;
+
+        /* len is a multiple of 8: chunks are multiples of the allocation granularity. */
+        for (size_t i = 0; i < len / 8; i++)
+                if (w[i])
+                        return false;
+        return true;
+}
+
+int gpu_scrub(struct gpu *g, gpu_handle h, uint64_t size, void *buf, size_t len)
+{
+        uint64_t dptr = 0;
+        int r, verdict = 0;
+
+        r = gpu_reserve(g, size, &dptr);
+        if (r < 0)
+                return r;
+        r = gpu_map(g, dptr, size, h);
+        if (r < 0) {
+                gpu_unreserve(g, dptr, size);
+                return r;
+        }
+        {
+                WITH_PRIMARY(g);
+                r = CU(g, cuMemsetD8Async(dptr, 0, size, g->stream));
+                if (r >= 0)
+                        r = CU(g, cuStreamSynchronize(g->stream));
+        }
+        /* Read back what the device holds now: a write that did not land shows here. */
+        for (uint64_t off = 0; r >= 0 && off < size && verdict == 0; off += len) {
+                size_t n = (size_t)MIN((uint64_t)len, size - off);
+                r = gpu_copy(g, (uint64_t)(uintptr_t)buf, dptr + off, n);
+                if (r >= 0 && !all_zero(buf, n))
+                        verdict = 1;
+        }
+        gpu_unmap(g, dptr, size);
+        gpu_unreserve(g, dptr, size);
+        return r < 0 ? r : verdict;
+}
+
 int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total)
 {
         size_t free_b = 0, total = 0;

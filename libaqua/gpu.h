@@ -94,5 +94,12 @@ int gpu_copy_batch(struct gpu *g, struct CUstream_st *s, struct CUevent_st *wait
                    const struct aqua_copy_piece *pieces, size_t n, bool use_batch,
                    struct CUevent_st *const *record, size_t n_record);
 
+/*
+ * Producer: zero size bytes of allocation h through a temporary mapping on this device, then read
+ * them back through buf (len bytes of pinned host memory) and check. Returns 0 (zero and
+ * verified), 1 (a byte read back was not zero), or a negative errno when the driver failed.
+ */
+int gpu_scrub(struct gpu *g, gpu_handle h, uint64_t size, void *buf, size_t len);
+
 /* cuMemGetInfo on this device. */
 int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total);

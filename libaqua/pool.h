@@ -24,6 +24,9 @@ struct pool_chunk {
         enum pool_state state;
         /* Token of the blocking aqua_reclaim() waiting for this chunk; 0: report as an event. */
         uint64_t waiter;
+        /* Its offer is a call in progress: if the session is lost meanwhile, the caller (not
+         * the session) releases it. */
+        bool in_call;
         size_t index; /* in pool.chunks */
 };
 

@@ -1,6 +1,8 @@
 /* The producer's side: offer exportable chunks, reclaim them, release what the daemon frees. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "alog.h"
 #include "ctx.h"
@@ -8,6 +10,10 @@
 
 /* Chunks per Offer: one side-channel datagram carries all their fds. */
 #define OFFER_BATCH 128
+/* Scrubbing: bytes zeroed and read back per aqua_poll(), so that an engine's loop never waits
+ * long; and the host buffer they are read back through. */
+#define SCRUB_BUDGET (UINT64_C(256) << 20)
+#define SCRUB_BUF    (4u << 20)
 
 static int check_producer(aqua_ctx *ctx)
 {
@@ -31,6 +37,8 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
         r = ctx_ensure_connected(ctx, deadline);
         if (r < 0)
                 return r;
+        for (size_t i = 0; i < n; i++)
+                chunks[i]->in_call = true;
         for (size_t i = 0; i < n; i++) {
                 aqua__chunk_offer__init(&items[i]);
                 items[i].client_ref = chunks[i]->ref;
@@ -75,6 +83,8 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
                         goto out;
         }
 out:
+        for (size_t i = 0; i < n; i++)
+                chunks[i]->in_call = false;
         side_close_fds(fds, n_fds);
         if (reply)
                 aqua__envelope__free_unpacked(reply, NULL);
@@ -327,9 +337,95 @@ _public_ int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes)
         return AQUA_PENDING;
 }
 
+static void scrub_queue(aqua_ctx *ctx, const uint64_t *ids, size_t n)
+{
+        if (ctx->scrub_n + n > ctx->scrub_cap) {
+                size_t cap = MAX(ctx->scrub_cap * 2, ctx->scrub_n + n);
+                uint64_t *a = reallocarray(ctx->scrub_ids, cap, sizeof(*a));
+                if (!a) {
+                        /* The chunks stay unusable for others until aquad asks again (after a
+                         * restart); nothing is exposed. */
+                        alog_error("out of memory queueing %zu chunks to scrub", n);
+                        return;
+                }
+                ctx->scrub_ids = a;
+                ctx->scrub_cap = cap;
+        }
+        memcpy(ctx->scrub_ids + ctx->scrub_n, ids, n * sizeof(*ids));
+        ctx->scrub_n += n;
+}
+
+void producer_scrub_step(aqua_ctx *ctx)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT;
+        Aqua__ScrubDone done = AQUA__SCRUB_DONE__INIT;
+        _cleanup_free_ uint64_t *ok = NULL, *failed = NULL;
+        uint64_t spent = 0;
+        size_t taken = 0;
+        int r;
+
+        if (ctx->scrub_n == 0)
+                return;
+        if (!ctx->scrub_buf && gpu_host_alloc(ctx->gpu, SCRUB_BUF, &ctx->scrub_buf) < 0) {
+                alog_warning("scrub: no host buffer to verify chunks; trying again later");
+                return;
+        }
+        ok = calloc(ctx->scrub_n, sizeof(*ok));
+        failed = calloc(ctx->scrub_n, sizeof(*failed));
+        if (!ok || !failed)
+                return;
+        for (; taken < ctx->scrub_n && spent < SCRUB_BUDGET; taken++) {
+                struct pool_chunk *c = pool_get(&ctx->pool, ctx->scrub_ids[taken]);
+
+                /* Released meanwhile (a reclaim): nothing left to scrub or to report. */
+                if (!c)
+                        continue;
+                r = gpu_scrub(ctx->gpu, c->handle, c->size, ctx->scrub_buf, SCRUB_BUF);
+                if (r == 0)
+                        ok[done.n_chunk_ids++] = c->id;
+                else {
+                        alog_warning("scrub: chunk %" PRIu64 " %s", c->id,
+                                     r > 0 ? "did not read back as zero" : aqua_strerror(r));
+                        failed[done.n_failed_chunk_ids++] = c->id;
+                }
+                spent += c->size;
+        }
+        memmove(ctx->scrub_ids, ctx->scrub_ids + taken,
+                (ctx->scrub_n - taken) * sizeof(*ctx->scrub_ids));
+        ctx->scrub_n -= taken;
+        if (done.n_chunk_ids + done.n_failed_chunk_ids == 0)
+                return;
+        done.chunk_ids = ok;
+        done.failed_chunk_ids = failed;
+        env.body_case = AQUA__ENVELOPE__BODY_SCRUB_DONE;
+        env.scrub_done = &done;
+        /* An id, so that the daemon's Ack is recognised and dropped. A ScrubDone lost with the
+         * connection costs nothing: a restarted aquad asks again for every dirty chunk. */
+        env.request_id = transport_next_id(ctx->t);
+        r = transport_send(ctx->t, &env);
+        if (r < 0)
+                alog_debug("scrub: could not report %zu chunks: %s",
+                           done.n_chunk_ids + done.n_failed_chunk_ids, aqua_strerror(r));
+}
+
+void producer_free(aqua_ctx *ctx)
+{
+        if (ctx->scrub_buf)
+                gpu_host_free(ctx->gpu, ctx->scrub_buf);
+        ctx->scrub_buf = NULL;
+        free(ctx->scrub_ids);
+        ctx->scrub_ids = NULL;
+        ctx->scrub_n = ctx->scrub_cap = 0;
+}
+
 int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
 {
         switch (e->body_case) {
+        case AQUA__ENVELOPE__BODY_SCRUB_REQUEST:
+                /* Done in bounded steps from aqua_poll(); a first step right away. */
+                scrub_queue(ctx, e->scrub_request->chunk_ids, e->scrub_request->n_chunk_ids);
+                producer_scrub_step(ctx);
+                break;
         case AQUA__ENVELOPE__BODY_RECLAIM_REPLY:
                 mark_pending(ctx, e->reclaim_reply->pending_chunk_ids,
                              e->reclaim_reply->n_pending_chunk_ids, 0);
@@ -389,9 +485,10 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
 
 void producer_session_lost(aqua_ctx *ctx)
 {
-        /* Chunks whose offer was never answered: no daemon will ever know them. */
+        /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
+         * offer still in its call are the caller's to release. */
         for (size_t i = ctx->pool.n; i-- > 0;)
-                if (ctx->pool.chunks[i]->state == POOL_OFFERING)
+                if (ctx->pool.chunks[i]->state == POOL_OFFERING && !ctx->pool.chunks[i]->in_call)
                         pool_release(&ctx->pool, ctx->gpu, ctx->pool.chunks[i]);
 }
 

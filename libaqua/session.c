@@ -408,6 +408,12 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
 
         switch (p->kind) {
         case PENDING_HELLO:
+                /* The answer to an attempt given up on (it timed out, a newer one followed):
+                 * acting on it would tear down the session the newer attempt made. */
+                if (e->request_id != ctx->hello_id || ctx->state != SESSION_AWAIT_WELCOME) {
+                        alog_debug("ignored the late answer to an earlier Hello");
+                        return;
+                }
                 if (e->body_case == AQUA__ENVELOPE__BODY_WELCOME) {
                         session_welcome(ctx, e->welcome);
                         session_reconnected(ctx);
@@ -606,6 +612,7 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 copies_clear(ctx);
                 lease_table_clear(&ctx->leases, ctx->gpu);
                 pool_clear(&ctx->pool, ctx->gpu);
+                producer_free(ctx);
         }
         transport_free(ctx->t);
         gpu_free(ctx->gpu);
@@ -679,7 +686,8 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (_unlikely_(!ctx || !ret_n || (n_events > 0 && !events)))
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
-        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t))) {
+        if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t) &&
+                     ctx->scrub_n == 0)) {
                 *ret_n = 0;
                 return 0;
         }
@@ -688,6 +696,8 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
+        if (ctx->scrub_n && ctx->state == SESSION_CONNECTED)
+                producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);
         for (size_t i = 0; i < n; i++)
                 events[i] = ctx->events[(ctx->ev_head + i) % ctx->ev_cap];

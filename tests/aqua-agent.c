@@ -13,6 +13,7 @@
  *   tinfo INDEX                      -> ok dptr=D peer=B local=B dram=B end=B
  *   return_dram BYTES                -> ok
  *   fill INDEX SEED / check INDEX SEED -> ok / ok BAD_CHUNKS
+ *   zeroed INDEX                     -> ok CHUNKS_NOT_ALL_ZERO
  *   return INDEX                     -> ok
  *   poll MS [until-EVENT]            -> ok migrated=N reclaimed=BYTES disconnected=N
  *                                          reconnected=N lost=N failed=N tmoved=BYTES
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "aqua/aqua.h"
 #include "cuda-driver.h"
@@ -89,8 +91,8 @@ static uint64_t pattern_base(unsigned seed, uint64_t chunk)
         return (uint64_t)seed * UINT64_C(0x9e3779b97f4a7c15) ^ (chunk << 40);
 }
 
-/* Fill or check every chunk of a lease, wherever the chunk lives now. */
-static int walk(size_t index, unsigned seed, bool fill, size_t *ret_bad)
+/* Fill or check every chunk of a lease, wherever the chunk lives now; zero: check for zeros. */
+static int walk(size_t index, unsigned seed, bool fill, bool zero, size_t *ret_bad)
 {
         struct aqua_lease_info li;
         uint64_t *buf;
@@ -132,7 +134,7 @@ static int walk(size_t index, unsigned seed, bool fill, size_t *ret_bad)
                 else
                         r = cu_ok(cu->cuMemcpyDtoH(buf, li.dptr + ci.offset, ci.bytes));
                 for (size_t i = 0; i < words && r == 0; i++)
-                        if (buf[i] != (base ^ i)) {
+                        if (buf[i] != (zero ? 0 : base ^ i)) {
                                 bad++;
                                 break;
                         }
@@ -309,9 +311,11 @@ static void dispatch(char *line)
         } else if (strcmp(cmd, "return_dram") == 0) {
                 r = aqua_return_dram(ctx, strtoull(a, NULL, 0));
                 r != 0 ? fail(r) : reply("ok");
-        } else if (strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0) {
+        } else if (strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0 ||
+                   strcmp(cmd, "zeroed") == 0) {
                 size_t bad = 0;
-                r = walk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[0] == 'f', &bad);
+                r = walk(strtoul(a, NULL, 0), (unsigned)atoi(b), cmd[0] == 'f', cmd[0] == 'z',
+                         &bad);
                 r < 0 ? fail(r) : reply("ok %zu", bad);
         } else if (strcmp(cmd, "tensor") == 0) {
                 aqua_tensor *t = NULL;
@@ -377,11 +381,19 @@ static void dispatch(char *line)
                 reply("err %d unknown command", -EINVAL);
 }
 
+/* AQUA_AGENT_LOG=1: libaqua's messages on stderr, for finding out what a test saw. */
+static void log_stderr(enum aqua_log_level level, const char *message, void *userdata)
+{
+        fprintf(stderr, "agent %d: %s\n", (int)getpid(), message);
+}
+
 int main(void)
 {
         char line[512];
 
         setvbuf(stdout, NULL, _IOLBF, 0);
+        if (getenv("AQUA_AGENT_LOG"))
+                aqua_set_log(log_stderr, NULL, AQUA_LOG_DEBUG);
         while (fgets(line, sizeof(line), stdin))
                 dispatch(line);
         aqua_close(ctx);

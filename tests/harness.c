@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,27 @@ const char *aquad_dir(const struct aquad *d)
 const char *aquad_config_path(const struct aquad *d)
 {
         return d->config;
+}
+
+void test_note(const char *fmt, ...)
+{
+        const char *path = getenv("AQUA_TEST_LOG");
+        va_list ap;
+
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+        if (path && path[0]) {
+                FILE *f = fopen(path, "ae");
+                if (!f)
+                        return;
+                va_start(ap, fmt);
+                vfprintf(f, fmt, ap);
+                va_end(ap);
+                fputc('\n', f);
+                fclose(f);
+        }
 }
 
 pid_t aquad_pid(const struct aquad *d)

@@ -41,3 +41,10 @@ const char *aquad_side_path(const struct aquad *d); /* "DIR/aquad.side" */
 const char *aquad_dir(const struct aquad *d);
 const char *aquad_config_path(const struct aquad *d);
 pid_t aquad_pid(const struct aquad *d);
+
+/*
+ * A line for people (figures, what went wrong): on stderr, and appended to the file
+ * $AQUA_TEST_LOG when set (tests/meson.build sets it: Criterion's TAP mode swallows a test's own
+ * output, so this is where figures end up under meson test).
+ */
+void test_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -16,6 +16,11 @@
 
 int raw_connect(struct raw *r, const char *endpoint, const char *side_path)
 {
+        return raw_connect_ctx(r, NULL, endpoint, side_path);
+}
+
+int raw_connect_ctx(struct raw *r, void *ctx, const char *endpoint, const char *side_path)
+{
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         Aqua__SideFrame *f = NULL;
         struct pollfd p;
@@ -48,8 +53,11 @@ int raw_connect(struct raw *r, const char *endpoint, const char *side_path)
         memcpy(r->token, f->token.data, SIDE_TOKEN_LEN);
         aqua__side_frame__free_unpacked(f, NULL);
 
-        r->ctx = zmq_ctx_new();
-        r->dealer = zmq_socket(r->ctx, ZMQ_DEALER);
+        r->own_ctx = !ctx;
+        r->ctx = ctx ? ctx : zmq_ctx_new();
+        r->dealer = r->ctx ? zmq_socket(r->ctx, ZMQ_DEALER) : NULL;
+        if (!r->dealer)
+                return -errno;
         zmq_setsockopt(r->dealer, ZMQ_LINGER, &linger, sizeof(linger));
         if (zmq_connect(r->dealer, endpoint) < 0)
                 return -errno;
@@ -58,12 +66,15 @@ int raw_connect(struct raw *r, const char *endpoint, const char *side_path)
 
 void raw_close(struct raw *r)
 {
+        /* Never connected (a zeroed struct): nothing to close, and fd 0 is not ours. */
+        if (!r->ctx && !r->dealer && r->side == 0)
+                return;
         for (size_t i = 0; i < r->n_notices; i++)
                 raw_free(r->notices[i]);
         r->n_notices = 0;
         if (r->dealer)
                 zmq_close(r->dealer);
-        if (r->ctx)
+        if (r->ctx && r->own_ctx)
                 zmq_ctx_term(r->ctx);
         r->dealer = r->ctx = NULL;
         r->side = safe_close(r->side);
@@ -112,6 +123,11 @@ static Aqua__Envelope *recv_one(struct raw *r, int timeout_ms)
                 e = NULL;
         zmq_msg_close(&m);
         return e;
+}
+
+Aqua__Envelope *raw_recv(struct raw *r, int timeout_ms)
+{
+        return recv_one(r, timeout_ms);
 }
 
 static bool take_notice(struct raw *r, Aqua__Envelope__BodyCase body, Aqua__Envelope **ret)

@@ -23,10 +23,13 @@ struct raw {
         uint64_t next_id;
         Aqua__Envelope *notices[RAW_MAX_NOTICES]; /* unsolicited messages, oldest first */
         size_t n_notices;
+        bool own_ctx;
 };
 
 /* Connect both channels. Returns 0, 1 when refused (reason in r->reject), or a negative errno. */
 int raw_connect(struct raw *r, const char *endpoint, const char *side_path);
+/* The same on a ZeroMQ context shared with other clients (many clients, one set of threads). */
+int raw_connect_ctx(struct raw *r, void *ctx, const char *endpoint, const char *side_path);
 void raw_close(struct raw *r);
 
 /* Send e with a fresh request id and wait for the reply to it (notices are kept aside). */
@@ -35,6 +38,8 @@ Aqua__Envelope *raw_call(struct raw *r, Aqua__Envelope *e);
 Aqua__Envelope *raw_call_bytes(struct raw *r, const void *data, size_t len, uint64_t id);
 /* Send e (request id e->request_id as set) without waiting. */
 int raw_send(struct raw *r, Aqua__Envelope *e);
+/* The next message that arrives, whatever it is (NULL after timeout_ms). */
+Aqua__Envelope *raw_recv(struct raw *r, int timeout_ms);
 /* The next message with request id id (0: the next notice of kind body). */
 Aqua__Envelope *raw_wait(struct raw *r, uint64_t id, Aqua__Envelope__BodyCase body, int timeout_ms);
 
