@@ -2,17 +2,14 @@
  * Request traces: what arrives when and how long it is. Read from CSV or YAML,
  * written as CSV, and generated with ShareGPT-like lengths and bursty arrivals.
  */
-#include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "conf.h"
+#include "csv.h"
 #include "parse-util.h"
 #include "rng.h"
 #include "time-util.h"
@@ -25,43 +22,13 @@ void trace_clear(struct trace *t)
         *t = (struct trace){};
 }
 
-static int fail(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
-static int fail(char **ret_error, int r, const char *fmt, ...)
-{
-        if (ret_error) {
-                va_list ap;
-                va_start(ap, fmt);
-                if (vasprintf(ret_error, fmt, ap) < 0)
-                        *ret_error = NULL;
-                va_end(ap);
-        }
-        return r;
-}
-
 static int trace_push(struct trace *t, size_t *allocated, const struct trace_request *r)
 {
-        if (t->n >= TRACE_MAX_REQUESTS)
-                return -E2BIG;
-        if (t->n == *allocated) {
-                size_t n = MAX(*allocated * 2, (size_t)256);
-                struct trace_request *v = reallocarray(t->req, n, sizeof(*v));
-                if (!v)
-                        return -ENOMEM;
-                t->req = v;
-                *allocated = n;
-        }
+        int k = csv_reserve((void **)&t->req, allocated, t->n, sizeof(*r), 256, TRACE_MAX_REQUESTS);
+        if (k < 0)
+                return k;
         t->req[t->n++] = *r;
         return 0;
-}
-
-static char *strip(char *s)
-{
-        while (isspace((unsigned char)*s))
-                s++;
-        char *e = s + strlen(s);
-        while (e > s && isspace((unsigned char)e[-1]))
-                *--e = 0;
-        return s;
 }
 
 static int parse_tokens(const char *s, uint32_t *ret)
@@ -85,46 +52,23 @@ static int seconds_to_ns(double s, uint64_t *ret)
 int trace_parse_csv(const char *name, const char *data, size_t size, struct trace *ret,
                     char **ret_error)
 {
-        _cleanup_free_ char *copy = NULL;
+        struct csv_lines lines;
         struct trace t = {};
-        size_t allocated = 0, line_no = 0;
-        bool seen_data = false;
-        int r = 0;
+        size_t allocated = 0;
+        char *line;
+        int r;
 
-        /* The input need not be NUL-terminated: copy it before splitting it in place. */
-        if (memchr(data, 0, size))
-                return fail(ret_error, -EINVAL, "%s: contains a NUL byte", name);
-        copy = malloc(size + 1);
-        if (!copy)
-                return -ENOMEM;
-        memcpy(copy, data, size);
-        copy[size] = 0;
-
-        for (char *next = copy; next;) {
-                char *line = next;
-                char *nl = strchr(line, '\n');
-                next = nl ? nl + 1 : NULL;
-                if (nl)
-                        *nl = 0;
-                line_no++;
-
-                line = strip(line);
-                if (!*line || *line == '#')
-                        continue;
-                if (!seen_data && isalpha((unsigned char)*line)) {
-                        seen_data = true; /* the header */
-                        continue;
-                }
-                seen_data = true;
-
-                size_t n_fields = 1;
-                for (const char *c = line; (c = strchr(c, ',')); c++)
-                        n_fields++;
+        r = csv_lines_init(&lines, name, data, size, ret_error);
+        if (r < 0)
+                return r;
+        while ((line = csv_lines_next(&lines))) {
+                size_t line_no = lines.line_no;
+                size_t n_fields = csv_count_fields(line);
                 if (n_fields != 3) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: expected 3 fields "
-                                 "(arrival_s,prompt_tokens,output_tokens), got %zu",
-                                 name, line_no, n_fields);
+                        r = csv_fail(ret_error, -EINVAL,
+                                     "%s:%zu: expected 3 fields "
+                                     "(arrival_s,prompt_tokens,output_tokens), got %zu",
+                                     name, line_no, n_fields);
                         goto out;
                 }
                 char *field[3];
@@ -136,46 +80,49 @@ int trace_parse_csv(const char *name, const char *data, size_t size, struct trac
 
                 struct trace_request req;
                 double arrival;
-                const char *a = strip(field[0]), *p = strip(field[1]), *o = strip(field[2]);
+                const char *a = csv_strip(field[0]), *p = csv_strip(field[1]),
+                           *o = csv_strip(field[2]);
                 if (parse_double(a, &arrival) < 0 || seconds_to_ns(arrival, &req.arrival_ns) < 0) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: arrival_s: expected seconds >= 0, got \"%s\"", name,
-                                 line_no, a);
+                        r = csv_fail(ret_error, -EINVAL,
+                                     "%s:%zu: arrival_s: expected seconds >= 0, got \"%s\"", name,
+                                     line_no, a);
                         goto out;
                 }
                 if (parse_tokens(p, &req.prompt_tokens) < 0) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: prompt_tokens: expected an integer 1..%d, got \"%s\"",
-                                 name, line_no, TRACE_MAX_TOKENS, p);
+                        r = csv_fail(ret_error, -EINVAL,
+                                     "%s:%zu: prompt_tokens: expected an integer 1..%d, got \"%s\"",
+                                     name, line_no, TRACE_MAX_TOKENS, p);
                         goto out;
                 }
                 if (parse_tokens(o, &req.output_tokens) < 0) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: output_tokens: expected an integer 1..%d, got \"%s\"",
-                                 name, line_no, TRACE_MAX_TOKENS, o);
+                        r = csv_fail(ret_error, -EINVAL,
+                                     "%s:%zu: output_tokens: expected an integer 1..%d, got \"%s\"",
+                                     name, line_no, TRACE_MAX_TOKENS, o);
                         goto out;
                 }
                 if (t.n > 0 && req.arrival_ns < t.req[t.n - 1].arrival_ns) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s:%zu: arrival_s %s is earlier than the previous request's; "
-                                 "arrivals must not decrease",
-                                 name, line_no, a);
+                        r = csv_fail(ret_error, -EINVAL,
+                                     "%s:%zu: arrival_s %s is earlier than the previous request's; "
+                                     "arrivals must not decrease",
+                                     name, line_no, a);
                         goto out;
                 }
                 r = trace_push(&t, &allocated, &req);
                 if (r == -E2BIG)
-                        r = fail(ret_error, r, "%s:%zu: more than %d requests", name, line_no,
-                                 TRACE_MAX_REQUESTS);
+                        r = csv_fail(ret_error, r, "%s:%zu: more than %d requests", name, line_no,
+                                     TRACE_MAX_REQUESTS);
                 if (r < 0)
                         goto out;
         }
         if (t.n == 0) {
-                r = fail(ret_error, -EINVAL, "%s: no requests", name);
+                r = csv_fail(ret_error, -EINVAL, "%s: no requests", name);
                 goto out;
         }
+        csv_lines_done(&lines);
         *ret = t;
         return 0;
 out:
+        csv_lines_done(&lines);
         trace_clear(&t);
         return r;
 }
@@ -219,7 +166,7 @@ int trace_parse_yaml(const char *name, const char *data, size_t size, struct tra
         if (r < 0)
                 goto out;
         if (y.n_requests == 0) {
-                r = fail(ret_error, -EINVAL, "%s: requests: no requests", name);
+                r = csv_fail(ret_error, -EINVAL, "%s: requests: no requests", name);
                 goto out;
         }
         for (size_t i = 0; i < y.n_requests; i++) {
@@ -230,10 +177,11 @@ int trace_parse_yaml(const char *name, const char *data, size_t size, struct tra
                     .output_tokens = (uint32_t)q->output,
                 };
                 if (t.n > 0 && req.arrival_ns < t.req[t.n - 1].arrival_ns) {
-                        r = fail(ret_error, -EINVAL,
-                                 "%s: requests[%zu].arrival: earlier than the previous request's; "
-                                 "arrivals must not decrease",
-                                 name, i);
+                        r = csv_fail(
+                            ret_error, -EINVAL,
+                            "%s: requests[%zu].arrival: earlier than the previous request's; "
+                            "arrivals must not decrease",
+                            name, i);
                         goto out;
                 }
                 r = trace_push(&t, &allocated, &req);
@@ -248,45 +196,18 @@ out:
         return r;
 }
 
-static bool has_suffix(const char *s, const char *suffix)
-{
-        size_t n = strlen(s), m = strlen(suffix);
-        return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 int trace_load(const char *path, struct trace *ret, char **ret_error)
 {
-        _cleanup_close_ int fd = -1;
         _cleanup_free_ char *buf = NULL;
-        struct stat st;
-        size_t done = 0;
+        size_t size;
+        int r;
 
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return fail(ret_error, -errno, "%s: %s", path, strerror(errno));
-        if (fstat(fd, &st) < 0)
-                return fail(ret_error, -errno, "%s: %s", path, strerror(errno));
-        if (!S_ISREG(st.st_mode))
-                return fail(ret_error, -EINVAL, "%s: not a regular file", path);
-        if (st.st_size > 256 << 20)
-                return fail(ret_error, -E2BIG, "%s: larger than 256 MiB", path);
-        buf = malloc((size_t)st.st_size + 1);
-        if (!buf)
-                return -ENOMEM;
-        while (done < (size_t)st.st_size) {
-                ssize_t k = read(fd, buf + done, (size_t)st.st_size - done);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return fail(ret_error, -errno, "%s: %s", path, strerror(errno));
-                if (k == 0)
-                        break;
-                done += (size_t)k;
-        }
-
-        if (has_suffix(path, ".yaml") || has_suffix(path, ".yml"))
-                return trace_parse_yaml(path, buf, done, ret, ret_error);
-        return trace_parse_csv(path, buf, done, ret, ret_error);
+        r = csv_read_file(path, 256, &buf, &size, ret_error);
+        if (r < 0)
+                return r;
+        if (csv_path_is_yaml(path))
+                return trace_parse_yaml(path, buf, size, ret, ret_error);
+        return trace_parse_csv(path, buf, size, ret, ret_error);
 }
 
 int trace_write_csv(const struct trace *t, FILE *f)
