@@ -8,6 +8,7 @@
 
 #include "harness.h"
 #include "rawclient.h"
+#include "testutil.h"
 #include "time-util.h"
 
 #define MiB        (UINT64_C(1) << 20)
@@ -22,25 +23,13 @@ static void start(const char *extra)
         cr_assert_eq(aquad_start(extra, &daemon_), 0, "aquad did not start");
 }
 
-static void connect_as(struct raw *r, Aqua__Role role, const char *uuid, const char *peer)
-{
-        Aqua__Envelope *w;
-
-        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
-        w = raw_hello(r, role, uuid, peer, NULL, 0, NULL);
-        cr_assert_not_null(w);
-        cr_assert_eq(w->body_case, BODY(WELCOME), "hello answered with error %d: %s",
-                     raw_error_code(w), raw_error_code(w) >= 0 ? w->error->message : "");
-        raw_free(w);
-}
-
 /* The usual cast: producer GPU-P and consumer GPU-C with a peer link, and an admin client. */
 static void cast(const char *extra)
 {
         start(extra);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
 }
 
 static void teardown(void)
@@ -155,8 +144,8 @@ Test(aquad, grants_dram_budget_when_no_producer_can_lend)
         size_t n;
 
         start("dram-budget: 64MiB\n");
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", NULL);
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         g = raw_borrow(&consumer, 100 * MiB, 16 * MiB, true, NULL, 0, &n);
         cr_assert_eq(g->body_case, BODY(GRANT));
         cr_assert_eq(g->grant->lease_id, 0);
@@ -309,8 +298,8 @@ Test(aquad, a_killed_consumer_returns_its_chunks_to_the_pool)
         pid_t pid;
 
         start(NULL);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-K");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-K");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(&producer, 2, NULL, NULL);
         pid = spawn_consumer(&ready);
         cr_assert_eq(read(ready, &ok, 1), 1);
@@ -370,8 +359,8 @@ Test(aquad, a_killed_producer_leaves_leased_memory_alive_and_tells_the_consumer)
         pid_t pid;
 
         start(NULL);
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         pid = spawn_producer(&ready);
         cr_assert_eq(read(ready, &ok, 1), 1);
         close(ready);
@@ -462,7 +451,7 @@ Test(aquad, a_killed_aquad_restarts_with_leases_reconciled_none_lost_or_duplicat
         cr_assert_eq(w->welcome->n_lost_leases, 0);
         raw_free(w);
 
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES);
         cr_assert_eq(q->admin_reply->n_leases, 1, "one lease, not lost, not duplicated");
         cr_assert_eq(q->admin_reply->leases[0]->lease_id, lease);

@@ -13,7 +13,6 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,12 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "rawclient.h"
+#include "testutil.h"
 #include "time-util.h"
 #include "util.h"
 
@@ -134,37 +133,13 @@ static uint64_t field(const char *reply, const char *key)
 static void agent_kill(struct agent *a)
 {
         a->died = false;
-        if (a->pid <= 0)
-                return;
-        kill(a->pid, SIGKILL);
-        waitpid(a->pid, NULL, 0);
-        a->pid = 0;
-        fclose(a->in);
-        fclose(a->out);
+        test_agent_kill(&a->pid, a->in, a->out);
 }
 
 /* Start the agent and open its context (not for the observer); false if that failed. */
 static bool agent_start(struct agent *a)
 {
-        const char *bin = getenv("AQUA_AGENT");
-        int to[2], from[2];
-
-        cr_assert_not_null(bin, "AQUA_AGENT is not set");
-        cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
-        cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
-        a->pid = fork();
-        cr_assert_geq(a->pid, 0);
-        if (a->pid == 0) {
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
-                dup2(to[0], 0);
-                dup2(from[1], 1);
-                execl(bin, "aqua-agent", (char *)NULL);
-                _exit(127);
-        }
-        close(to[0]);
-        close(from[1]);
-        a->in = fdopen(to[1], "w");
-        a->out = fdopen(from[0], "r");
+        test_agent_spawn(&a->pid, &a->in, &a->out);
         /* Unbuffered: poll() on the descriptor must see everything not yet read. */
         setvbuf(a->out, NULL, _IONBF, 0);
         if (!a->role)

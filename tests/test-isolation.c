@@ -20,6 +20,7 @@
 
 #include "harness.h"
 #include "rawclient.h"
+#include "testutil.h"
 #include "time-util.h"
 #include "util.h"
 #include "wire.h"
@@ -48,18 +49,6 @@ TestSuite(isolation, .fini = teardown);
 static void start(const char *extra)
 {
         cr_assert_eq(aquad_start(extra, &daemon_), 0, "aquad did not start");
-}
-
-static void connect_as(struct raw *r, Aqua__Role role, const char *uuid, const char *peer)
-{
-        Aqua__Envelope *w;
-
-        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
-        w = raw_hello(r, role, uuid, peer, NULL, 0, NULL);
-        cr_assert_not_null(w);
-        cr_assert_eq(w->body_case, BODY(WELCOME), "hello answered with error %d: %s",
-                     raw_error_code(w), raw_error_code(w) >= 0 ? w->error->message : "");
-        raw_free(w);
 }
 
 /* Offer n chunks of 2 MiB whose memfds hold "<label> <i>". */
@@ -139,11 +128,11 @@ Test(isolation, a_consumer_gets_only_its_grants_and_cannot_touch_another_lease)
         size_t n1, n2;
 
         start("dram-budget: 64MiB\n");
-        connect_as(&p1, AQUA__ROLE__ROLE_PRODUCER, "GPU-P1", "GPU-C1");
-        connect_as(&c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-C1", "GPU-P1");
-        connect_as(&p2, AQUA__ROLE__ROLE_PRODUCER, "GPU-P2", "GPU-C2");
-        connect_as(&c2, AQUA__ROLE__ROLE_CONSUMER, "GPU-C2", "GPU-P2");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &p1, AQUA__ROLE__ROLE_PRODUCER, "GPU-P1", "GPU-C1");
+        test_connect_as(daemon_, &c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-C1", "GPU-P1");
+        test_connect_as(daemon_, &p2, AQUA__ROLE__ROLE_PRODUCER, "GPU-P2", "GPU-C2");
+        test_connect_as(daemon_, &c2, AQUA__ROLE__ROLE_CONSUMER, "GPU-C2", "GPU-P2");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer_labelled(&p1, 3, "first");
         offer_labelled(&p2, 3, "second");
 
@@ -225,7 +214,7 @@ Test(isolation, a_used_or_guessed_token_is_refused_and_a_second_hello_too)
         Aqua__Envelope *w;
 
         start(NULL);
-        connect_as(&c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-X", NULL);
+        test_connect_as(daemon_, &c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-X", NULL);
         w = raw_hello(&c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-X2", NULL, NULL, 0, NULL);
         cr_assert_eq(raw_error_code(w), E(INVALID));
         cr_assert(strstr(w->error->message, "already registered"), "%s", w->error->message);
@@ -294,7 +283,7 @@ Test(isolation, sockets_carry_the_configured_mode_and_group)
         snprintf(yaml, sizeof(yaml), "socket-mode: 0640\nsocket-group: \"%u\"\n", (unsigned)gid);
         start(yaml);
         /* Answering a client means set-up is over, modes and groups included. */
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         ipc = aquad_endpoint(daemon_) + strlen("ipc://");
         cr_assert_eq(stat(ipc, &st), 0);
         cr_assert_eq(st.st_mode & 07777, 0640, "ZeroMQ socket mode %o", st.st_mode & 07777);
@@ -306,7 +295,7 @@ Test(isolation, sockets_carry_the_configured_mode_and_group)
         teardown();
 
         start(NULL);
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         cr_assert_eq(stat(aquad_side_path(daemon_), &st), 0);
         cr_assert_eq(st.st_mode & 07777, 0660, "the default mode");
 }
@@ -458,8 +447,8 @@ Test(isolation, a_flooding_client_is_throttled_while_others_keep_their_service)
                  "dram-budget: 64GiB\nlimits: {request-rate: %d, request-burst: %d}\n", RATE,
                  BURST);
         start(yaml);
-        connect_as(&p1, AQUA__ROLE__ROLE_PRODUCER, "GPU-P1", "GPU-C1");
-        connect_as(&c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-C1", "GPU-P1");
+        test_connect_as(daemon_, &p1, AQUA__ROLE__ROLE_PRODUCER, "GPU-P1", "GPU-C1");
+        test_connect_as(daemon_, &c1, AQUA__ROLE__ROLE_CONSUMER, "GPU-C1", "GPU-P1");
         offer_labelled(&p1, 2, "chunk");
 
         well_behaved(ROUNDS, quiet, &errors);

@@ -5,19 +5,18 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "rawclient.h"
+#include "testutil.h"
 #include "time-util.h"
 #include "util.h"
 
@@ -38,25 +37,7 @@ static struct agent producer, consumer;
 
 static void agent_start(struct agent *a)
 {
-        const char *bin = getenv("AQUA_AGENT");
-        int to[2], from[2];
-
-        cr_assert_not_null(bin, "AQUA_AGENT is not set");
-        cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
-        cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
-        a->pid = fork();
-        cr_assert_geq(a->pid, 0);
-        if (a->pid == 0) {
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
-                dup2(to[0], 0);
-                dup2(from[1], 1);
-                execl(bin, "aqua-agent", (char *)NULL);
-                _exit(127);
-        }
-        close(to[0]);
-        close(from[1]);
-        a->in = fdopen(to[1], "w");
-        a->out = fdopen(from[0], "r");
+        test_agent_spawn(&a->pid, &a->in, &a->out);
         setvbuf(a->in, NULL, _IOLBF, 0);
 }
 
@@ -118,13 +99,7 @@ static uint64_t field(const char *reply, const char *key)
 
 static void agent_kill(struct agent *a)
 {
-        if (a->pid <= 0)
-                return;
-        kill(a->pid, SIGKILL);
-        waitpid(a->pid, NULL, 0);
-        a->pid = 0;
-        fclose(a->in);
-        fclose(a->out);
+        test_agent_kill(&a->pid, a->in, a->out);
 }
 
 static void agent_stop(struct agent *a)

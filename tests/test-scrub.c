@@ -14,6 +14,7 @@
 
 #include "harness.h"
 #include "rawclient.h"
+#include "testutil.h"
 #include "time-util.h"
 
 #define MiB        (UINT64_C(1) << 20)
@@ -35,18 +36,6 @@ static void teardown(void)
 }
 
 TestSuite(scrub, .fini = teardown);
-
-static void connect_as(struct raw *r, Aqua__Role role, const char *uuid, const char *peer)
-{
-        Aqua__Envelope *w;
-
-        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
-        w = raw_hello(r, role, uuid, peer, NULL, 0, NULL);
-        cr_assert_not_null(w);
-        cr_assert_eq(w->body_case, BODY(WELCOME), "hello answered with error %d: %s",
-                     raw_error_code(w), raw_error_code(w) >= 0 ? w->error->message : "");
-        raw_free(w);
-}
 
 /* Offer n chunks, keeping their memfds in fds and their ids in ids. */
 static void offer(size_t n, int *fds, uint64_t *ids)
@@ -140,9 +129,9 @@ Test(scrub, the_same_consumer_gets_its_chunks_back_without_a_scrub)
         Aqua__Envelope *r;
 
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         lease = borrow_and_write(&consumer, 4 * MiB, "C", first);
         raw_free(give_back(&consumer, lease));
@@ -198,8 +187,8 @@ Test(scrub, what_a_dead_consumer_left_is_scrubbed_before_the_next_one_gets_it)
         pid_t pid;
 
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         pid = spawn_consumer();
         kill(pid, SIGKILL);
@@ -213,7 +202,7 @@ Test(scrub, what_a_dead_consumer_left_is_scrubbed_before_the_next_one_gets_it)
         cr_assert_eq(count_state("scrubbing"), 2);
 
         /* The same GPU, another client: nothing until the scrub is done. */
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
         g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, got, 2, &n);
         cr_assert_eq(raw_error_code(g), E(NO_MEMORY), "dirty chunks are granted to nobody");
         raw_free(g);
@@ -244,10 +233,10 @@ Test(scrub, a_pair_change_scrubs_what_the_old_consumer_left)
         size_t n;
 
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        connect_as(&other, AQUA__ROLE__ROLE_CONSUMER, "GPU-D", NULL);
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &other, AQUA__ROLE__ROLE_CONSUMER, "GPU-D", NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         lease = borrow_and_write(&consumer, 4 * MiB, "C", NULL);
         raw_free(give_back(&consumer, lease));
@@ -285,8 +274,8 @@ Test(scrub, a_chunk_that_fails_its_scrub_goes_back_to_its_producer)
         pid_t pid;
 
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         pid = spawn_consumer();
         kill(pid, SIGKILL);
@@ -315,9 +304,9 @@ Test(scrub, a_producer_cleans_only_what_it_was_asked_to_and_dirt_survives_a_rest
         size_t n;
 
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         lease = borrow_and_write(&consumer, 4 * MiB, "C", NULL);
         raw_free(give_back(&consumer, lease));
@@ -341,7 +330,7 @@ Test(scrub, a_producer_cleans_only_what_it_was_asked_to_and_dirt_survives_a_rest
         raw_close(&consumer);
         raw_close(&admin);
         cr_assert_eq(aquad_restart(daemon_), 0);
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
         cr_assert_eq(raw_connect(&producer, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
         for (size_t i = 0; i < 2; i++) {
                 aqua__held_chunk__init(&held[i]);
@@ -352,7 +341,7 @@ Test(scrub, a_producer_cleans_only_what_it_was_asked_to_and_dirt_survives_a_rest
         w = raw_hello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", heldp, 2, fds);
         cr_assert_eq(w->body_case, BODY(WELCOME), "error %d", raw_error_code(w));
         raw_free(w);
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         rq = raw_wait(&producer, 0, BODY(SCRUB_REQUEST), RAW_TIMEOUT_MS);
         cr_assert_not_null(rq, "dirty chunks are scrubbed after a restart");
         cr_assert_eq(rq->scrub_request->n_chunk_ids, 2);
@@ -378,15 +367,15 @@ Test(scrub, can_be_turned_off_for_a_single_tenant)
         size_t n;
 
         cr_assert_eq(aquad_start("scrub-chunks: false\n", &daemon_), 0);
-        connect_as(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        connect_as(&admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer(2, fds, ids);
         pid = spawn_consumer();
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         while (count_state("free") != 2) /* the death seen, the chunks back */
                 sleep_ns(5 * NSEC_PER_MSEC);
-        connect_as(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
         g = raw_borrow(&consumer, 4 * MiB, 4 * MiB, false, got, 2, &n);
         cr_assert_eq(g->body_case, BODY(GRANT), "error %d", raw_error_code(g));
         lease = g->grant->lease_id;

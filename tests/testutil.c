@@ -1,0 +1,59 @@
+/* What the integration tests share: a welcomed protocol client, and aqua-agent processes. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char *uuid,
+                     const char *peer)
+{
+        Aqua__Envelope *w;
+
+        cr_assert_eq(raw_connect(r, aquad_endpoint(d), aquad_side_path(d)), 0);
+        w = raw_hello(r, role, uuid, peer, NULL, 0, NULL);
+        cr_assert_not_null(w);
+        cr_assert_eq(w->body_case, AQUA__ENVELOPE__BODY_WELCOME, "hello answered with error %d: %s",
+                     raw_error_code(w), raw_error_code(w) >= 0 ? w->error->message : "");
+        raw_free(w);
+}
+
+void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out)
+{
+        const char *bin = getenv("AQUA_AGENT");
+        int to[2], from[2];
+        pid_t pid;
+
+        cr_assert_not_null(bin, "AQUA_AGENT is not set");
+        cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
+        cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                dup2(to[0], 0);
+                dup2(from[1], 1);
+                execl(bin, "aqua-agent", (char *)NULL);
+                _exit(127);
+        }
+        close(to[0]);
+        close(from[1]);
+        *ret_pid = pid;
+        *ret_in = fdopen(to[1], "w");
+        *ret_out = fdopen(from[0], "r");
+}
+
+void test_agent_kill(pid_t *pid, FILE *in, FILE *out)
+{
+        if (*pid <= 0)
+                return;
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+        *pid = 0;
+        fclose(in);
+        fclose(out);
+}

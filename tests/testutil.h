@@ -1,0 +1,24 @@
+/*
+ * What the integration tests share beyond harness.h and rawclient.h: a protocol client that
+ * says hello to the test's aquad, and aqua-agent processes (tests/aqua-agent.c) on pipes.
+ * Both fail the running Criterion test on any error.
+ */
+#pragma once
+
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "harness.h"
+#include "rawclient.h"
+
+/* Connect r to d and say hello as role; the test fails unless aquad welcomes it. */
+void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char *uuid,
+                     const char *peer);
+
+/*
+ * Start $AQUA_AGENT with *ret_in writing to its stdin and *ret_out reading its stdout; it dies
+ * with the test process. The streams keep stdio's default buffering.
+ */
+void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
+/* SIGKILL the agent *pid (when > 0), reap it, close its streams and set *pid to 0. */
+void test_agent_kill(pid_t *pid, FILE *in, FILE *out);
