@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "aqua-log.h"
 #include "aqua/aqua.h"
 #include "kvswap.h"
 #include "log.h"
@@ -571,12 +572,6 @@ static const struct kv_swap_ops aqua_ops = {
     .free = aq_free,
 };
 
-static void aqua_log(enum aqua_log_level level, const char *message, void *userdata)
-{
-        log_internal(level == AQUA_LOG_ERROR ? LOG_LEVEL_ERROR : LOG_LEVEL_WARNING, 0,
-                     "libaqua: %s", message);
-}
-
 int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
@@ -591,7 +586,7 @@ int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret)
         if (!a)
                 return -ENOMEM;
         a->cfg = *c;
-        aqua_set_log(aqua_log, NULL, AQUA_LOG_WARNING);
+        examples_aqua_log_setup();
         o.endpoint = c->endpoint;
         o.client_name = "aqua-engine";
         r = aqua_open(c->device, AQUA_ROLE_CONSUMER, &o, &a->ctx);

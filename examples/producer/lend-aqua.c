@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "aqua-log.h"
 #include "aqua/aqua.h"
 #include "lend.h"
 #include "log.h"
@@ -126,12 +127,6 @@ static const struct lend_ops aqua_ops = {
     .free = la_free,
 };
 
-static void aqua_log(enum aqua_log_level level, const char *message, void *userdata)
-{
-        log_internal(level == AQUA_LOG_ERROR ? LOG_LEVEL_ERROR : LOG_LEVEL_WARNING, 0,
-                     "libaqua: %s", message);
-}
-
 int lend_aqua_new(const struct lend_aqua_config *c, struct lend_backend *ret)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
@@ -148,7 +143,7 @@ int lend_aqua_new(const struct lend_aqua_config *c, struct lend_backend *ret)
         l->cfg.policy = &l->policy;
         if (l->cfg.reclaim_timeout_ns == 0)
                 l->cfg.reclaim_timeout_ns = 30 * NSEC_PER_SEC;
-        aqua_set_log(aqua_log, NULL, AQUA_LOG_WARNING);
+        examples_aqua_log_setup();
         o.endpoint = c->endpoint;
         o.client_name = "aqua-producer";
         o.chunk_bytes = c->policy->chunk;
