@@ -59,7 +59,7 @@ int csv_lines_init(struct csv_lines *c, const char *name, const char *data, size
                 return -ENOMEM;
         memcpy(copy, data, size);
         copy[size] = 0;
-        *c = (struct csv_lines){.copy = copy, .next = copy};
+        *c = (struct csv_lines){.name = name, .copy = copy, .next = copy};
         return 0;
 }
 
@@ -85,18 +85,38 @@ char *csv_lines_next(struct csv_lines *c)
         return NULL;
 }
 
-void csv_lines_done(struct csv_lines *c)
-{
-        free(c->copy);
-        *c = (struct csv_lines){};
-}
-
-size_t csv_count_fields(const char *line)
+static size_t count_fields(const char *line)
 {
         size_t n = 1;
         for (const char *c = line; (c = strchr(c, ',')); c++)
                 n++;
         return n;
+}
+
+int csv_lines_fields(struct csv_lines *c, const char *columns, char **fields, size_t n,
+                     char **ret_error)
+{
+        char *line = csv_lines_next(c);
+        if (!line)
+                return 0;
+        size_t got = count_fields(line);
+        if (got != n)
+                return csv_fail(ret_error, -EINVAL, "%s:%zu: expected %zu fields (%s), got %zu",
+                                c->name, c->line_no, n, columns, got);
+        for (size_t i = 0; i < n; i++) {
+                char *comma = strchr(line, ',');
+                if (comma)
+                        *comma = 0;
+                fields[i] = csv_strip(line);
+                line = comma ? comma + 1 : NULL;
+        }
+        return 1;
+}
+
+void csv_lines_done(struct csv_lines *c)
+{
+        free(c->copy);
+        *c = (struct csv_lines){};
 }
 
 int csv_read_file(const char *path, size_t max_mib, char **ret_data, size_t *ret_size,

@@ -27,6 +27,7 @@ int csv_reserve(void **items, size_t *allocated, size_t n, size_t size, size_t i
  * and so is a first line that starts with a letter (a header).
  */
 struct csv_lines {
+        const char *name; /* for messages */
         char *copy;
         char *next;
         size_t line_no; /* of the line csv_lines_next() returned last */
@@ -40,8 +41,13 @@ int csv_lines_init(struct csv_lines *c, const char *name, const char *data, size
 char *csv_lines_next(struct csv_lines *c);
 void csv_lines_done(struct csv_lines *c);
 
-/* How many comma-separated fields line holds. */
-size_t csv_count_fields(const char *line);
+/*
+ * The next data line split at its commas into exactly n stripped fields (columns names them in
+ * the message). Returns 1, 0 at the end, -EINVAL with "name:line: expected n fields (columns),
+ * got m".
+ */
+int csv_lines_fields(struct csv_lines *c, const char *columns, char **fields, size_t n,
+                     char **ret_error);
 
 /*
  * Read the regular file path (at most max_mib MiB) into a heap buffer. Errors: -errno with

@@ -55,33 +55,18 @@ int trace_parse_csv(const char *name, const char *data, size_t size, struct trac
         struct csv_lines lines;
         struct trace t = {};
         size_t allocated = 0;
-        char *line;
+        char *field[3];
         int r;
 
         r = csv_lines_init(&lines, name, data, size, ret_error);
         if (r < 0)
                 return r;
-        while ((line = csv_lines_next(&lines))) {
+        while ((r = csv_lines_fields(&lines, "arrival_s,prompt_tokens,output_tokens", field, 3,
+                                     ret_error)) > 0) {
                 size_t line_no = lines.line_no;
-                size_t n_fields = csv_count_fields(line);
-                if (n_fields != 3) {
-                        r = csv_fail(ret_error, -EINVAL,
-                                     "%s:%zu: expected 3 fields "
-                                     "(arrival_s,prompt_tokens,output_tokens), got %zu",
-                                     name, line_no, n_fields);
-                        goto out;
-                }
-                char *field[3];
-                field[0] = line;
-                field[1] = strchr(field[0], ',');
-                *field[1]++ = 0;
-                field[2] = strchr(field[1], ',');
-                *field[2]++ = 0;
-
                 struct trace_request req;
                 double arrival;
-                const char *a = csv_strip(field[0]), *p = csv_strip(field[1]),
-                           *o = csv_strip(field[2]);
+                const char *a = field[0], *p = field[1], *o = field[2];
                 if (parse_double(a, &arrival) < 0 || seconds_to_ns(arrival, &req.arrival_ns) < 0) {
                         r = csv_fail(ret_error, -EINVAL,
                                      "%s:%zu: arrival_s: expected seconds >= 0, got \"%s\"", name,
@@ -114,6 +99,8 @@ int trace_parse_csv(const char *name, const char *data, size_t size, struct trac
                 if (r < 0)
                         goto out;
         }
+        if (r < 0)
+                goto out;
         if (t.n == 0) {
                 r = csv_fail(ret_error, -EINVAL, "%s: no requests", name);
                 goto out;

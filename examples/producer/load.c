@@ -33,24 +33,15 @@ int load_parse_csv(const char *name, const char *data, size_t size, struct load_
         struct csv_lines lines;
         struct load_trace t = {};
         size_t allocated = 0;
-        char *line;
+        char *field[2];
         int r;
 
         r = csv_lines_init(&lines, name, data, size, ret_error);
         if (r < 0)
                 return r;
-        while ((line = csv_lines_next(&lines))) {
+        while ((r = csv_lines_fields(&lines, "time_s,load", field, 2, ret_error)) > 0) {
                 size_t line_no = lines.line_no;
-                size_t fields = csv_count_fields(line);
-                if (fields != 2) {
-                        r = csv_fail(ret_error, -EINVAL,
-                                     "%s:%zu: expected 2 fields (time_s,load), got %zu", name,
-                                     line_no, fields);
-                        goto out;
-                }
-                char *comma = strchr(line, ',');
-                *comma = 0;
-                const char *ts = csv_strip(line), *ls = csv_strip(comma + 1);
+                const char *ts = field[0], *ls = field[1];
                 struct load_point p;
                 double secs;
                 if (parse_double(ts, &secs) < 0 || !(secs >= 0) || secs > 1e9) {
@@ -80,6 +71,8 @@ int load_parse_csv(const char *name, const char *data, size_t size, struct load_
                 if (r < 0)
                         goto out;
         }
+        if (r < 0)
+                goto out;
         if (t.n == 0) {
                 r = csv_fail(ret_error, -EINVAL, "%s: no load points", name);
                 goto out;
