@@ -12,7 +12,6 @@
  * AQUA_FAULT_SECONDS sets its length.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -476,19 +475,7 @@ static char machine[64];
 
 static void sim_cleanup(void)
 {
-        char path[256];
-        struct dirent *de;
-        DIR *d;
-
-        snprintf(path, sizeof(path), "/dev/shm/aqua-sim-%u-%s", (unsigned)getuid(), machine);
-        d = opendir(path);
-        if (!d)
-                return;
-        while ((de = readdir(d)))
-                if (de->d_name[0] != '.')
-                        unlinkat(dirfd(d), de->d_name, 0);
-        closedir(d);
-        rmdir(path);
+        test_sim_remove(machine);
 }
 
 static void setup(void)

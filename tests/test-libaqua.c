@@ -4,7 +4,6 @@
  * Lend, borrow, reclaim with data intact, and the deaths of each of the three parties.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -135,20 +134,7 @@ static uint64_t wait_free(struct agent *a, int device, uint64_t want)
 
 static void sim_cleanup(void)
 {
-        char path[256];
-        struct dirent *de;
-        DIR *d;
-
-        snprintf(path, sizeof(path), "/dev/shm/aqua-sim-%u-%s", (unsigned)getuid(),
-                 getenv("AQUA_SIM_MACHINE"));
-        d = opendir(path);
-        if (!d)
-                return;
-        while ((de = readdir(d)))
-                if (de->d_name[0] != '.')
-                        unlinkat(dirfd(d), de->d_name, 0);
-        closedir(d);
-        rmdir(path);
+        test_sim_remove(getenv("AQUA_SIM_MACHINE"));
 }
 
 static void setup(void)

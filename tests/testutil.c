@@ -1,7 +1,9 @@
-/* What the integration tests share: a welcomed protocol client, and aqua-agent processes. */
+/* What the integration tests share: a welcomed client, aqua-agent processes, simcuda clean-up. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -56,4 +58,21 @@ void test_agent_kill(pid_t *pid, FILE *in, FILE *out)
         *pid = 0;
         fclose(in);
         fclose(out);
+}
+
+void test_sim_remove(const char *machine)
+{
+        char path[256];
+        struct dirent *de;
+        DIR *d;
+
+        snprintf(path, sizeof(path), "/dev/shm/aqua-sim-%u-%s", (unsigned)getuid(), machine);
+        d = opendir(path);
+        if (!d)
+                return;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        unlinkat(dirfd(d), de->d_name, 0);
+        closedir(d);
+        rmdir(path);
 }

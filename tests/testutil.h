@@ -1,7 +1,8 @@
 /*
  * What the integration tests share beyond harness.h and rawclient.h: a protocol client that
- * says hello to the test's aquad, and aqua-agent processes (tests/aqua-agent.c) on pipes.
- * Both fail the running Criterion test on any error.
+ * says hello to the test's aquad, aqua-agent processes (tests/aqua-agent.c) on pipes, and the
+ * removal of a simulated machine's shared state.
+ * The client and agent helpers fail the running Criterion test on any error.
  */
 #pragma once
 
@@ -22,3 +23,6 @@ void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char
 void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
 /* SIGKILL the agent *pid (when > 0), reap it, close its streams and set *pid to 0. */
 void test_agent_kill(pid_t *pid, FILE *in, FILE *out);
+
+/* Remove simcuda's shared state of machine: the folder /dev/shm/aqua-sim-<uid>-<machine>. */
+void test_sim_remove(const char *machine);
