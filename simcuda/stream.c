@@ -445,6 +445,26 @@ SIM_API cuStreamQuery(CUstream hStream)
         return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+/* The stream a call names (in the current context) and a new op of type for it. */
+static CUresult stream_op_new(CUstream hStream, enum op_type type, struct CUstream_st **ret_s,
+                              struct op **ret_op)
+{
+        struct CUstream_st *s;
+        struct op *op;
+        CUresult res;
+
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res != CUDA_SUCCESS)
+                return res;
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = type;
+        *ret_s = s;
+        *ret_op = op;
+        return CUDA_SUCCESS;
+}
+
 SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 {
         SIM_COUNT();
@@ -455,13 +475,9 @@ SIM_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
         SIM_CHECK_INIT();
         if (!fn)
                 return CUDA_ERROR_INVALID_VALUE;
-        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        res = stream_op_new(hStream, OP_HOST, &s, &op);
         if (res != CUDA_SUCCESS)
                 return res;
-        op = calloc(1, sizeof(*op));
-        if (!op)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        op->type = OP_HOST;
         op->host.fn = fn;
         op->host.data = userData;
         return enqueue(s, op);
@@ -511,13 +527,9 @@ SIM_API cuEventRecord(CUevent hEvent, CUstream hStream)
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
-        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        res = stream_op_new(hStream, OP_RECORD, &s, &op);
         if (res != CUDA_SUCCESS)
                 return res;
-        op = calloc(1, sizeof(*op));
-        if (!op)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        op->type = OP_RECORD;
         op->record.ev = hEvent;
         LOCK();
         op->record.gen = ++hEvent->gen;
@@ -605,13 +617,9 @@ SIM_API cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
                 return CUDA_ERROR_INVALID_HANDLE;
         if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
                 return CUDA_ERROR_INVALID_VALUE;
-        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        res = stream_op_new(hStream, OP_WAIT, &s, &op);
         if (res != CUDA_SUCCESS)
                 return res;
-        op = calloc(1, sizeof(*op));
-        if (!op)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        op->type = OP_WAIT;
         LOCK();
         if (!hEvent->stream || hEvent->stream == s || event_done_locked(hEvent)) {
                 /* Nothing to wait for: never recorded, already complete, or ordered already. */
