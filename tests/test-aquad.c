@@ -108,6 +108,15 @@ static Aqua__Envelope *give_back(struct raw *r, uint64_t lease, uint64_t *ids, s
         return raw_call(r, &e);
 }
 
+/* An admin request that must be acknowledged. */
+static void admin_ack(Aqua__Envelope *e)
+{
+        Aqua__Envelope *r = raw_call(&admin, e);
+
+        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
+        raw_free(r);
+}
+
 Test(aquad, grants_chunks_of_the_paired_producer_with_their_descriptors)
 {
         uint64_t ids[4];
@@ -632,7 +641,7 @@ Test(aquad, answers_admin_queries_and_refuses_changes_to_non_admins)
 
 Test(aquad, drains_pairs_and_unpairs_for_an_admin)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r, *g, *notice;
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *notice;
         Aqua__AdminDrain d = AQUA__ADMIN_DRAIN__INIT;
         Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
         Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
@@ -650,9 +659,7 @@ Test(aquad, drains_pairs_and_unpairs_for_an_admin)
         u.gpu = (char *)"GPU-C";
         e.body_case = BODY(ADMIN_UNPAIR);
         e.admin_unpair = &u;
-        r = raw_call(&admin, &e);
-        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
-        raw_free(r);
+        admin_ack(&e);
         notice = raw_wait(&consumer, 0, BODY(PAIR_CHANGED), RAW_TIMEOUT_MS);
         cr_assert_str_eq(notice->pair_changed->paired_with, "");
         raw_free(notice);
@@ -661,9 +668,7 @@ Test(aquad, drains_pairs_and_unpairs_for_an_admin)
         p.consumer = (char *)"GPU-C";
         e.body_case = BODY(ADMIN_PAIR);
         e.admin_pair = &p;
-        r = raw_call(&admin, &e);
-        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
-        raw_free(r);
+        admin_ack(&e);
         notice = raw_wait(&consumer, 0, BODY(PAIR_CHANGED), RAW_TIMEOUT_MS);
         cr_assert_str_eq(notice->pair_changed->paired_with, "GPU-P");
         raw_free(notice);
@@ -671,9 +676,7 @@ Test(aquad, drains_pairs_and_unpairs_for_an_admin)
         d.gpu = (char *)"GPU-P";
         e.body_case = BODY(ADMIN_DRAIN);
         e.admin_drain = &d;
-        r = raw_call(&admin, &e);
-        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
-        raw_free(r);
+        admin_ack(&e);
         notice = raw_wait(&consumer, 0, BODY(RECLAIM_NOTICE), RAW_TIMEOUT_MS);
         cr_assert_str_eq(notice->reclaim_notice->reason, "drain");
         raw_free(notice);
