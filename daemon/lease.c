@@ -495,10 +495,46 @@ void pool_gpu_gone(struct pool *p, struct gpu *g)
         g->owner = NULL;
         g->serial = 0;
         g->restored = false;
+        g->held_alive = false;
         g->pid = 0;
+        if (g->process.pid) {
+                g->process = (struct proc_id){0};
+                journal_gpu(p, g);
+        }
         /* Repairing also asks producers to scrub what a departed consumer left. */
         pool_repair(p);
         gpu_gc(p, g);
+}
+
+/*
+ * Silence is not death: after a restart aquad hears nothing from a consumer until it calls
+ * aqua_poll(), however long an idle engine takes. A consumer that has not re-registered keeps
+ * its leases (their chunks granted to nobody else) while its process may still map them: it
+ * runs, or nobody can tell. Checked again every POOL_LIVENESS_RECHECK_NS; the first check
+ * after the process is gone releases them.
+ */
+static bool holder_may_map(struct pool *p, struct gpu *g)
+{
+        enum proc_liveness l;
+
+        if (list_empty(&g->leases))
+                return false;
+        l = p->settings.liveness ? p->settings.liveness(&g->process) : proc_liveness(&g->process);
+        if (l == PROC_GONE)
+                return false;
+        if (!g->held_alive) {
+                g->held_alive = true;
+                log_warning("Consumer %s did not re-register after the restart, but its process "
+                            "%s: its %zu leases stay reserved until it does or is gone",
+                            g->uuid, l == PROC_ALIVE ? "still runs" : "cannot be proven gone",
+                            list_length(&g->leases));
+                events_add(&p->events, "client",
+                           "%s silent after the restart, pid %d %s: leases kept", g->uuid,
+                           (int)g->process.pid, l == PROC_ALIVE ? "alive" : "unknown");
+        }
+        /* Look again soon: the window closing again is what makes the next check. */
+        p->reconcile_deadline_ns = now_mono_ns() + POOL_LIVENESS_RECHECK_NS;
+        return true;
 }
 
 void pool_tick(struct pool *p, uint64_t now_ns)
@@ -546,17 +582,18 @@ void pool_tick(struct pool *p, uint64_t now_ns)
                 list_for_each(pos, tmp, &p->gpus)
                 {
                         struct gpu *g = list_entry(pos, struct gpu, node);
-                        if (!g->restored || g->owner)
+                        if (!g->restored || g->owner || holder_may_map(p, g))
                                 continue;
-                        log_notice("GPU %s did not re-register after the restart; releasing what "
-                                   "it held",
-                                   g->uuid);
+                        log_notice("GPU %s did not re-register after the restart%s; releasing "
+                                   "what it held",
+                                   g->uuid, g->held_alive ? " and its process is gone" : "");
                         p->stats.leases_lost +=
                             g->role == AQUA__ROLE__ROLE_CONSUMER ? list_length(&g->leases) : 0;
                         pool_gpu_gone(p, g);
                         /* pool_gpu_gone may free GPUs other than g: start over. */
                         tmp = p->gpus.next;
                 }
+                pool_note_deadline(p, p->reconcile_deadline_ns);
         } else
                 pool_note_deadline(p, p->reconcile_deadline_ns);
 }

@@ -99,6 +99,13 @@ static Aquaj__JGpu *jgpu_new(const struct gpu *g)
         j->dram_bytes = g->dram_bytes;
         j->barred = g->barred;
         j->draining = g->draining;
+        j->pid = g->process.pid > 0 ? (uint32_t)g->process.pid : 0;
+        j->start_time = g->process.start_time;
+        if (g->process.boot_id[0] && !(j->boot_id = strdup(g->process.boot_id))) {
+                free(j->uuid);
+                free(j);
+                return NULL;
+        }
         if (!j->uuid) {
                 free(j);
                 return NULL;
@@ -317,6 +324,9 @@ static int apply_gpu(struct pool *p, const Aquaj__JGpu *j)
         g->dram_bytes = j->dram_bytes;
         g->barred = j->barred;
         g->draining = j->draining;
+        g->process = (struct proc_id){.pid = (pid_t)j->pid, .start_time = j->start_time};
+        if (j->boot_id && strlen(j->boot_id) == PROC_BOOT_ID_LEN - 1)
+                memcpy(g->process.boot_id, j->boot_id, PROC_BOOT_ID_LEN);
         return 0;
 }
 
@@ -458,7 +468,8 @@ int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret)
                         if (!(s->chunks[s->n_chunks++] =
                                   jchunk_new(list_entry(k, struct chunk, producer_node))))
                                 goto oom;
-                if ((g->dram_bytes || g->barred || g->draining) && n_gpus < p->n_gpus) {
+                if ((g->dram_bytes || g->barred || g->draining || g->process.pid) &&
+                    n_gpus < p->n_gpus) {
                         if (!(s->gpus[s->n_gpus++] = jgpu_new(g)))
                                 goto oom;
                         n_gpus++;

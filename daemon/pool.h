@@ -19,8 +19,11 @@
 #include "journal.h"
 #include "journal.pb-c.h"
 #include "list.h"
+#include "proc.h"
 
 #define POOL_ERR_MAX 256
+/* How often a silent holder's process is looked at after a restart. */
+#define POOL_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
 
 enum chunk_state {
         CHUNK_FREE,       /* in the pool, grantable when the daemon holds its fd */
@@ -53,6 +56,7 @@ struct gpu {
         uint64_t serial; /* of this registration, never reused; 0 while none is connected */
         char *client_name;
         pid_t pid;
+        struct proc_id process; /* of the registering client, journaled; pid 0: none known */
         struct gpu_link *links;
         size_t n_links;
 
@@ -68,9 +72,10 @@ struct gpu {
         uint64_t borrowed_bytes;      /* consumer */
         uint64_t dram_bytes;          /* consumer: DRAM budget granted */
 
-        bool barred;   /* missed a reclaim deadline: no new leases */
-        bool draining; /* operator drain: no new offers or grants */
-        bool restored; /* known from the journal, its client has not re-registered yet */
+        bool barred;     /* missed a reclaim deadline: no new leases */
+        bool draining;   /* operator drain: no new offers or grants */
+        bool restored;   /* known from the journal, its client has not re-registered yet */
+        bool held_alive; /* restored past the reconcile window: its process may still map */
 
         double load;
         uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
@@ -84,12 +89,12 @@ struct chunk {
         uint64_t client_ref;
         int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
         enum chunk_state state;
-        bool orphan;          /* producer gone: dropped once the consumer returns it */
-        bool dirty;           /* free, last mapped by a consumer, not yet scrubbed */
-        bool scrubbing;       /* dirty, its producer asked to scrub it: granted to nobody */
-        uint64_t dirty_for;   /* serial of the consumer registration that last mapped it */
-        uint64_t deadline_ns; /* reclaiming: monotonic; 0: no deadline */
-        uint64_t deadline_ms; /* the same as wall clock, for the journal */
+        bool orphan;               /* producer gone: dropped once the consumer returns it */
+        bool dirty;                /* free, last mapped by a consumer, not yet scrubbed */
+        bool scrubbing;            /* dirty, its producer asked to scrub it: granted to nobody */
+        uint64_t dirty_for;        /* serial of the consumer registration that last mapped it */
+        uint64_t deadline_ns;      /* reclaiming: monotonic; 0: no deadline */
+        uint64_t deadline_ms;      /* the same as wall clock, for the journal */
         uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
         struct list_node producer_node, free_node, lease_node;
 };
@@ -143,8 +148,12 @@ struct pool_settings {
         uint64_t max_leases;
         uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
         bool auto_pairing;
-        const struct topology *links; /* bandwidths for links GPUs report without one; may be NULL */
+        const struct topology
+            *links; /* bandwidths for links GPUs report without one; may be NULL */
         bool scrub; /* chunks a consumer mapped are scrubbed before another consumer gets them */
+        /* Whether a holder that has not re-registered after a restart is provably gone
+         * (proc_liveness by default; tests replace it). */
+        enum proc_liveness (*liveness)(const struct proc_id *id);
 };
 
 struct pool_stats {
@@ -243,6 +252,7 @@ struct pool_hello {
         uint64_t granularity;
         const char *client_name;
         pid_t pid;
+        const struct proc_id *process; /* NULL: not known (not on this host) */
         Aqua__PeerLink *const *links;
         size_t n_links;
         Aqua__HeldChunk *const *held;

@@ -294,6 +294,10 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
         g->pid = h->pid;
         g->owner = owner;
         g->serial = ++p->next_serial;
+        g->held_alive = false;
+        /* Journaled: after a restart, who may still map what this GPU borrows. */
+        g->process = h->process ? *h->process : (struct proc_id){0};
+        journal_gpu(p, g);
 
         if (producer)
                 r = reconcile_producer(p, g, h, &w);
@@ -400,7 +404,8 @@ int pool_repair(struct pool *p)
                         size_t j = index_of(gpus, n, gpus[i]->links[k].uuid);
                         if (j == SIZE_MAX || j == i || !gpus[j]->owner)
                                 continue;
-                        links[n_links++] = (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
+                        links[n_links++] =
+                            (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
                 }
         }
         for (size_t i = 0; i < n; i++)

@@ -274,6 +274,8 @@ static void accept_side(struct server *s)
                         continue;
                 }
                 c->cred = cred;
+                if (proc_identify(cred.pid, &c->process) < 0)
+                        c->process = (struct proc_id){0};
                 memcpy(c->groups, groups, n_groups * sizeof(gid_t));
                 c->n_groups = n_groups;
                 list_init(&c->pending);
@@ -751,8 +753,8 @@ int server_run(struct server *s)
                         int mt = metrics_timeout_ms(s->metrics);
 
                         metrics_item = k;
-                        items[k++] = (zmq_pollitem_t){.fd = metrics_fd(s->metrics),
-                                                      .events = ZMQ_POLLIN};
+                        items[k++] =
+                            (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
                         if (mt >= 0 && (timeout < 0 || mt < timeout))
                                 timeout = mt;
                 }

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "list.h"
 #include "pool.h"
+#include "proc.h"
 #include "side.h"
 #include "wire.h"
 
@@ -36,6 +37,7 @@ struct client {
         uint64_t id;
         int side_fd;
         struct side_cred cred;
+        struct proc_id process; /* pid 0: cannot be told (then its memory outlives silence) */
         gid_t groups[CLIENT_MAX_GROUPS];
         size_t n_groups;
         uint8_t token[SIDE_TOKEN_LEN];
@@ -57,11 +59,11 @@ typedef void (*server_ready_fn)(struct server *s, void *userdata);
 struct server_stats {
         uint64_t requests;
         uint64_t errors;
-        uint64_t refused;      /* side-channel connections refused */
-        uint64_t send_dropped; /* replies or notices the ROUTER could not queue */
+        uint64_t refused;            /* side-channel connections refused */
+        uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
-        uint64_t throttled;    /* requests refused over a client's request rate */
-        uint64_t hijacks;      /* Hellos from another process than the token's side channel */
+        uint64_t throttled;          /* requests refused over a client's request rate */
+        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
 };
 
 struct server {

@@ -1,6 +1,6 @@
 /*
  * libaqua end to end: a real aquad (tests/harness.h), producer and consumer engines as separate
- * processes (tests/aqua-agent.c) on a private simulated machine of two 16 GiB GPUs (simcuda).
+ * processes (tests/aqua-agent.c) on a private simulated machine of three 16 GiB GPUs (simcuda).
  * Lend, borrow, reclaim with data intact, and the deaths of each of the three parties.
  */
 #include <criterion/criterion.h>
@@ -144,7 +144,7 @@ static void setup(void)
         /* Every test its own machine: memory and cuMemGetInfo are not shared between tests. */
         snprintf(id, sizeof(id), "libaqua-it-%d", (int)getpid());
         setenv("AQUA_SIM_MACHINE", id, 1);
-        setenv("AQUA_SIM_DEVICES", "2x16GiB", 1);
+        setenv("AQUA_SIM_DEVICES", "3x16GiB", 1);
         unsetenv("AQUA_SIM_TOPOLOGY");
         unsetenv("AQUA_SIM_RUNTIME_DIR");
         cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 20s\n"
@@ -355,4 +355,113 @@ Test(libaqua, reconciles_leases_when_aquad_is_killed_and_restarted)
         r = agent_reply(&producer);
         cr_assert(strncmp(r, "0 ", 2) == 0 && strtoull(r + 2, NULL, 0) == 2 * SMALL, "%s", r);
         cr_assert_str_eq(agent_do(&consumer, "check 0 9"), "0");
+}
+
+/* Whether aquad's event log has an event whose text holds needle. */
+static bool has_event(const char *needle)
+{
+        struct raw raw;
+        Aqua__Envelope *e;
+        bool found = false;
+
+        test_connect_as(daemon_, &raw, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        e = raw_admin_query(&raw, AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_ADMIN_REPLY);
+        for (size_t i = 0; i < e->admin_reply->n_events && !found; i++)
+                found = strstr(e->admin_reply->events[i]->text, needle) != NULL;
+        raw_free(e);
+        raw_close(&raw);
+        return found;
+}
+
+/* Replace the value of a top-level key in the test's aquad config (for the next start). */
+static void set_config(const char *key, const char *value)
+{
+        char line[256], out[4096] = "";
+        FILE *f = fopen(aquad_config_path(daemon_), "r");
+
+        cr_assert_not_null(f);
+        while (fgets(line, sizeof(line), f)) {
+                if (strncmp(line, key, strlen(key)) == 0 && line[strlen(key)] == ':')
+                        snprintf(line, sizeof(line), "%s: %s\n", key, value);
+                strncat(out, line, sizeof(out) - strlen(out) - 1);
+        }
+        fclose(f);
+        f = fopen(aquad_config_path(daemon_), "w");
+        cr_assert_not_null(f);
+        fputs(out, f);
+        fclose(f);
+}
+
+/* The reply line of a command that must fail ("err ..."). */
+static const char *agent_err(struct agent *a, const char *cmd)
+{
+        agent_send(a, "%s", cmd);
+        cr_assert_not_null(fgets(a->line, sizeof(a->line), a->out), "agent %d died", a->pid);
+        a->line[strcspn(a->line, "\n")] = 0;
+        cr_assert_eq(strncmp(a->line, "err", 3), 0, "agent %d: '%s' gave '%s'", a->pid, cmd,
+                     a->line);
+        return a->line;
+}
+
+/*
+ * After a restart aquad cannot hear a consumer until it calls aqua_poll(), however long an idle
+ * engine takes. Its chunks must not go to anyone else while its process lives and maps them;
+ * once the process is gone they are scrubbed and lent again.
+ */
+Test(libaqua, keeps_a_silent_consumers_leases_after_a_restart_until_its_process_is_gone)
+{
+        struct agent other = {0};
+        size_t leases, chunks;
+        uint64_t bytes;
+        const char *r;
+        bool lent = false;
+
+        agent_do(&producer, "offer %llu", SMALL);
+        agent_do(&consumer, "borrow %llu %llu", SMALL, SMALL);
+        agent_do(&consumer, "fill 0 7");
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        set_config("reconcile-timeout", "300ms");
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        r = agent_do(&producer, "poll 30000 reconnected");
+        cr_assert_eq(field(r, "reconnected"), 1);
+
+        /* The window closes with the consumer silent: its process runs, its lease stays. */
+        for (int i = 0; i < 500 && !has_event("silent after the restart"); i++)
+                usleep(20000);
+        cr_assert(has_event("silent after the restart"), "aquad never looked at the consumer");
+        agent_do(&producer, "poll 300"); /* would scrub what aquad wrongly released */
+        count_leases(&leases, &bytes, &chunks);
+        cr_assert_eq(leases, 1, "the silent consumer's lease is kept");
+        cr_assert_eq(bytes, SMALL);
+
+        /* Another consumer gets none of that memory. */
+        agent_start(&other);
+        agent_do(&other, "open consumer 2");
+        agent_err(&other, "borrow 2097152 2097152");
+        cr_assert_str_eq(agent_do(&consumer, "check 0 7"), "0", "the consumer's data is intact");
+
+        /* The consumer wakes: the same lease, nothing lost. */
+        r = agent_do(&consumer, "poll 30000 reconnected");
+        cr_assert_eq(field(r, "lost"), 0);
+        cr_assert_str_eq(agent_do(&consumer, "check 0 7"), "0");
+
+        /* Silent again across another restart, then gone: now its chunks are lent again,
+         * scrubbed, to the other consumer. */
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        r = agent_do(&producer, "poll 30000 reconnected");
+        for (int i = 0; i < 500 && !has_event("silent after the restart"); i++)
+                usleep(20000);
+        agent_kill(&consumer);
+        for (int i = 0; i < 100 && !lent; i++) {
+                agent_do(&producer, "poll 100");
+                agent_send(&other, "borrow %llu %llu", SMALL, SMALL);
+                cr_assert_not_null(fgets(other.line, sizeof(other.line), other.out));
+                lent = strncmp(other.line, "ok", 2) == 0;
+        }
+        cr_assert(lent, "the dead consumer's chunks were never lent again: %s", other.line);
+        cr_assert_str_eq(agent_do(&other, "zeroed 0"), "0", "scrubbed before it was lent");
+        agent_kill(&other);
 }
