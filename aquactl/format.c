@@ -185,6 +185,8 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 format_size(b, sizeof(b), s->dram_budget));
         fprintf(out, "%-17s%" PRIu64 "\n", "deadline misses", s->deadline_misses);
         fprintf(out, "%-17s%" PRIu64 "\n", "leases lost", s->leases_lost);
+        if (s->degraded && s->degraded[0])
+                fprintf(out, "DEGRADED: %s\n", s->degraded);
 
         /* The states an operator has to act on, spelled out rather than left in a column. */
         for (size_t i = 0; gpus && i < gpus->n_gpus; i++) {

@@ -31,6 +31,7 @@ static void reply_mem_free(struct reply_mem *m)
 
 static void fill_status(struct server *s, Aqua__StatusInfo *st)
 {
+        static char degraded[192]; /* lives until the reply is sent: one loop, one reply */
         struct pool *p = s->pool;
         size_t pairs = 0;
 
@@ -50,6 +51,8 @@ static void fill_status(struct server *s, Aqua__StatusInfo *st)
         st->dram_granted = p->dram_granted;
         st->deadline_misses = p->stats.deadline_misses;
         st->leases_lost = p->stats.leases_lost;
+        st->compaction_failures = p->stats.compaction_failures;
+        st->degraded = (char *)(pool_degraded(p, degraded, sizeof(degraded)) ?: "");
 }
 
 static size_t fill_gpus(struct pool *p, struct reply_mem *m, size_t max)

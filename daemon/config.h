@@ -64,9 +64,9 @@ struct config {
         int pairing;            /* enum config_pairing */
         struct config_pair *pairs;
         size_t n_pairs;
-        char *plan;             /* aqua-place's pairs file for this server; its pairs join `pairs` */
-        char *topology;         /* aqua-profile probe's file: link bandwidths for auto pairing */
-        struct topology links;  /* loaded from `topology`; empty without it */
+        char *plan;            /* aqua-place's pairs file for this server; its pairs join `pairs` */
+        char *topology;        /* aqua-profile probe's file: link bandwidths for auto pairing */
+        struct topology links; /* loaded from `topology`; empty without it */
         char *journal;
         uint64_t journal_compact_bytes; /* rewrite the journal as a snapshot past this size */
         char *metrics;                  /* reserved: address of the metrics endpoint */

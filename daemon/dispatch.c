@@ -46,6 +46,23 @@ static void reply(struct server *s, struct client *c, uint64_t request_id, Aqua_
         server_flush_notices(s);
 }
 
+/*
+ * Acknowledged means durable: a change that hands out custody (an offer taken, a grant) is
+ * committed before its reply, and refused when its record cannot be written (the caller undoes
+ * it). Returns whether the journal holds it; the client has had its error otherwise.
+ */
+static bool commit_or_refuse(struct server *s, struct client *c, uint64_t request_id,
+                             const char *what)
+{
+        char why[160];
+
+        if (pool_commit(s->pool) == 0)
+                return true;
+        reply_error(s, c, request_id, E(JOURNAL), what,
+                    pool_degraded(s->pool, why, sizeof(why)) ?: "the journal cannot be written");
+        return false;
+}
+
 static void reply_ack(struct server *s, struct client *c, uint64_t request_id)
 {
         Aqua__Envelope e = AQUA__ENVELOPE__INIT;
@@ -298,6 +315,10 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
                             code < 0 ? "offer: out of memory" : err);
                 return;
         }
+        if (!commit_or_refuse(s, c, e->request_id, "offer")) {
+                pool_undo_offer(s->pool, ids, n);
+                return;
+        }
         log_debug("GPU %s offered %zu chunks", c->gpu->uuid, n);
         o.chunk_ids = ids;
         o.n_chunk_ids = n;
@@ -478,6 +499,10 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         if (code != 0) {
                 reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
                             code < 0 ? "borrow: out of memory" : err);
+                return;
+        }
+        if (!commit_or_refuse(s, c, e->request_id, "borrow")) {
+                pool_undo_grant(s->pool, c->gpu, &pg);
                 return;
         }
         if (pg.lease) {

@@ -260,8 +260,13 @@ int journal_append(struct journal *j, const Aquaj__JournalRecord *record)
                 (void)!lseek(j->fd, 0, SEEK_END);
                 return r;
         }
-        if (fdatasync(j->fd) < 0)
-                return -errno;
+        if (fdatasync(j->fd) < 0) {
+                r = -errno;
+                /* Not known to be on disk: not a record the next append may follow. */
+                (void)!ftruncate(j->fd, (off_t)j->size);
+                (void)!lseek(j->fd, 0, SEEK_END);
+                return r;
+        }
         j->size += len;
         return 0;
 }

@@ -164,6 +164,16 @@ void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_gra
         }
 }
 
+void pool_undo_offer(struct pool *p, const uint64_t *ids, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                struct chunk *c = pool_find_chunk(p, ids[i]);
+                if (c && c->state == CHUNK_FREE)
+                        chunk_drop(p, c);
+        }
+        p->stats.chunks_offered -= MIN(n, p->stats.chunks_offered);
+}
+
 /* Collects chunk ids that go back to one producer, for one Reclaimed notice. */
 struct reclaimed {
         struct gpu *producer;

@@ -133,6 +133,11 @@ static void render_pool(struct prom_text *t, struct pool *p)
         counter(t, "aqua_leases_lost_total", "Leases that could not be reconciled after a restart.",
                 p->stats.leases_lost);
         counter(t, "aqua_journal_errors_total", "Failed journal writes.", p->stats.journal_errors);
+        counter(t, "aqua_journal_compaction_failures_total", "Failed journal compactions.",
+                p->stats.compaction_failures);
+        gauge(t, "aqua_degraded",
+              "1 while the journal cannot be written (offers and grants are refused) or compacted.",
+              p->journal_error || p->compact_error);
         counter(t, "aqua_scrubs_requested_total",
                 "Chunks producers were asked to zero before another consumer gets them.",
                 p->stats.scrubs_requested);

@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 #include <systemd/sd-daemon.h>
 
 #include "log.h"
@@ -18,13 +19,15 @@ struct status_figures {
         uint64_t lent_bytes;
         uint64_t dram_granted;
         uint64_t deadline_misses;
+        int journal_error, compact_error;
 };
 
 static bool same(const struct status_figures *a, const struct status_figures *b)
 {
         return a->clients == b->clients && a->gpus == b->gpus && a->leases == b->leases &&
                a->pool_bytes == b->pool_bytes && a->lent_bytes == b->lent_bytes &&
-               a->dram_granted == b->dram_granted && a->deadline_misses == b->deadline_misses;
+               a->dram_granted == b->dram_granted && a->deadline_misses == b->deadline_misses &&
+               a->journal_error == b->journal_error && a->compact_error == b->compact_error;
 }
 
 static struct status_figures last;
@@ -42,18 +45,24 @@ static struct status_figures figures(const struct server *s)
             .lent_bytes = p->lent_bytes,
             .dram_granted = p->dram_granted,
             .deadline_misses = p->stats.deadline_misses,
+            .journal_error = p->journal_error,
+            .compact_error = p->compact_error,
         };
 }
 
 static void send_status(const struct status_figures *f, const char *prefix)
 {
-        char pool[32], lent[32], dram[32];
+        char pool[32], lent[32], dram[32], degraded[160] = "";
         int r;
 
+        if (f->journal_error || f->compact_error)
+                snprintf(degraded, sizeof(degraded), "DEGRADED: the journal cannot be %s (%s); ",
+                         f->journal_error ? "written" : "compacted",
+                         strerror(-(f->journal_error ? f->journal_error : f->compact_error)));
         r = sd_notifyf(0,
-                       "%sSTATUS=%zu clients, %zu GPUs, %zu leases; pool %s, lent %s, DRAM "
+                       "%sSTATUS=%s%zu clients, %zu GPUs, %zu leases; pool %s, lent %s, DRAM "
                        "fallback %s; %" PRIu64 " deadline misses",
-                       prefix, f->clients, f->gpus, f->leases,
+                       prefix, degraded, f->clients, f->gpus, f->leases,
                        format_size(pool, sizeof(pool), f->pool_bytes),
                        format_size(lent, sizeof(lent), f->lent_bytes),
                        format_size(dram, sizeof(dram), f->dram_granted), f->deadline_misses);

@@ -1,4 +1,5 @@
 /* The pool in the journal: the operations each change records, commit, replay, and snapshot. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -203,39 +204,103 @@ void pool_ops_clear(struct pool *p)
         p->n_ops = 0;
 }
 
+/* Compaction that fails is retried after a back-off, not on every commit. */
+#define COMPACT_BACKOFF_MIN_NS (UINT64_C(1) * NSEC_PER_SEC)
+#define COMPACT_BACKOFF_MAX_NS (UINT64_C(300) * NSEC_PER_SEC)
+/* Operations queued while the journal cannot be written, before one snapshot replaces them. */
+#define MAX_QUEUED_OPS 65536
+
+static void compact(struct pool *p)
+{
+        Aquaj__JournalRecord *snap = NULL;
+        uint64_t now = now_mono_ns();
+        int r;
+
+        if (!journal_wants_compaction(p->journal, p->compact_threshold) ||
+            now < p->compact_retry_ns)
+                return;
+        r = pool_snapshot(p, &snap);
+        if (r >= 0)
+                r = journal_compact(p->journal, snap);
+        if (snap)
+                aquaj__journal_record__free_unpacked(snap, NULL);
+        if (r < 0) {
+                /* The log itself is intact: only its size grows. */
+                p->stats.compaction_failures++;
+                p->compact_backoff_ns = p->compact_backoff_ns
+                                            ? MIN(p->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
+                                            : COMPACT_BACKOFF_MIN_NS;
+                p->compact_retry_ns = now + p->compact_backoff_ns;
+                if (!p->compact_error)
+                        log_warning_errno(r,
+                                          "Failed to compact the journal: %m; retrying with "
+                                          "back-off (at most every %" PRIu64 " s)",
+                                          COMPACT_BACKOFF_MAX_NS / NSEC_PER_SEC);
+                p->compact_error = r;
+                return;
+        }
+        if (p->compact_error)
+                log_notice("Compacted the journal again");
+        p->compact_error = 0;
+        p->compact_backoff_ns = 0;
+        p->compact_retry_ns = 0;
+}
+
+/* Too many operations waiting for a writable journal: one snapshot says all they say. */
+static void fold_queued_ops(struct pool *p)
+{
+        Aquaj__JournalRecord *snap = NULL;
+
+        if (p->n_ops < MAX_QUEUED_OPS || pool_snapshot(p, &snap) < 0)
+                return;
+        pool_ops_clear(p);
+        p->ops[p->n_ops++] = snap->ops[0];
+        snap->n_ops = 0;
+        aquaj__journal_record__free_unpacked(snap, NULL);
+}
+
 int pool_commit(struct pool *p)
 {
         Aquaj__JournalRecord rec = AQUAJ__JOURNAL_RECORD__INIT;
-        int r = 0;
+        int r;
 
-        if (p->n_ops == 0)
+        if (!p->journal) {
+                pool_ops_clear(p);
                 return 0;
-        if (p->journal) {
-                rec.n_ops = p->n_ops;
-                rec.ops = p->ops;
-                r = journal_append(p->journal, &rec);
-                if (r < 0) {
-                        p->stats.journal_errors++;
-                        log_error_errno(r, "Failed to write the journal: %m; the last change may "
-                                           "not survive a restart");
-                }
         }
+        if (p->n_ops == 0 && !p->journal_error)
+                return 0;
+        rec.n_ops = p->n_ops;
+        rec.ops = p->ops;
+        r = journal_append(p->journal, &rec);
+        if (r < 0) {
+                p->stats.journal_errors++;
+                if (!p->journal_error)
+                        log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
+                                           "grants until it can be written");
+                p->journal_error = r;
+                fold_queued_ops(p);
+                return r;
+        }
+        if (p->journal_error)
+                log_notice("The journal can be written again");
+        p->journal_error = 0;
         pool_ops_clear(p);
-        if (r == 0 && p->journal && journal_wants_compaction(p->journal, p->compact_threshold)) {
-                Aquaj__JournalRecord *snap = NULL;
+        compact(p);
+        return 0;
+}
 
-                r = pool_snapshot(p, &snap);
-                if (r >= 0)
-                        r = journal_compact(p->journal, snap);
-                if (snap)
-                        aquaj__journal_record__free_unpacked(snap, NULL);
-                if (r < 0) {
-                        p->stats.journal_errors++;
-                        log_warning_errno(r, "Failed to compact the journal: %m");
-                        r = 0; /* the log itself is intact */
-                }
-        }
-        return r;
+const char *pool_degraded(const struct pool *p, char *buf, size_t size)
+{
+        if (p->journal_error)
+                snprintf(buf, size, "the journal cannot be written: %s",
+                         strerror(-p->journal_error));
+        else if (p->compact_error)
+                snprintf(buf, size, "the journal cannot be compacted: %s",
+                         strerror(-p->compact_error));
+        else
+                return NULL;
+        return buf;
 }
 
 /* ------------------------------------------------------------------------------ replay */

@@ -162,6 +162,7 @@ struct pool_stats {
         uint64_t leases_lost;
         uint64_t chunks_offered;
         uint64_t journal_errors;
+        uint64_t compaction_failures;
         uint64_t scrubs_requested; /* chunks producers were asked to scrub */
         uint64_t chunks_scrubbed;
         uint64_t scrub_failures;
@@ -190,6 +191,10 @@ struct pool {
 
         bool replaying;
         struct journal *journal; /* NULL: nothing persists (tests) */
+        int journal_error;       /* the last write failed (negative errno): degraded; 0: durable */
+        int compact_error;       /* the last compaction failed; 0: it did not */
+        uint64_t compact_retry_ns; /* no compaction before this (monotonic) after a failure */
+        uint64_t compact_backoff_ns;
         uint64_t compact_threshold;
         Aquaj__JOp **ops; /* not yet committed */
         size_t n_ops, alloc_ops;
@@ -218,8 +223,14 @@ size_t pool_pins_remove(struct pool *p, const char *uuid);
 int pool_apply(const Aquaj__JournalRecord *rec, void *userdata);
 /* After replay: take ownership of j, start the reconcile window for restored state. */
 void pool_attach_journal(struct pool *p, struct journal *j, uint64_t compact_threshold);
-/* Write the queued journal operations (one record, fsync'd); compact when the log has grown. */
+/*
+ * Write the queued journal operations (one record, fsync'd); compact when the log has grown.
+ * On failure the operations stay queued and go out with the next commit that succeeds, and
+ * p->journal_error says aquad is degraded; with none queued, an empty record probes the file.
+ */
 int pool_commit(struct pool *p);
+/* Why aquad is degraded, in a sentence, or NULL when it is not. */
+const char *pool_degraded(const struct pool *p, char *buf, size_t size);
 /* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
 int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret);
 
@@ -292,8 +303,10 @@ struct pool_grant {
 /* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
 int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
                 bool allow_dram, struct pool_grant *ret, char *err);
-/* Take a grant back that could not be delivered (its fds could not be sent). */
+/* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
 void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_grant *g);
+/* Take back an offer whose record could not be journaled: its chunks leave the pool. */
+void pool_undo_offer(struct pool *p, const uint64_t *ids, size_t n);
 
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
 int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,

@@ -504,6 +504,8 @@ static int open_signals(struct server *s)
         if (s->signal_fd < 0)
                 return log_error_errno(-errno, "Failed to create a signalfd: %m");
         signal(SIGPIPE, SIG_IGN);
+        /* A journal past the file size limit is a failed write to refuse on, not a crash. */
+        signal(SIGXFSZ, SIG_IGN);
         return 0;
 }
 
@@ -672,9 +674,15 @@ static void handle_signals(struct server *s)
         }
 }
 
+/* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
+#define JOURNAL_PROBE_NS NSEC_PER_SEC
+
 static uint64_t next_deadline(struct server *s)
 {
         uint64_t next = s->pool->next_deadline_ns;
+
+        if (s->pool->journal_error && (!next || s->journal_probe_ns < next))
+                next = s->journal_probe_ns;
 
         for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
@@ -694,6 +702,10 @@ static void expire(struct server *s, uint64_t now)
         struct list_node *pos, *tmp;
 
         pool_tick(s->pool, now);
+        if (s->pool->journal_error && now >= s->journal_probe_ns) {
+                s->journal_probe_ns = now + JOURNAL_PROBE_NS;
+                (void)pool_commit(s->pool);
+        }
         list_for_each(pos, tmp, &s->clients)
         {
                 struct client *c = list_entry(pos, struct client, node);

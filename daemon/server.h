@@ -90,7 +90,8 @@ struct server {
         server_ready_fn on_ready;
         void *ready_userdata;
         struct server_stats stats;
-        struct metrics *metrics; /* NULL unless the config names a metrics address */
+        struct metrics *metrics;   /* NULL unless the config names a metrics address */
+        uint64_t journal_probe_ns; /* degraded: when to try the journal again */
 };
 
 /* Set up from config (taken on success): journal replay, sockets, signals. */

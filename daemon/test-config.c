@@ -178,8 +178,9 @@ Test(config, takes_pairs_from_a_placer_plan_beside_it)
         _cleanup_free_ char *error = NULL, *conf = NULL, *plan = NULL;
 
         cr_assert_not_null(mkdtemp(dir));
-        plan = write_file(dir, "server-3.yaml",
-                          "pairs:\n  - producer: 2\n    consumer: 0\n  - {producer: 3, consumer: 1}\n");
+        plan = write_file(
+            dir, "server-3.yaml",
+            "pairs:\n  - producer: 2\n    consumer: 0\n  - {producer: 3, consumer: 1}\n");
         conf = write_file(dir, "aquad.yaml", "pairing: static\nplan: server-3.yaml\n");
         cr_assert_eq(config_load(conf, NULL, 0, &c, &error), 0, "%s", error);
         cr_assert_eq(c->n_pairs, 2);
@@ -226,9 +227,10 @@ Test(config, reads_link_bandwidths_from_a_probe_topology)
         _cleanup_free_ char *error = NULL, *conf = NULL, *topo = NULL;
 
         cr_assert_not_null(mkdtemp(dir));
-        topo = write_file(dir, "topology.yaml",
-                          "devices:\n  - {memory: 80GiB, uuid: GPU-a}\n  - {memory: 80GiB, uuid: GPU-b}\n"
-                          "links: [{a: 0, b: 1, bandwidth: 450GB}]\n");
+        topo = write_file(
+            dir, "topology.yaml",
+            "devices:\n  - {memory: 80GiB, uuid: GPU-a}\n  - {memory: 80GiB, uuid: GPU-b}\n"
+            "links: [{a: 0, b: 1, bandwidth: 450GB}]\n");
         conf = write_file(dir, "aquad.yaml", "topology: topology.yaml\n");
         cr_assert_eq(config_load(conf, NULL, 0, &c, &error), 0, "%s", error);
         cr_assert_eq(topology_link_by_uuid(&c->links, "GPU-a", "GPU-b"), 450000000000ull);

@@ -615,9 +615,10 @@ Test(pins, pair_gpus_named_by_ordinal)
 /* GPUs report links without a bandwidth; the operator's probe file says which link is fast. */
 Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
 {
-        struct topology_device devs[3] = {{.uuid = "GPU-C"}, {.uuid = "GPU-SLOW"}, {.uuid = "GPU-FAST"}};
-        uint64_t bw[9] = {0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0,
-                          900000000000ull, 0, 0};
+        struct topology_device devs[3] = {
+            {.uuid = "GPU-C"}, {.uuid = "GPU-SLOW"}, {.uuid = "GPU-FAST"}};
+        uint64_t bw[9] = {
+            0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0, 900000000000ull, 0, 0};
         struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
         struct pool_settings with_links = settings;
         const char *uuids[] = {"GPU-SLOW", "GPU-FAST", "GPU-C"};
@@ -635,8 +636,12 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
                 plinks[i] = &links[i];
         }
         for (uint32_t i = 0; i < 3; i++) {
-                struct pool_hello h = {.uuid = uuids[i], .ordinal = i, .role = roles[i],
-                                       .granularity = 2 * MiB, .links = plinks, .n_links = 3,
+                struct pool_hello h = {.uuid = uuids[i],
+                                       .ordinal = i,
+                                       .role = roles[i],
+                                       .granularity = 2 * MiB,
+                                       .links = plinks,
+                                       .n_links = 3,
                                        .client_name = uuids[i]};
                 struct pool_welcome w = {0};
 
