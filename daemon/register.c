@@ -202,8 +202,13 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
         list_for_each(pos, tmp, &g->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, consumer_node);
+                _cleanup_free_ uint64_t *back = calloc(l->n_chunks + 1, sizeof(uint64_t));
+                struct gpu *producer = l->producer;
                 struct list_node *k, *ktmp;
+                size_t n_back = 0;
 
+                if (!back)
+                        return -ENOMEM;
                 if (!l->confirmed) {
                         log_notice("Consumer %s did not re-register lease %" PRIu64
                                    "; its chunks go back to the pool",
@@ -224,6 +229,11 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                         if (listed)
                                 continue;
                         if (c->orphan || c->state == CHUNK_RECLAIMING) {
+                                /* A reclaim it completed while aquad was away: the producer
+                                 * waits for these (if it is not back yet, it lists them and
+                                 * gets them back as unknown). */
+                                if (!c->orphan)
+                                        back[n_back++] = c->id;
                                 chunk_drop(p, c);
                         } else {
                                 chunk_release(p, c);
@@ -231,6 +241,8 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                                 journal_chunk(p, c);
                         }
                 }
+                if (n_back)
+                        notice_queue(p, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
                 if (l->n_chunks == 0)
                         lease_free(p, l);
         }

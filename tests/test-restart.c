@@ -1,0 +1,101 @@
+/*
+ * aquad restarted in the middle of a flow, driven by raw protocol clients: what either side
+ * finished while it was away reaches the other, in whatever order they come back.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "rawclient.h"
+#include "testutil.h"
+
+#define MiB        (UINT64_C(1) << 20)
+#define BODY(name) AQUA__ENVELOPE__BODY_##name
+
+static struct aquad *daemon_;
+static struct raw producer, consumer, admin;
+
+static void close_all(void)
+{
+        raw_close(&producer);
+        raw_close(&consumer);
+        raw_close(&admin);
+}
+
+static void teardown(void)
+{
+        close_all();
+        if (daemon_)
+                cr_assert_eq(aquad_stop(daemon_), 0, "aquad did not stop cleanly");
+        daemon_ = NULL;
+}
+
+TestSuite(restart, .fini = teardown, .timeout = 60);
+
+/* Say hello again after a restart, listing what the client holds. */
+static void rehello(struct raw *r, Aqua__Role role, const char *uuid, const char *peer,
+                    const uint64_t *chunk_ids, uint64_t lease, size_t n, const int *fds)
+{
+        Aqua__HeldChunk held[8], *heldp[8];
+        Aqua__Envelope *w;
+
+        cr_assert_leq(n, 8);
+        for (size_t i = 0; i < n; i++) {
+                aqua__held_chunk__init(&held[i]);
+                held[i].chunk_id = chunk_ids[i];
+                held[i].size = 2 * MiB;
+                held[i].lease_id = lease;
+                heldp[i] = &held[i];
+        }
+        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
+        w = raw_hello(r, role, uuid, peer, heldp, n, fds);
+        cr_assert_eq(w->body_case, BODY(WELCOME), "error %d", raw_error_code(w));
+        raw_free(w);
+}
+
+/*
+ * A reclaim is pending when aquad stops; the consumer moves its data to DRAM meanwhile; the
+ * producer re-registers first. The chunk must come back to it, not vanish from the pool while
+ * the producer still counts it as offered.
+ */
+Test(restart, a_reclaim_finished_while_aquad_was_away_reaches_a_producer_back_first)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *r, *n;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        uint64_t chunk, lease;
+        int pfd, cfd;
+        size_t got;
+
+        cr_assert_eq(aquad_start(NULL, &daemon_), 0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
+        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
+        cr_assert_eq(g->body_case, BODY(GRANT));
+        lease = g->grant->lease_id;
+        chunk = g->grant->chunks[0]->chunk_id;
+        raw_free(g);
+        rq.all = true;
+        e.body_case = BODY(RECLAIM_REQUEST);
+        e.reclaim_request = &rq;
+        r = raw_call(&producer, &e);
+        cr_assert_eq(r->body_case, BODY(RECLAIM_REPLY));
+        cr_assert_eq(r->reclaim_reply->n_pending_chunk_ids, 1);
+        raw_free(r);
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        close_all();
+        close(cfd); /* the consumer moved off and unmapped */
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        rehello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", &chunk, lease, 1, &pfd);
+        rehello(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P", NULL, 0, 0, NULL);
+
+        n = raw_wait(&producer, 0, BODY(RECLAIMED), 5000);
+        cr_assert_not_null(n, "the producer never heard that its chunk is back");
+        cr_assert_eq(n->reclaimed->n_chunk_ids, 1);
+        cr_assert_eq(n->reclaimed->chunk_ids[0], chunk);
+        raw_free(n);
+        close(pfd);
+}
