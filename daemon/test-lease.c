@@ -492,7 +492,14 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
         cr_assert_gt(borrow(2 * MiB, 2 * MiB, false, &g)->id, lease_id);
 }
 
-Test(lease, a_restart_releases_what_a_client_that_never_returns_held)
+static enum proc_liveness holder_liveness = PROC_UNKNOWN;
+
+static enum proc_liveness liveness(const struct proc_id *id)
+{
+        return holder_liveness;
+}
+
+Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_gone)
 {
         struct pool_grant g;
 
@@ -507,8 +514,15 @@ Test(lease, a_restart_releases_what_a_client_that_never_returns_held)
                          NULL, NULL);
         /* It re-registered holding nothing: everything of it is dropped, the lease orphaned. */
         cr_assert_eq(pool->n_leases, 1);
+        pool->settings.liveness = liveness;
+        holder_liveness = PROC_UNKNOWN;
         pool_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
-        /* The consumer never came back: its lease is gone. */
+        /* Silent, and nobody can say its process is gone: it may still map the lease. */
+        cr_assert_eq(pool->n_leases, 1);
+        cr_assert(pool_find_gpu(pool, "GPU-C")->held_alive);
+        holder_liveness = PROC_GONE;
+        pool_tick(pool, now_mono_ns() + 20 * NSEC_PER_SEC);
+        /* The consumer never came back and its process is gone: its lease is gone. */
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(pool->stats.leases_lost, 1);
         cr_assert_eq(pool->n_chunks, 0);
