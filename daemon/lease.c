@@ -328,7 +328,6 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
         struct list_node *pos, *tmp;
         size_t first = ret->n_pending;
         uint64_t deadline_ms = deadline_ns ? p->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
-        uint64_t wall = deadline_ns ? now_real_ns() / NSEC_PER_MSEC + deadline_ms : 0;
         int r;
 
         list_for_each(pos, tmp, &l->chunks)
@@ -343,8 +342,10 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
                         return r;
                 c->state = CHUNK_RECLAIMING;
                 c->reclaim_start_ns = now_mono_ns();
-                c->deadline_ns = deadline_ns;
-                c->deadline_ms = wall;
+                /* The deadline runs from the notice's delivery (pool_reclaim_delivered). */
+                c->deadline_ns = 0;
+                c->deadline_ms = 0;
+                c->deadline_pending = deadline_ns != 0;
                 *got += c->size;
                 journal_chunk(p, c);
         }
@@ -355,7 +356,6 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
         l->overdue = false;
         lease_update_state(l);
         journal_lease(p, l);
-        pool_note_deadline(p, deadline_ns);
         notice_queue(p, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
                      ret->n_pending - first, deadline_ms, reason);
         return 0;
@@ -475,6 +475,7 @@ static void producer_gone(struct pool *p, struct gpu *g)
                 /* Deadlines of an earlier reclaim no longer matter: nobody waits for it. */
                 c->state = CHUNK_LEASED;
                 c->deadline_ns = c->deadline_ms = 0;
+                c->deadline_pending = false;
         }
         list_for_each(pos, tmp, &p->leases)
         {
@@ -514,6 +515,26 @@ void pool_gpu_gone(struct pool *p, struct gpu *g)
         /* Repairing also asks producers to scrub what a departed consumer left. */
         pool_repair(p);
         gpu_gc(p, g);
+}
+
+void pool_reclaim_delivered(struct pool *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                            uint64_t deadline_ms)
+{
+        struct lease *l = pool_find_lease(p, lease_id);
+        uint64_t now = now_mono_ns(), wall = now_real_ns() / NSEC_PER_MSEC;
+
+        if (!l || !deadline_ms)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                struct chunk *c = pool_find_chunk(p, ids[i]);
+                if (!c || c->lease != l || c->state != CHUNK_RECLAIMING || !c->deadline_pending)
+                        continue;
+                c->deadline_pending = false;
+                c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
+                c->deadline_ms = wall + deadline_ms;
+                journal_chunk(p, c);
+                pool_note_deadline(p, c->deadline_ns);
+        }
 }
 
 /*

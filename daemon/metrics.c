@@ -292,6 +292,9 @@ static void render_server(struct prom_text *t, struct server *s)
                 s->stats.refused);
         counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
                 s->stats.send_dropped);
+        counter(t, "aqua_notices_deferred_total",
+                "Times notices waited in a client's outbox for its queue to drain.",
+                s->stats.notices_deferred);
         counter(t, "aqua_requests_throttled_total",
                 "Requests refused over a client's request rate.", s->stats.throttled);
         counter(t, "aqua_hello_foreign_token_total",

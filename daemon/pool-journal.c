@@ -368,6 +368,8 @@ static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
         c->state = !l ? CHUNK_FREE : j->reclaiming ? CHUNK_RECLAIMING : CHUNK_LEASED;
         c->deadline_ms = l ? j->deadline_ms : 0;
         c->deadline_ns = 0;
+        /* Reclaiming with no deadline yet: its notice was never delivered. */
+        c->deadline_pending = c->state == CHUNK_RECLAIMING && !c->orphan && !c->deadline_ms;
         if (c->deadline_ms) {
                 /* Deadlines survive a restart as wall-clock times. */
                 uint64_t left = c->deadline_ms > now_ms ? c->deadline_ms - now_ms : 0;

@@ -290,6 +290,7 @@ static void chunk_unlink_lease(struct pool *p, struct chunk *c)
         c->lease = NULL;
         c->deadline_ns = 0;
         c->deadline_ms = 0;
+        c->deadline_pending = false;
         lease_update_state(l);
 }
 

@@ -89,12 +89,13 @@ struct chunk {
         uint64_t client_ref;
         int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
         enum chunk_state state;
-        bool orphan;               /* producer gone: dropped once the consumer returns it */
-        bool dirty;                /* free, last mapped by a consumer, not yet scrubbed */
-        bool scrubbing;            /* dirty, its producer asked to scrub it: granted to nobody */
-        uint64_t dirty_for;        /* serial of the consumer registration that last mapped it */
-        uint64_t deadline_ns;      /* reclaiming: monotonic; 0: no deadline */
-        uint64_t deadline_ms;      /* the same as wall clock, for the journal */
+        bool orphan;           /* producer gone: dropped once the consumer returns it */
+        bool dirty;            /* free, last mapped by a consumer, not yet scrubbed */
+        bool scrubbing;        /* dirty, its producer asked to scrub it: granted to nobody */
+        uint64_t dirty_for;    /* serial of the consumer registration that last mapped it */
+        uint64_t deadline_ns;  /* reclaiming: monotonic; 0: no deadline (or not started) */
+        bool deadline_pending; /* reclaiming: its deadline starts when the notice is delivered */
+        uint64_t deadline_ms;  /* the same as wall clock, for the journal */
         uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
         struct list_node producer_node, free_node, lease_node;
 };
@@ -341,6 +342,10 @@ int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, c
  */
 int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, size_t n,
                     const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
+
+/* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
+void pool_reclaim_delivered(struct pool *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                            uint64_t deadline_ms);
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
 void pool_tick(struct pool *p, uint64_t now_ns);

@@ -156,8 +156,11 @@ static int renotice(struct pool *p, struct gpu *g)
                         if (c->state != CHUNK_RECLAIMING)
                                 continue;
                         ids[k++] = c->id;
-                        if (c->deadline_ns && (!deadline || c->deadline_ns < deadline))
-                                deadline = c->deadline_ns;
+                        /* Never delivered: the whole deadline, from the coming delivery. */
+                        uint64_t d = c->deadline_pending ? now + p->settings.reclaim_deadline_ns
+                                                         : c->deadline_ns;
+                        if (d && (!deadline || d < deadline))
+                                deadline = d;
                 }
                 if (k == 0)
                         continue;

@@ -23,6 +23,8 @@
 
 /* Work done per wakeup before looking at the other sources again: no source starves another. */
 #define BATCH 256
+/* How soon a notice the ROUTER could not take is tried again. */
+#define OUTBOX_RETRY_MS 10
 
 /* ------------------------------------------------------------------------------ sending */
 
@@ -76,7 +78,69 @@ int server_send_error(struct server *s, const void *routing_id, size_t len, uint
         return server_send_to(s, routing_id, len, &e);
 }
 
-static void send_notice(struct server *s, const struct notice *m)
+/*
+ * Notices are state, not datagrams: each client has an outbox that holds them until the ROUTER
+ * takes them (past ZeroMQ's high-water mark a send fails, and a dropped ReclaimNotice would bar
+ * a consumer for a deadline it never saw). Notices that a newer one supersedes are coalesced,
+ * so an outbox holds at most one entry per lease and kind: bounded by what the client holds.
+ */
+static bool ids_have(const uint64_t *ids, size_t n, uint64_t id)
+{
+        for (size_t i = 0; i < n; i++)
+                if (ids[i] == id)
+                        return true;
+        return false;
+}
+
+/* Fold m's chunk ids into into's; false when out of memory (m is kept apart then). */
+static bool merge_ids(struct notice *into, const struct notice *m)
+{
+        uint64_t *a =
+            reallocarray(into->chunk_ids, into->n_chunk_ids + m->n_chunk_ids + 1, sizeof(*a));
+
+        if (!a)
+                return false;
+        into->chunk_ids = a;
+        for (size_t i = 0; i < m->n_chunk_ids; i++)
+                if (!ids_have(a, into->n_chunk_ids, m->chunk_ids[i]))
+                        a[into->n_chunk_ids++] = m->chunk_ids[i];
+        return true;
+}
+
+static void outbox_put(struct client *c, struct notice *m)
+{
+        m->gpu = NULL; /* the client is the recipient now; the GPU may go */
+        for (struct list_node *n = c->outbox.next; n != &c->outbox; n = n->next) {
+                struct notice *o = list_entry(n, struct notice, node);
+
+                if (o->kind != m->kind)
+                        continue;
+                if (m->kind == NOTICE_PAIR_CHANGED) {
+                        /* Only the latest pair matters. */
+                        free(o->text);
+                        o->text = TAKE_PTR(m->text);
+                        notice_free(m);
+                        return;
+                }
+                if (m->kind == NOTICE_RECLAIM && o->lease_id != m->lease_id)
+                        continue;
+                if (!merge_ids(o, m))
+                        break;
+                if (m->kind == NOTICE_RECLAIM) {
+                        if (m->deadline_ms && (!o->deadline_ms || m->deadline_ms < o->deadline_ms))
+                                o->deadline_ms = m->deadline_ms;
+                        free(o->text);
+                        o->text = TAKE_PTR(m->text);
+                }
+                notice_free(m);
+                return;
+        }
+        list_append(&c->outbox, &m->node);
+        c->n_outbox++;
+}
+
+/* Send what m says; false when the ROUTER cannot take all of it now (m keeps the rest). */
+static bool send_notice(struct server *s, struct client *c, struct notice *m)
 {
         Aqua__Envelope e = AQUA__ENVELOPE__INIT;
         Aqua__ReclaimNotice rn = AQUA__RECLAIM_NOTICE__INIT;
@@ -84,46 +148,78 @@ static void send_notice(struct server *s, const struct notice *m)
         Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
         Aqua__ScrubRequest sr = AQUA__SCRUB_REQUEST__INIT;
         size_t max = s->limits.max_repeated;
+        uint64_t **ids = NULL;
+        size_t *n_ids = NULL;
 
         switch (m->kind) {
         case NOTICE_RECLAIM:
                 rn.lease_id = m->lease_id;
-                rn.chunk_ids = m->chunk_ids;
-                rn.n_chunk_ids = m->n_chunk_ids;
                 rn.deadline_ms = m->deadline_ms;
                 rn.reason = m->text ? m->text : "";
                 e.body_case = AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
                 e.reclaim_notice = &rn;
-                /* A lease never has more chunks than one Grant could carry. */
+                ids = &rn.chunk_ids;
+                n_ids = &rn.n_chunk_ids;
                 break;
         case NOTICE_RECLAIMED:
                 e.body_case = AQUA__ENVELOPE__BODY_RECLAIMED;
                 e.reclaimed = &rd;
-                /* Split long lists so no message exceeds what the peer accepts. */
-                for (size_t off = 0; off < m->n_chunk_ids; off += max) {
-                        rd.chunk_ids = m->chunk_ids + off;
-                        rd.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
-                        server_send(s, m->gpu->owner, &e);
-                }
-                return;
+                ids = &rd.chunk_ids;
+                n_ids = &rd.n_chunk_ids;
+                break;
         case NOTICE_SCRUB:
                 e.body_case = AQUA__ENVELOPE__BODY_SCRUB_REQUEST;
                 e.scrub_request = &sr;
-                for (size_t off = 0; off < m->n_chunk_ids; off += max) {
-                        sr.chunk_ids = m->chunk_ids + off;
-                        sr.n_chunk_ids = MIN(max, m->n_chunk_ids - off);
-                        server_send(s, m->gpu->owner, &e);
-                }
-                return;
+                ids = &sr.chunk_ids;
+                n_ids = &sr.n_chunk_ids;
+                break;
         case NOTICE_PAIR_CHANGED:
                 pc.paired_with = m->text ? m->text : "";
                 e.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
                 e.pair_changed = &pc;
-                break;
+                return server_send(s, c, &e) == 0;
         default:
-                return;
+                return true;
         }
-        server_send(s, m->gpu->owner, &e);
+        /* Split long lists so no message exceeds what the peer accepts; what was sent leaves. */
+        while (m->n_chunk_ids > 0) {
+                size_t k = MIN(max, m->n_chunk_ids);
+                int r;
+
+                *ids = m->chunk_ids;
+                *n_ids = k;
+                r = server_send(s, c, &e);
+                if (r < 0)
+                        return false;
+                if (m->kind == NOTICE_RECLAIM)
+                        pool_reclaim_delivered(s->pool, m->lease_id, m->chunk_ids, k,
+                                               m->deadline_ms);
+                memmove(m->chunk_ids, m->chunk_ids + k, (m->n_chunk_ids - k) * sizeof(uint64_t));
+                m->n_chunk_ids -= k;
+        }
+        return true;
+}
+
+/* Send what the ROUTER takes now, oldest first; the rest waits for the next turn of the loop. */
+static void outbox_flush(struct server *s, struct client *c)
+{
+        while (!list_empty(&c->outbox)) {
+                struct notice *m = list_entry(c->outbox.next, struct notice, node);
+
+                if (!send_notice(s, c, m)) {
+                        s->stats.notices_deferred++;
+                        return;
+                }
+                notice_free(m);
+                c->n_outbox--;
+        }
+}
+
+static void outbox_clear(struct client *c)
+{
+        while (!list_empty(&c->outbox))
+                notice_free(list_entry(c->outbox.next, struct notice, node));
+        c->n_outbox = 0;
 }
 
 void server_flush_notices(struct server *s)
@@ -135,10 +231,29 @@ void server_flush_notices(struct server *s)
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
-                if (m->gpu->owner)
-                        send_notice(s, m);
-                notice_free(m);
+                struct client *c = m->gpu->owner;
+
+                list_unlink(&m->node);
+                if (c)
+                        outbox_put(c, m);
+                else
+                        notice_free(m);
         }
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (c->n_outbox)
+                        outbox_flush(s, c);
+        }
+        /* Deliveries start deadlines, which are journaled. */
+        (void)pool_commit(s->pool);
+}
+
+static bool outboxes_waiting(const struct server *s)
+{
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next)
+                if (list_entry(n, struct client, node)->n_outbox)
+                        return true;
+        return false;
 }
 
 /* ------------------------------------------------------------------------------ clients */
@@ -192,6 +307,7 @@ void client_free_pending(struct client *c, struct pending *p)
 
 static void client_free(struct server *s, struct client *c)
 {
+        outbox_clear(c);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
         if (c->gpu) {
@@ -279,6 +395,7 @@ static void accept_side(struct server *s)
                 memcpy(c->groups, groups, n_groups * sizeof(gid_t));
                 c->n_groups = n_groups;
                 list_init(&c->pending);
+                list_init(&c->outbox);
                 if (getrandom(c->token, sizeof(c->token), 0) != sizeof(c->token)) {
                         log_error_errno(-errno, "Failed to draw a token: %m");
                         free(c);
@@ -593,6 +710,7 @@ struct server *server_free(struct server *s)
                 struct client *c = list_entry(s->clients.next, struct client, node);
                 /* Not a client death: their state stays in the journal for the next start. */
                 c->gpu = NULL;
+                outbox_clear(c);
                 while (!list_empty(&c->pending))
                         client_free_pending(c, list_entry(c->pending.next, struct pending, node));
                 list_unlink(&c->node);
@@ -761,6 +879,9 @@ int server_run(struct server *s)
                 }
                 if (deadline)
                         timeout = ms_until(deadline) + 1;
+                /* Notices the ROUTER could not take: try again soon (no per-peer POLLOUT). */
+                if (outboxes_waiting(s) && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
+                        timeout = OUTBOX_RETRY_MS;
                 if (s->metrics) {
                         int mt = metrics_timeout_ms(s->metrics);
 

@@ -49,6 +49,8 @@ struct client {
         uint64_t hello_deadline_ns;
         struct list_node pending;
         size_t n_pending;
+        struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
+        size_t n_outbox;
         double credit;      /* requests it may send now (limits.request-rate, -burst) */
         uint64_t credit_ns; /* when credit was last topped up; 0: never */
 };
@@ -61,6 +63,7 @@ struct server_stats {
         uint64_t errors;
         uint64_t refused;            /* side-channel connections refused */
         uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
+        uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
         uint64_t throttled;          /* requests refused over a client's request rate */
         uint64_t hijacks;            /* Hellos from another process than the token's side channel */

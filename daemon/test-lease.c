@@ -95,7 +95,8 @@ static void offer(size_t n, uint64_t *ret_ids)
                 cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
 }
 
-/* Take queued notices; count those of kind for gpu (and copy the first one's ids). */
+/* Take queued notices, delivered as the transport would (a reclaim's deadline starts); count
+ * those of kind for gpu (and copy the first one's ids). */
 static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size_t *n_ids,
                       char *text, size_t text_len)
 {
@@ -106,6 +107,9 @@ static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
+                if (m->kind == NOTICE_RECLAIM)
+                        pool_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
+                                               m->deadline_ms);
                 if (m->kind == kind && m->gpu == to) {
                         if (count == 0 && ids) {
                                 memcpy(ids, m->chunk_ids, m->n_chunk_ids * sizeof(*ids));

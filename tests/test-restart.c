@@ -99,3 +99,98 @@ Test(restart, a_reclaim_finished_while_aquad_was_away_reaches_a_producer_back_fi
         raw_free(n);
         close(pfd);
 }
+
+static void pair_request(bool pair)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r;
+        Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
+        Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
+
+        if (pair) {
+                p.producer = "GPU-P";
+                p.consumer = "GPU-C";
+                e.body_case = BODY(ADMIN_PAIR);
+                e.admin_pair = &p;
+        } else {
+                u.gpu = "GPU-P";
+                e.body_case = BODY(ADMIN_UNPAIR);
+                e.admin_unpair = &u;
+        }
+        r = raw_call(&admin, &e);
+        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
+        raw_free(r);
+}
+
+/* Read what arrives until nothing does for timeout_ms; whether a message of body came. */
+static bool drain_for(struct raw *r, Aqua__Envelope__BodyCase body, int timeout_ms)
+{
+        bool seen = false;
+
+        for (size_t i = 0; i < r->n_notices; i++)
+                seen |= r->notices[i]->body_case == body;
+        for (Aqua__Envelope *e; (e = raw_recv(r, timeout_ms));) {
+                seen |= e->body_case == body;
+                raw_free(e);
+        }
+        return seen;
+}
+
+/*
+ * Notices are state, not datagrams: a consumer that does not read while thousands of pair
+ * changes pile up on its queue still gets the ReclaimNotice that follows, and its deadline runs
+ * from when aquad could hand it over, not from when it was due.
+ */
+Test(restart, a_notice_behind_a_full_queue_is_delivered_and_its_deadline_starts_then)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *r, *q;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        Aqua__Return rt = AQUA__RETURN__INIT;
+        uint64_t chunk, lease;
+        int pfd, cfd;
+        size_t got;
+
+        cr_assert_eq(aquad_start("reclaim-deadline: 300ms\nlimits:\n  request-rate: 0\n", &daemon_),
+                     0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
+        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
+        cr_assert_eq(g->body_case, BODY(GRANT));
+        lease = g->grant->lease_id;
+        chunk = g->grant->chunks[0]->chunk_id;
+        raw_free(g);
+
+        /* Far more PairChanged notices than ZeroMQ queues for a peer that does not read. */
+        for (int i = 0; i < 2600; i++)
+                pair_request(i % 2 == 1);
+        drain_for(&producer, BODY(PAIR_CHANGED), 200);
+        rq.all = true;
+        e.body_case = BODY(RECLAIM_REQUEST);
+        e.reclaim_request = &rq;
+        r = raw_call(&producer, &e);
+        cr_assert_eq(r->body_case, BODY(RECLAIM_REPLY), "error %d", raw_error_code(r));
+        cr_assert_eq(r->reclaim_reply->n_pending_chunk_ids, 1);
+        raw_free(r);
+        /* Longer than the deadline: were it running, the consumer would be barred now. */
+        usleep(600 * 1000);
+
+        cr_assert(drain_for(&consumer, BODY(RECLAIM_NOTICE), 300),
+                  "the consumer never saw the reclaim");
+        /* It moves off and returns the chunk in time, counted from the delivery. */
+        rt.lease_id = lease;
+        rt.chunk_ids = &chunk;
+        rt.n_chunk_ids = 1;
+        e = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
+        e.body_case = BODY(RETURN);
+        e.return_ = &rt;
+        r = raw_call(&consumer, &e);
+        cr_assert_eq(r->body_case, BODY(RETURN_REPLY), "error %d", raw_error_code(r));
+        raw_free(r);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(q->admin_reply->status->deadline_misses, 0,
+                     "barred for a deadline it could not have seen");
+        raw_free(q);
+        close(pfd);
+        close(cfd);
+}
