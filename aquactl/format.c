@@ -8,6 +8,7 @@
 
 #include "parse-util.h"
 #include "table.h"
+#include "text.h"
 #include "time-util.h"
 
 #define LABEL_MAX 96
@@ -189,13 +190,19 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
         /* The states an operator has to act on, spelled out rather than left in a column. */
         for (size_t i = 0; gpus && i < gpus->n_gpus; i++) {
                 const Aqua__GpuInfo *g = gpus->gpus[i];
+                _cleanup_free_ char *safe = NULL;
 
-                format_gpu_label(label, sizeof(label), gpus, g->uuid);
+                if (!g->barred && !g->draining)
+                        continue;
+                /* The label holds the client's name: as harmless here as in the tables. */
+                safe = text_printable(format_gpu_label(label, sizeof(label), gpus, g->uuid));
+                if (!safe)
+                        return -ENOMEM;
                 if (g->barred)
                         fprintf(out, "GPU %s missed a reclaim deadline and gets no new leases\n",
-                                label);
+                                safe);
                 if (g->draining)
-                        fprintf(out, "GPU %s is draining\n", label);
+                        fprintf(out, "GPU %s is draining\n", safe);
         }
         return ferror(out) ? -EIO : 0;
 }
