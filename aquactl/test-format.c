@@ -119,6 +119,25 @@ Test(format, chunks_end_with_totals_by_state)
                               "3 chunks, 1 free (2 MiB), 1 leased (2 MiB), 1 reclaiming (2 MiB)\n");
 }
 
+Test(format, chunks_count_dirty_and_scrubbing_chunks_under_their_names)
+{
+        c.chunk[0].state = "dirty";
+        c.chunk[2].state = "scrubbing";
+        c.chunk[2].lease_id = 0;
+        _cleanup_free_ char *out = render(VIEW_CHUNKS, &c.chunks, &c.gpus);
+
+        cr_assert(strstr(out, "3 chunks, 1 leased (2 MiB), 1 dirty (2 MiB), 1 scrubbing (2 MiB)\n"),
+                  "%s", out);
+}
+
+Test(format, a_state_it_does_not_know_is_other)
+{
+        c.chunk[0].state = "haunted";
+        _cleanup_free_ char *out = render(VIEW_CHUNKS, &c.chunks, &c.gpus);
+
+        cr_assert(strstr(out, ", 1 other (2 MiB)\n"), "%s", out);
+}
+
 /* A client chooses its name: escapes in it must not reach the operator's terminal. */
 Test(format, tables_show_control_characters_and_bad_utf8_as_escapes)
 {
