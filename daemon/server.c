@@ -208,8 +208,12 @@ static void client_free(struct server *s, struct client *c)
         server_flush_notices(s);
 }
 
-static void reject(struct server *s, int fd, const char *fmt, ...) _printf_(3, 4);
-static void reject(struct server *s, int fd, const char *fmt, ...)
+#define REJECT(name) AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_##name
+
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...) _printf_(4, 5);
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...)
 {
         Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
         char text[256];
@@ -220,6 +224,7 @@ static void reject(struct server *s, int fd, const char *fmt, ...)
         va_end(ap);
         f.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
         f.text = text;
+        f.reject_reason = reason;
         (void)side_send(fd, &f, NULL, 0);
         s->stats.refused++;
         log_notice("Refused a side-channel connection: %s", text);
@@ -250,21 +255,22 @@ static void accept_side(struct server *s)
                 if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
                         n_groups = glen / sizeof(gid_t);
                 if (s->stopping) {
-                        reject(s, fd, "aquad is stopping");
+                        reject(s, fd, REJECT(STOPPING), "aquad is stopping");
                         continue;
                 }
                 if (!config_access_allows(&s->config->allow, cred.uid, cred.gid, groups,
                                           n_groups) &&
                     !config_access_allows(&s->config->admin, cred.uid, cred.gid, groups,
                                           n_groups)) {
-                        reject(s, fd,
+                        reject(s, fd, REJECT(PERMISSION),
                                "uid %u gid %u (pid %d) is not in the allowed users or "
                                "groups",
                                cred.uid, cred.gid, (int)cred.pid);
                         continue;
                 }
                 if ((int64_t)s->n_clients >= s->config->limits.clients) {
-                        reject(s, fd, "the limit of %" PRId64 " clients is reached",
+                        reject(s, fd, REJECT(CLIENT_LIMIT),
+                               "the limit of %" PRId64 " clients is reached",
                                s->config->limits.clients);
                         continue;
                 }
@@ -751,8 +757,8 @@ int server_run(struct server *s)
                         int mt = metrics_timeout_ms(s->metrics);
 
                         metrics_item = k;
-                        items[k++] = (zmq_pollitem_t){.fd = metrics_fd(s->metrics),
-                                                      .events = ZMQ_POLLIN};
+                        items[k++] =
+                            (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
                         if (mt >= 0 && (timeout < 0 || mt < timeout))
                                 timeout = mt;
                 }
