@@ -291,6 +291,8 @@ static void render_server(struct prom_text *t, struct server *s)
                 "Requests refused over a client's request rate.", s->stats.throttled);
         counter(t, "aqua_hello_foreign_token_total",
                 "Hellos refused for a token given to another process.", s->stats.hijacks);
+        counter(t, "aqua_side_frames_malformed_total",
+                "Side channel frames that did not decode (ignored).", s->stats.side_malformed);
 }
 
 static int render(struct prom_text *t, void *userdata)

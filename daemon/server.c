@@ -305,6 +305,32 @@ static void accept_side(struct server *s)
 }
 
 /* Read what a client's side socket holds; false when the client is gone (and freed). */
+#define SIDE_MALFORMED_LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
+
+/*
+ * A client can send garbage as fast as aquad reads it: the log gets the first frame, then the
+ * count at most every SIDE_MALFORMED_LOG_INTERVAL_NS and when the client goes (gone: the rest).
+ */
+static void log_side_malformed(struct client *c, bool gone)
+{
+        uint64_t now = now_mono_ns();
+
+        if (c->side_malformed_unlogged == 0 ||
+            (!gone && c->side_malformed_log_ns &&
+             now - c->side_malformed_log_ns < SIDE_MALFORMED_LOG_INTERVAL_NS))
+                return;
+        if (c->side_malformed_log_ns == 0 && c->side_malformed == 1)
+                log_notice("Client %" PRIu64 " sent a malformed side frame; ignored (more are "
+                           "counted, and logged every %u s)",
+                           c->id, (unsigned)(SIDE_MALFORMED_LOG_INTERVAL_NS / NSEC_PER_SEC));
+        else
+                log_notice("Client %" PRIu64 " sent %" PRIu64
+                           " more malformed side frames (%" PRIu64 " in all); ignored",
+                           c->id, c->side_malformed_unlogged, c->side_malformed);
+        c->side_malformed_unlogged = 0;
+        c->side_malformed_log_ns = now;
+}
+
 static bool read_side(struct server *s, struct client *c)
 {
         for (int i = 0; i < BATCH; i++) {
@@ -317,12 +343,15 @@ static bool read_side(struct server *s, struct client *c)
                 if (r == -EAGAIN)
                         return true;
                 if (r == SIDE_E_EOF || r == -ECONNRESET) {
+                        log_side_malformed(c, true);
                         client_free(s, c);
                         return false;
                 }
                 if (r == SIDE_E_MALFORMED) {
-                        log_notice("Client %" PRIu64 " sent a malformed side frame; ignored",
-                                   c->id);
+                        s->stats.side_malformed++;
+                        c->side_malformed++;
+                        c->side_malformed_unlogged++;
+                        log_side_malformed(c, false);
                         continue;
                 }
                 if (r < 0) {

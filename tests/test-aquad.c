@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -696,4 +697,43 @@ Test(aquad, tells_clients_when_it_stops)
         cr_assert_not_null(s);
         cr_assert_str_eq(s->stopping->reason, "SIGTERM");
         raw_free(s);
+}
+
+/* How many lines of aquad's log contain text. */
+static size_t log_lines_with(const char *text)
+{
+        FILE *f = fopen(aquad_log_path(daemon_), "re");
+        char line[1024];
+        size_t n = 0;
+
+        cr_assert_not_null(f, "no log at %s", aquad_log_path(daemon_));
+        while (fgets(line, sizeof(line), f))
+                n += strstr(line, text) != NULL;
+        fclose(f);
+        return n;
+}
+
+Test(aquad, logs_a_flood_of_malformed_side_frames_a_few_times_and_serves_the_client_on)
+{
+        static const char garbage[] = "\xff\xff\xff\xff not a side frame";
+        int fds[2];
+
+        cr_assert_eq(aquad_start_logged(NULL, &daemon_), 0, "aquad did not start");
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        for (int i = 0; i < 2000; i++)
+                cr_assert_eq(send(producer.side, garbage, sizeof(garbage), 0),
+                             (ssize_t)sizeof(garbage), "frame %d: %m", i);
+        /* The offer's descriptors follow the garbage on the side channel: once it is answered,
+         * aquad has read every frame before them. */
+        offer(&producer, 2, fds, NULL);
+        close(fds[0]);
+        close(fds[1]);
+        cr_assert_eq(log_lines_with("malformed side frame"), 1,
+                     "the first one, and no summary yet");
+        /* The rest are summed up when the client goes. */
+        raw_close(&producer);
+        for (int i = 0; i < 500 && log_lines_with("1999 more malformed side frames") == 0; i++)
+                sleep_ns(10 * NSEC_PER_MSEC);
+        cr_assert_eq(log_lines_with("1999 more malformed side frames (2000 in all)"), 1);
+        cr_assert_eq(log_lines_with("malformed side frame"), 2);
 }

@@ -504,6 +504,7 @@ Test(ops, metrics_count_the_cycle)
         HAS_SAMPLE(m, "aqua_deadline_misses_total 0");
         HAS_SAMPLE(m, "aqua_leases_lost_total 0");
         HAS_SAMPLE(m, "aqua_protocol_errors_total 0");
+        HAS_SAMPLE(m, "aqua_side_frames_malformed_total 0");
 
         /* A message that is not an Envelope is a protocol error. */
         bad = raw_call_bytes(&consumer, "\xff\xff\xff", 3, 0);
