@@ -140,6 +140,8 @@ static void render_pool(struct prom_text *t, struct pool *p)
                 p->stats.chunks_scrubbed);
         counter(t, "aqua_scrub_failures_total", "Chunks that failed their scrub (dropped).",
                 p->stats.scrub_failures);
+        counter(t, "aqua_chunks_unusable_total", "Chunks a consumer could not import (dropped).",
+                p->stats.chunks_unusable);
 }
 
 /* Per-GPU families: one pass per family keeps each family's samples together, as required. */
