@@ -132,8 +132,21 @@ static int side_read(struct admin *a, Aqua__SideFrame **ret, char *err, size_t e
         /* Nothing an admin asks for comes with descriptors. */
         side_close_fds(fds, n_fds);
         if ((*ret)->kind == AQUA__SIDE_FRAME__KIND__KIND_REJECT) {
-                r = fail(ADMIN_E_DENIED, err, err_len, "aquad at %s refused this user: %s",
-                         a->endpoint, *(*ret)->text ? (*ret)->text : "no reason given");
+                const char *why = *(*ret)->text ? (*ret)->text : "no reason given";
+
+                /* Only a refusal of the user is about permission (and so is one without a
+                 * reason, from an older aquad). */
+                if ((*ret)->reject_reason ==
+                    AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_STOPPING)
+                        r = fail(ADMIN_E_STOPPING, err, err_len, "aquad at %s is stopping: %s",
+                                 a->endpoint, why);
+                else if ((*ret)->reject_reason ==
+                         AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_CLIENT_LIMIT)
+                        r = fail(ADMIN_E_REFUSED, err, err_len, "aquad at %s is full: %s",
+                                 a->endpoint, why);
+                else
+                        r = fail(ADMIN_E_DENIED, err, err_len, "aquad at %s refused this user: %s",
+                                 a->endpoint, why);
                 aqua__side_frame__free_unpacked(*ret, NULL);
                 *ret = NULL;
                 return r;

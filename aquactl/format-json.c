@@ -6,6 +6,8 @@
 #include <json-c/json.h>
 #include <string.h>
 
+#include "text.h"
+
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct json_object *, json_object_put);
 
 static struct json_object *json_from_scalar(const ProtobufCFieldDescriptor *f, const void *v)
@@ -37,8 +39,12 @@ static struct json_object *json_from_scalar(const ProtobufCFieldDescriptor *f, c
                 return json_object_new_string(
                     format_enum(f->descriptor, *(const int *)v, buf, sizeof(buf)));
         case PROTOBUF_C_TYPE_STRING: {
+                /* json-c escapes control characters but passes any bytes on: a name a client
+                 * chose must not make the document unparseable. */
                 const char *s = *(const char *const *)v;
-                return json_object_new_string(s ? s : "");
+                _cleanup_free_ char *valid = text_utf8_valid(s ? s : "");
+
+                return valid ? json_object_new_string(valid) : NULL;
         }
         case PROTOBUF_C_TYPE_BYTES: {
                 const ProtobufCBinaryData *b = v;

@@ -8,6 +8,7 @@
 
 #include "parse-util.h"
 #include "table.h"
+#include "text.h"
 #include "time-util.h"
 
 #define LABEL_MAX 96
@@ -191,13 +192,19 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
         /* The states an operator has to act on, spelled out rather than left in a column. */
         for (size_t i = 0; gpus && i < gpus->n_gpus; i++) {
                 const Aqua__GpuInfo *g = gpus->gpus[i];
+                _cleanup_free_ char *safe = NULL;
 
-                format_gpu_label(label, sizeof(label), gpus, g->uuid);
+                if (!g->barred && !g->draining)
+                        continue;
+                /* The label holds the client's name: as harmless here as in the tables. */
+                safe = text_printable(format_gpu_label(label, sizeof(label), gpus, g->uuid));
+                if (!safe)
+                        return -ENOMEM;
                 if (g->barred)
                         fprintf(out, "GPU %s missed a reclaim deadline and gets no new leases\n",
-                                label);
+                                safe);
                 if (g->draining)
-                        fprintf(out, "GPU %s is draining\n", label);
+                        fprintf(out, "GPU %s is draining\n", safe);
         }
         return ferror(out) ? -EIO : 0;
 }
@@ -391,8 +398,9 @@ static int format_chunks(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
 {
         static const char *const headers[] = {"CHUNK", "PRODUCER", "SIZE", "STATE", "LEASE"};
         _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
-        /* Totals by state, in the order a chunk passes through them. */
-        static const char *const states[] = {"free", "leased", "reclaiming", "returned"};
+        /* Totals by state, in the order a chunk passes through them (aquad's ChunkInfo.state). */
+        static const char *const states[] = {"free",     "leased", "reclaiming",
+                                             "returned", "dirty",  "scrubbing"};
         uint64_t bytes[ARRAY_SIZE(states) + 1] = {0};
         size_t count[ARRAY_SIZE(states) + 1] = {0};
         int r;

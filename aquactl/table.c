@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text.h"
+
 struct table {
         size_t n_columns;
         bool right[TABLE_MAX_COLUMNS];
@@ -30,7 +32,9 @@ static int table_append(struct table *t, const char *const *cells)
         }
         char **row = t->cells + t->n_lines * t->n_columns;
         for (size_t i = 0; i < t->n_columns; i++) {
-                row[i] = strdup(cells[i] ? cells[i] : "-");
+                /* Cells quote what clients chose (names, event texts): never a terminal's
+                 * control sequence. */
+                row[i] = text_printable(cells[i] ? cells[i] : "-");
                 if (!row[i]) {
                         for (size_t j = 0; j < i; j++)
                                 free(row[j]);

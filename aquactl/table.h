@@ -20,7 +20,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct table *, table_free);
 /* Numbers read best right-aligned; text stays left-aligned (the default). */
 void table_align_right(struct table *t, size_t column);
 
-/* Append one row of exactly n_columns cells (copied; NULL prints as "-"). 0 or -ENOMEM. */
+/*
+ * Append one row of exactly n_columns cells (copied; NULL prints as "-"; control characters and
+ * bytes that are not UTF-8 as "\xNN"). 0 or -ENOMEM.
+ */
 int table_add_row(struct table *t, const char *const *cells);
 
 size_t table_rows(const struct table *t);

@@ -298,20 +298,42 @@ Test(admin, reports_permission_denied_on_the_socket)
         cr_assert_eq(WEXITSTATUS(status), 0);
 }
 
-static void script_reject(struct fake *f)
+static void send_reject(struct fake *f, Aqua__SideFrame__RejectReason reason, const char *text)
 {
         Aqua__SideFrame reject = AQUA__SIDE_FRAME__INIT;
 
         reject.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
-        reject.text = "uid 1000 is not allowed";
+        reject.reject_reason = reason;
+        reject.text = (char *)text;
         side_send(f->conn, &reject, NULL, 0);
         f->conn = safe_close(f->conn);
+}
+
+/* As an aquad from before reject reasons refused. */
+static void script_reject(struct fake *f)
+{
+        send_reject(f, AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_UNSPECIFIED,
+                    "uid 1000 is not allowed");
 }
 
 Test(admin, passes_on_the_reason_for_a_rejection)
 {
         fake_start(script_reject);
         expect_connect_failure(ADMIN_E_DENIED, "refused this user: uid 1000 is not allowed");
+        fake_join();
+}
+
+static void script_reject_stopping(struct fake *f)
+{
+        send_reject(f, AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_STOPPING,
+                    "aquad is stopping");
+}
+
+/* Not a permission problem: the operator should not go looking at allow lists. */
+Test(admin, a_stopping_aquad_refusing_the_side_channel_is_unreachable_not_denied)
+{
+        fake_start(script_reject_stopping);
+        expect_connect_failure(ADMIN_E_STOPPING, "is stopping: aquad is stopping");
         fake_join();
 }
 

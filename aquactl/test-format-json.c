@@ -156,3 +156,33 @@ Test(format_json, messages_show_only_the_set_oneof_member_and_bytes_as_hex)
             json_object_get_uint64(json_object_array_get_idx(get(o, "pending_chunk_ids"), 1)), 5);
         json_object_put(o);
 }
+
+/* A client chooses its name: whatever bytes it sent, scripts get valid JSON and valid UTF-8. */
+Test(format_json, invalid_utf8_and_control_characters_still_make_valid_json)
+{
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        struct json_tokener *tok = json_tokener_new();
+        struct json_object *doc, *g1;
+
+        c.gpu[1].client_name = "wh\x1b[31mis\xff\xfeper\xe2\x82";
+        c.gpu[0].client_name = "w\xc3\xbcrfel\xf0\x9f\x90\x8b";
+        cr_assert_eq(json_print_view(f, VIEW_GPUS, &c.gpus, NULL), 0);
+        fclose(f);
+        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+        doc = json_tokener_parse_ex(tok, buf, (int)len);
+        cr_assert_not_null(doc, "not valid JSON (%s): %s",
+                           json_tokener_error_desc(json_tokener_get_error(tok)), buf);
+        cr_assert_null(strchr(buf, '\x1b'), "%s", buf);
+        g1 = json_object_array_get_idx(get(doc, "gpus"), 1);
+        /* Each bad byte (and the cut-off sequence) is one U+FFFD; the escape is kept as text. */
+        cr_assert_str_eq(json_object_get_string(get(g1, "client_name")),
+                         "wh\x1b[31mis\xef\xbf\xbd\xef\xbf\xbdper\xef\xbf\xbd");
+        cr_assert_str_eq(json_object_get_string(
+                             get(json_object_array_get_idx(get(doc, "gpus"), 0), "client_name")),
+                         "w\xc3\xbcrfel\xf0\x9f\x90\x8b");
+        json_object_put(doc);
+        json_tokener_free(tok);
+        free(buf);
+}

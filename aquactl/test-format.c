@@ -119,6 +119,54 @@ Test(format, chunks_end_with_totals_by_state)
                               "3 chunks, 1 free (2 MiB), 1 leased (2 MiB), 1 reclaiming (2 MiB)\n");
 }
 
+Test(format, chunks_count_dirty_and_scrubbing_chunks_under_their_names)
+{
+        c.chunk[0].state = "dirty";
+        c.chunk[2].state = "scrubbing";
+        c.chunk[2].lease_id = 0;
+        _cleanup_free_ char *out = render(VIEW_CHUNKS, &c.chunks, &c.gpus);
+
+        cr_assert(strstr(out, "3 chunks, 1 leased (2 MiB), 1 dirty (2 MiB), 1 scrubbing (2 MiB)\n"),
+                  "%s", out);
+}
+
+Test(format, a_state_it_does_not_know_is_other)
+{
+        c.chunk[0].state = "haunted";
+        _cleanup_free_ char *out = render(VIEW_CHUNKS, &c.chunks, &c.gpus);
+
+        cr_assert(strstr(out, ", 1 other (2 MiB)\n"), "%s", out);
+}
+
+/* A client chooses its name: escapes in it must not reach the operator's terminal. */
+Test(format, tables_show_control_characters_and_bad_utf8_as_escapes)
+{
+        c.gpu[1].client_name = "wh\x1b[31mis\xff\xfeper\r";
+        c.event[0].text = "client \x1b]0;owned\x07 registered";
+        _cleanup_free_ char *gpus = render(VIEW_GPUS, &c.gpus, &c.gpus);
+        _cleanup_free_ char *pairs = render(VIEW_PAIRS, &c.pairs, &c.gpus);
+        _cleanup_free_ char *status = render(VIEW_STATUS, &c.status, &c.gpus);
+        _cleanup_free_ char *events = render(VIEW_EVENTS, &c.events, NULL);
+
+        cr_assert(strstr(gpus, "wh\\x1b[31mis\\xff\\xfeper\\x0d  "), "%s", gpus);
+        cr_assert(strstr(pairs, "1 (wh\\x1b[31mis\\xff\\xfeper\\x0d)"), "%s", pairs);
+        cr_assert(strstr(events, "client \\x1b]0;owned\\x07 registered"), "%s", events);
+        for (const char *s = gpus; *s; s++)
+                cr_assert(*s != '\x1b' && *s != '\r' && (unsigned char)*s < 0x80, "%s", gpus);
+        for (const char *s = events; *s; s++)
+                cr_assert(*s != '\x1b' && *s != '\x07', "%s", events);
+        cr_assert_null(strchr(status, '\x1b'));
+}
+
+/* Valid UTF-8 is the operator's own language and stays as it is. */
+Test(format, tables_keep_valid_utf8)
+{
+        c.gpu[1].client_name = "w\xc3\xbcrfel";
+        _cleanup_free_ char *out = render(VIEW_PAIRS, &c.pairs, &c.gpus);
+
+        cr_assert(strstr(out, "1 (w\xc3\xbcrfel)"), "%s", out);
+}
+
 Test(format, events_show_wall_clock_time)
 {
         _cleanup_free_ char *out = render(VIEW_EVENTS, &c.events, NULL);

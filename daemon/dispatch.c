@@ -552,8 +552,14 @@ static void handle_return(struct server *s, struct client *c, const Aqua__Envelo
         uint32_t returned = 0;
         int code;
 
-        code = pool_return(s->pool, c->gpu, rt->lease_id, rt->chunk_ids, rt->n_chunk_ids,
-                           rt->dram_bytes, &returned, err);
+        /* Unusable chunks first: they must not go back to the pool with the rest. */
+        code = rt->n_unusable_chunk_ids
+                   ? pool_return_unusable(s->pool, c->gpu, rt->lease_id, rt->unusable_chunk_ids,
+                                          rt->n_unusable_chunk_ids, err)
+                   : 0;
+        if (code == 0)
+                code = pool_return(s->pool, c->gpu, rt->lease_id, rt->chunk_ids, rt->n_chunk_ids,
+                                   rt->dram_bytes, &returned, err);
         if (code != 0) {
                 server_flush_notices(s);
                 reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,

@@ -228,6 +228,55 @@ static void chunk_unmapped(struct pool *p, struct chunk *c, struct reclaimed *ba
         }
 }
 
+/* The lease lease_id of consumer, or a positive error code (what names it in err). */
+static int consumer_lease(struct pool *p, struct gpu *consumer, uint64_t lease_id, char *err,
+                          struct lease **ret)
+{
+        struct lease *l = pool_find_lease(p, lease_id);
+
+        if (!l || l->consumer != consumer)
+                return pool_fail(err, E(UNKNOWN_LEASE),
+                                 "return: lease %" PRIu64 " is not held by GPU %s", lease_id,
+                                 consumer->uuid);
+        *ret = l;
+        return 0;
+}
+
+int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id,
+                         const uint64_t *chunk_ids, size_t n, char *err)
+{
+        struct reclaimed back = {0};
+        struct lease *l = NULL;
+        int r;
+
+        r = consumer_lease(p, consumer, lease_id, err, &l);
+        if (r != 0)
+                return r;
+        back.producer = l->producer;
+        for (size_t i = 0; i < n; i++) {
+                /* Looked up each time: a duplicate id was already dropped. */
+                struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+
+                if (!c || c->lease != l)
+                        continue;
+                /* Granting it again would fail the same way: it leaves the pool, and its
+                 * producer learns so as of any chunk it does not get back as it lent it. */
+                if (!c->orphan)
+                        reclaimed_add(&back, c->id);
+                chunk_drop(p, c);
+        }
+        if (back.n > 0) {
+                log_warning("GPU %s could not import %zu chunks of GPU %s (lease %" PRIu64
+                            "); they leave the pool",
+                            consumer->uuid, back.n, l->producer->uuid, l->id);
+                events_add(&p->events, "unusable", "%s could not import %zu chunks of %s; dropped",
+                           consumer->uuid, back.n, l->producer->uuid);
+                p->stats.chunks_unusable += back.n;
+        }
+        reclaimed_flush(p, &back);
+        return 0;
+}
+
 int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,
                 size_t n, uint64_t dram_bytes, uint32_t *ret_returned, char *err)
 {
@@ -239,11 +288,9 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
         if (lease_id == 0 && dram_bytes == 0)
                 return pool_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
         if (lease_id) {
-                l = pool_find_lease(p, lease_id);
-                if (!l || l->consumer != consumer)
-                        return pool_fail(err, E(UNKNOWN_LEASE),
-                                         "return: lease %" PRIu64 " is not held by GPU %s",
-                                         lease_id, consumer->uuid);
+                int r = consumer_lease(p, consumer, lease_id, err, &l);
+                if (r != 0)
+                        return r;
         } else if (n > 0)
                 return pool_fail(err, E(INVALID), "return: chunk ids without a lease");
         /* Ids no longer in the lease are skipped, not refused: a consumer that moved off a

@@ -145,6 +145,8 @@ static void render_pool(struct prom_text *t, struct pool *p)
                 p->stats.chunks_scrubbed);
         counter(t, "aqua_scrub_failures_total", "Chunks that failed their scrub (dropped).",
                 p->stats.scrub_failures);
+        counter(t, "aqua_chunks_unusable_total", "Chunks a consumer could not import (dropped).",
+                p->stats.chunks_unusable);
 }
 
 /* Per-GPU families: one pass per family keeps each family's samples together, as required. */
@@ -299,6 +301,8 @@ static void render_server(struct prom_text *t, struct server *s)
                 "Requests refused over a client's request rate.", s->stats.throttled);
         counter(t, "aqua_hello_foreign_token_total",
                 "Hellos refused for a token given to another process.", s->stats.hijacks);
+        counter(t, "aqua_side_frames_malformed_total",
+                "Side channel frames that did not decode (ignored).", s->stats.side_malformed);
 }
 
 static int render(struct prom_text *t, void *userdata)

@@ -167,6 +167,7 @@ struct pool_stats {
         uint64_t scrubs_requested; /* chunks producers were asked to scrub */
         uint64_t chunks_scrubbed;
         uint64_t scrub_failures;
+        uint64_t chunks_unusable; /* consumers could not import them (dropped) */
 };
 
 struct pool {
@@ -309,6 +310,13 @@ void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_gra
 /* Take back an offer whose record could not be journaled: its chunks leave the pool. */
 void pool_undo_offer(struct pool *p, const uint64_t *ids, size_t n);
 
+/*
+ * Consumer: chunks of lease_id it could not import leave the pool (the producer hears of them in
+ * a Reclaimed notice); the lease stays, empty or not, for pool_return() to finish. Returns 0 or
+ * a positive error code (ids not in the lease are skipped).
+ */
+int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id,
+                         const uint64_t *chunk_ids, size_t n, char *err);
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
 int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,
                 size_t n, uint64_t dram_bytes, uint32_t *ret_returned, char *err);

@@ -324,8 +324,12 @@ static void client_free(struct server *s, struct client *c)
         server_flush_notices(s);
 }
 
-static void reject(struct server *s, int fd, const char *fmt, ...) _printf_(3, 4);
-static void reject(struct server *s, int fd, const char *fmt, ...)
+#define REJECT(name) AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_##name
+
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...) _printf_(4, 5);
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...)
 {
         Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
         char text[256];
@@ -336,6 +340,7 @@ static void reject(struct server *s, int fd, const char *fmt, ...)
         va_end(ap);
         f.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
         f.text = text;
+        f.reject_reason = reason;
         (void)side_send(fd, &f, NULL, 0);
         s->stats.refused++;
         log_notice("Refused a side-channel connection: %s", text);
@@ -366,21 +371,22 @@ static void accept_side(struct server *s)
                 if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
                         n_groups = glen / sizeof(gid_t);
                 if (s->stopping) {
-                        reject(s, fd, "aquad is stopping");
+                        reject(s, fd, REJECT(STOPPING), "aquad is stopping");
                         continue;
                 }
                 if (!config_access_allows(&s->config->allow, cred.uid, cred.gid, groups,
                                           n_groups) &&
                     !config_access_allows(&s->config->admin, cred.uid, cred.gid, groups,
                                           n_groups)) {
-                        reject(s, fd,
+                        reject(s, fd, REJECT(PERMISSION),
                                "uid %u gid %u (pid %d) is not in the allowed users or "
                                "groups",
                                cred.uid, cred.gid, (int)cred.pid);
                         continue;
                 }
                 if ((int64_t)s->n_clients >= s->config->limits.clients) {
-                        reject(s, fd, "the limit of %" PRId64 " clients is reached",
+                        reject(s, fd, REJECT(CLIENT_LIMIT),
+                               "the limit of %" PRId64 " clients is reached",
                                s->config->limits.clients);
                         continue;
                 }
@@ -418,6 +424,32 @@ static void accept_side(struct server *s)
 }
 
 /* Read what a client's side socket holds; false when the client is gone (and freed). */
+#define SIDE_MALFORMED_LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
+
+/*
+ * A client can send garbage as fast as aquad reads it: the log gets the first frame, then the
+ * count at most every SIDE_MALFORMED_LOG_INTERVAL_NS and when the client goes (gone: the rest).
+ */
+static void log_side_malformed(struct client *c, bool gone)
+{
+        uint64_t now = now_mono_ns();
+
+        if (c->side_malformed_unlogged == 0 ||
+            (!gone && c->side_malformed_log_ns &&
+             now - c->side_malformed_log_ns < SIDE_MALFORMED_LOG_INTERVAL_NS))
+                return;
+        if (c->side_malformed_log_ns == 0 && c->side_malformed == 1)
+                log_notice("Client %" PRIu64 " sent a malformed side frame; ignored (more are "
+                           "counted, and logged every %u s)",
+                           c->id, (unsigned)(SIDE_MALFORMED_LOG_INTERVAL_NS / NSEC_PER_SEC));
+        else
+                log_notice("Client %" PRIu64 " sent %" PRIu64
+                           " more malformed side frames (%" PRIu64 " in all); ignored",
+                           c->id, c->side_malformed_unlogged, c->side_malformed);
+        c->side_malformed_unlogged = 0;
+        c->side_malformed_log_ns = now;
+}
+
 static bool read_side(struct server *s, struct client *c)
 {
         for (int i = 0; i < BATCH; i++) {
@@ -430,12 +462,15 @@ static bool read_side(struct server *s, struct client *c)
                 if (r == -EAGAIN)
                         return true;
                 if (r == SIDE_E_EOF || r == -ECONNRESET) {
+                        log_side_malformed(c, true);
                         client_free(s, c);
                         return false;
                 }
                 if (r == SIDE_E_MALFORMED) {
-                        log_notice("Client %" PRIu64 " sent a malformed side frame; ignored",
-                                   c->id);
+                        s->stats.side_malformed++;
+                        c->side_malformed++;
+                        c->side_malformed_unlogged++;
+                        log_side_malformed(c, false);
                         continue;
                 }
                 if (r < 0) {

@@ -53,6 +53,9 @@ struct client {
         size_t n_outbox;
         double credit;      /* requests it may send now (limits.request-rate, -burst) */
         uint64_t credit_ns; /* when credit was last topped up; 0: never */
+
+        /* Side frames that did not decode: in all, not yet logged, when last logged (0: never). */
+        uint64_t side_malformed, side_malformed_unlogged, side_malformed_log_ns;
 };
 
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
@@ -65,8 +68,9 @@ struct server_stats {
         uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
         uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
-        uint64_t throttled;          /* requests refused over a client's request rate */
-        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
+        uint64_t throttled;      /* requests refused over a client's request rate */
+        uint64_t hijacks;        /* Hellos from another process than the token's side channel */
+        uint64_t side_malformed; /* side frames that did not decode (ignored) */
 };
 
 struct server {

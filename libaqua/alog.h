@@ -15,3 +15,5 @@ void alog_internal(enum aqua_log_level level, const char *fmt, ...) _printf_(2, 
 
 /* The public result for an Error reply from the daemon: an AQUA_* outcome or a negative errno. */
 int error_from_code(Aqua__ErrorCode code);
+/* The errno aqua_open() returns for a side-channel refusal with this reason. */
+int error_from_reject(Aqua__SideFrame__RejectReason reason);

@@ -14,9 +14,12 @@ static int check_consumer(aqua_ctx *ctx)
         return ctx->role == AQUA_ROLE_CONSUMER ? 0 : -EPERM;
 }
 
-/* Tell the daemon we are done with chunk_ids of lease_id (all of it when n == 0), no waiting. */
+/*
+ * Tell the daemon we are done with chunk_ids of lease_id (all of it when n == 0), no waiting;
+ * unusable: chunks of it that could not be imported, for the daemon to drop.
+ */
 static int return_async(aqua_ctx *ctx, uint64_t lease_id, uint64_t *chunk_ids, size_t n,
-                        uint64_t dram_bytes)
+                        uint64_t dram_bytes, uint64_t *unusable, size_t n_unusable)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT;
         Aqua__Return ret = AQUA__RETURN__INIT;
@@ -28,6 +31,8 @@ static int return_async(aqua_ctx *ctx, uint64_t lease_id, uint64_t *chunk_ids, s
         ret.n_chunk_ids = n;
         ret.chunk_ids = chunk_ids;
         ret.dram_bytes = dram_bytes;
+        ret.unusable_chunk_ids = unusable;
+        ret.n_unusable_chunk_ids = n_unusable;
         env.body_case = AQUA__ENVELOPE__BODY_RETURN;
         env.return_ = &ret;
         env.request_id = transport_next_id(ctx->t);
@@ -88,17 +93,28 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
         return 0;
 }
 
+/*
+ * Import and map g's chunks into a lease. On failure the grant goes back to the daemon, naming
+ * the chunks whose descriptors could not be imported (their number in *ret_unusable) so that
+ * they are not granted again.
+ */
 static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool pool,
-                     aqua_lease **ret_lease)
+                     aqua_lease **ret_lease, size_t *ret_unusable)
 {
         _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
+        _cleanup_free_ uint64_t *unusable = NULL;
         _cleanup_free_ int *fds = NULL;
+        size_t n_unusable = 0;
         int r;
 
+        *ret_unusable = 0;
         chunks = calloc(g->n_chunks, sizeof(*chunks));
         fds = malloc(g->n_chunks * sizeof(*fds));
-        if (!chunks || !fds)
+        unusable = malloc(g->n_chunks * sizeof(*unusable));
+        if (!chunks || !fds || !unusable) {
+                return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes, NULL, 0);
                 return -ENOMEM;
+        }
         for (size_t i = 0; i < g->n_chunks; i++)
                 fds[i] = -1;
         r = grant_fds(ctx, g, deadline, fds);
@@ -110,26 +126,29 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
                                  ret_lease);
         }
         side_close_fds(fds, g->n_chunks);
+        if (r == 0)
+                return 0;
+        for (size_t i = 0; i < g->n_chunks; i++)
+                if (chunks[i].unusable)
+                        unusable[n_unusable++] = chunks[i].id;
+        alog_error("could not map lease %" PRIu64 " of %zu chunks (%zu could not be imported): %s",
+                   g->lease_id, g->n_chunks, n_unusable, aqua_strerror(r));
+        return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes, unusable, n_unusable);
+        *ret_unusable = n_unusable;
         return r;
 }
 
-_public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
-                         struct aqua_grant *ret)
+/* One Borrow and the mapping of its grant; *ret_unusable as grant_map() says. */
+static int borrow_once(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
+                       uint64_t deadline, struct aqua_grant *ret, size_t *ret_unusable)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
         Aqua__Borrow b = AQUA__BORROW__INIT;
         const Aqua__Grant *g;
         aqua_lease *lease = NULL;
-        uint64_t deadline;
         int r;
 
-        r = check_consumer(ctx);
-        if (r < 0)
-                return r;
-        if (!ret || bytes == 0 || min_bytes > bytes ||
-            (flags & ~(AQUA_BORROW_ALLOW_DRAM | AQUA_BORROW_TENSORS)))
-                return -EINVAL;
-        deadline = ctx_deadline(ctx);
+        *ret_unusable = 0;
         b.bytes = bytes;
         b.min_bytes = min_bytes;
         b.allow_dram = flags & AQUA_BORROW_ALLOW_DRAM;
@@ -150,11 +169,8 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         }
         g = reply->grant;
         if (g->n_chunks > 0) {
-                r = grant_map(ctx, g, deadline, flags & AQUA_BORROW_TENSORS, &lease);
+                r = grant_map(ctx, g, deadline, flags & AQUA_BORROW_TENSORS, &lease, ret_unusable);
                 if (r < 0) {
-                        alog_error("could not map lease %" PRIu64 " of %zu chunks: %s", g->lease_id,
-                                   g->n_chunks, aqua_strerror(r));
-                        return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes);
                         aqua__envelope__free_unpacked(reply, NULL);
                         return r == -ENOTCONN || r == -ETIMEDOUT || r == -ENOMEM ? r : -EIO;
                 }
@@ -169,6 +185,35 @@ _public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
         };
         aqua__envelope__free_unpacked(reply, NULL);
         return 0;
+}
+
+/* Each retry follows a grant with chunks the daemon has since dropped, so it cannot loop. */
+#define BORROW_RETRIES 3
+
+_public_ int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
+                         struct aqua_grant *ret)
+{
+        uint64_t deadline;
+        size_t unusable;
+        int r;
+
+        r = check_consumer(ctx);
+        if (r < 0)
+                return r;
+        if (!ret || bytes == 0 || min_bytes > bytes ||
+            (flags & ~(AQUA_BORROW_ALLOW_DRAM | AQUA_BORROW_TENSORS)))
+                return -EINVAL;
+        deadline = ctx_deadline(ctx);
+        for (int i = 0;; i++) {
+                r = borrow_once(ctx, bytes, min_bytes, flags, deadline, ret, &unusable);
+                /* The Return that names them goes out before the next Borrow, so the daemon
+                 * has dropped them by the time it answers that. */
+                if (r != -EIO || unusable == 0 || i == BORROW_RETRIES)
+                        return r;
+                alog_warning("%zu granted chunks could not be imported; aquad drops them, "
+                             "borrowing again",
+                             unusable);
+        }
 }
 
 _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
@@ -387,7 +432,7 @@ static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
                   rn->lease_id, n, rn->reason ? rn->reason : "", rn->deadline_ms);
         if (!l)
                 /* Returned already, or never mapped: the daemon may take it all back. */
-                return return_async(ctx, rn->lease_id, rn->chunk_ids, n, 0);
+                return return_async(ctx, rn->lease_id, rn->chunk_ids, n, 0, NULL, 0);
         if (n == 0) {
                 /* The whole lease. */
                 all = malloc(l->n_chunks * sizeof(*all));
@@ -404,7 +449,7 @@ static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
         n = migrate_chunks(ctx, l, ids, n, done);
         if (n == 0)
                 return 0;
-        return return_async(ctx, rn->lease_id, done, n, 0);
+        return return_async(ctx, rn->lease_id, done, n, 0, NULL, 0);
 }
 
 int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
@@ -425,7 +470,7 @@ void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
                                                   g->lease_id, 0, &m) == 0)
                 side_msg_free(m);
         if (g->lease_id || g->dram_bytes)
-                return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes);
+                return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes, NULL, 0);
 }
 
 int consumer_held(aqua_ctx *ctx, struct held *ret)

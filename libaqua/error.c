@@ -60,6 +60,10 @@ _public_ const char *aqua_strerror(int r)
                 return "not connected to aquad";
         case -EACCES:
                 return "aquad refused this user";
+        case -EUSERS:
+                return "aquad has as many clients as its limits allow";
+        case -ESHUTDOWN:
+                return "aquad is stopping";
         case -ELIBACC:
                 return "no usable CUDA driver";
         case -EPERM:
@@ -109,5 +113,18 @@ int error_from_code(Aqua__ErrorCode code)
                 return -ESHUTDOWN;
         default:
                 return -EIO;
+        }
+}
+
+int error_from_reject(Aqua__SideFrame__RejectReason reason)
+{
+        switch (reason) {
+        case AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_CLIENT_LIMIT:
+                return -EUSERS;
+        case AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_STOPPING:
+                return -ESHUTDOWN;
+        default:
+                /* PERMISSION, and whatever an aquad without reasons refuses. */
+                return -EACCES;
         }
 }

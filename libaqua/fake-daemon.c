@@ -68,16 +68,28 @@ void fake_accept(struct fake *f, bool reject)
 {
         Aqua__SideFrame fr = AQUA__SIDE_FRAME__INIT;
 
+        if (reject) {
+                /* As an aquad from before reject reasons refused. */
+                fake_reject(f, AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_UNSPECIFIED,
+                            "uid 1234 is not allowed");
+                return;
+        }
         f->side_fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         cr_assert_geq(f->side_fd, 0);
-        if (reject) {
-                fr.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
-                fr.text = "uid 1234 is not allowed";
-        } else {
-                fr.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
-                fr.token =
-                    (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)fake_token};
-        }
+        fr.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
+        fr.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)fake_token};
+        cr_assert_eq(side_send(f->side_fd, &fr, NULL, 0), 0);
+}
+
+void fake_reject(struct fake *f, Aqua__SideFrame__RejectReason reason, const char *text)
+{
+        Aqua__SideFrame fr = AQUA__SIDE_FRAME__INIT;
+
+        f->side_fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        cr_assert_geq(f->side_fd, 0);
+        fr.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
+        fr.reject_reason = reason;
+        fr.text = (char *)text;
         cr_assert_eq(side_send(f->side_fd, &fr, NULL, 0), 0);
 }
 

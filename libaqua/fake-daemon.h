@@ -32,6 +32,8 @@ void fake_unlisten(struct fake *f);
 void fake_listen(struct fake *f);
 /* Accept the client's side connection and send it a HELLO (or a REJECT). */
 void fake_accept(struct fake *f, bool reject);
+/* Accept the side channel and refuse it with reason and text. */
+void fake_reject(struct fake *f, Aqua__SideFrame__RejectReason reason, const char *text);
 /* Receive one Envelope (blocking), remembering who sent it. */
 Aqua__Envelope *fake_recv(struct fake *f);
 /* Receive one side frame from the client (blocking); fds go to fds (room for max). */

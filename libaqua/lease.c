@@ -56,11 +56,11 @@ static void lease_free_parts(struct lease_table *t, struct gpu *g, struct aqua_l
 }
 
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 const struct lease_grant_chunk *chunks, size_t n, bool pool,
-                 struct aqua_lease **ret)
+                 struct lease_grant_chunk *chunks, size_t n, bool pool, struct aqua_lease **ret)
 {
         struct aqua_lease *l;
         uint64_t size = 0;
+        bool unusable = false;
         int r;
 
         if (n == 0 || lease_id == 0 || idmap_get(&t->by_id, lease_id))
@@ -87,13 +87,23 @@ int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
         r = gpu_reserve(g, size, &l->dptr);
         if (r < 0)
                 goto fail;
+        /* Every chunk is tried, so that the daemon learns of all the bad ones at once. */
+        for (size_t i = 0; i < n; i++) {
+                r = gpu_import(g, chunks[i].fd, &l->chunks[i].handle);
+                l->chunks[i].has_handle = r == 0;
+                /* Out of memory is this process's trouble, not the chunk's. */
+                chunks[i].unusable = r < 0 && r != -ENOMEM;
+                unusable |= chunks[i].unusable;
+                if (r == -ENOMEM)
+                        goto fail;
+        }
+        if (unusable) {
+                r = -EIO;
+                goto fail;
+        }
         for (size_t i = 0; i < n; i++) {
                 struct lease_chunk *c = &l->chunks[i];
 
-                r = gpu_import(g, chunks[i].fd, &c->handle);
-                if (r < 0)
-                        goto fail;
-                c->has_handle = true;
                 r = gpu_map(g, l->dptr + c->offset, c->size, c->handle);
                 if (r < 0)
                         goto fail;

@@ -56,15 +56,16 @@ struct lease_grant_chunk {
         uint64_t id;
         uint64_t size;
         int fd;
+        bool unusable; /* set by lease_create(): the driver refused to import fd */
 };
 
 /*
  * Import n chunks (fds stay the caller's), reserve one range for all of them, map them back to
- * back and grant g access. On failure nothing is left behind. Returns 0, -EIO, -ENOMEM.
+ * back and grant g access. On failure nothing is left behind. Returns 0, -EIO (chunks whose
+ * descriptor could not be imported are marked unusable), -ENOMEM.
  */
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 const struct lease_grant_chunk *chunks, size_t n, bool pool,
-                 struct aqua_lease **ret);
+                 struct lease_grant_chunk *chunks, size_t n, bool pool, struct aqua_lease **ret);
 
 struct aqua_lease *lease_get(const struct lease_table *t, uint64_t id);
 bool lease_valid(const struct lease_table *t, const struct aqua_lease *l);

@@ -211,7 +211,7 @@ static int session_connect(aqua_ctx *ctx, uint64_t deadline_ns)
         r = transport_side_connect(ctx->t, deadline_ns, token);
         if (r == TRANSPORT_E_REJECTED) {
                 alog_error("aquad refused this process: %s", transport_reject_reason(ctx->t));
-                return -EACCES;
+                return error_from_reject(transport_reject_code(ctx->t));
         }
         if (r == TRANSPORT_E_CLOSED)
                 return -ECONNRESET;

@@ -24,10 +24,14 @@ static struct fake fk;
 static struct aqua_options opts = AQUA_OPTIONS_INIT;
 static aqua_ctx *ctx;
 
+static char last_error[512];
+
 /* The library's messages go to the test's stderr, shown when a test fails. */
 static void test_log(enum aqua_log_level level, const char *message, void *userdata)
 {
         fprintf(stderr, "libaqua[%d]: %s\n", level, message);
+        if (level <= AQUA_LOG_ERROR)
+                snprintf(last_error, sizeof(last_error), "%s", message);
 }
 
 static void setup(void)
@@ -218,6 +222,42 @@ Test(api, is_refused_when_the_daemon_rejects_the_user)
         pthread_create(&th, NULL, serve_reject, NULL);
         cr_assert_eq(aqua_open(0, AQUA_ROLE_CONSUMER, &opts, &ctx), -EACCES);
         pthread_join(th, NULL);
+}
+
+static const struct {
+        Aqua__SideFrame__RejectReason reason;
+        const char *text;
+        int error;
+} refusals[] = {
+    {AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_PERMISSION, "uid 1234 is not allowed", -EACCES},
+    {AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_CLIENT_LIMIT,
+     "the limit of 256 clients is reached", -EUSERS},
+    {AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_STOPPING, "aquad is stopping", -ESHUTDOWN},
+};
+static size_t refusal;
+
+static void *serve_reject_reason(void *arg)
+{
+        fake_reject(&fk, refusals[refusal].reason, refusals[refusal].text);
+        return arg;
+}
+
+/* A full or stopping daemon is worth trying again later; a refusal of the user is not. */
+Test(api, tells_each_reason_for_a_refusal_apart_and_logs_the_daemons_words)
+{
+        for (refusal = 0; refusal < ARRAY_SIZE(refusals); refusal++) {
+                pthread_t th;
+
+                last_error[0] = '\0';
+                pthread_create(&th, NULL, serve_reject_reason, NULL);
+                cr_assert_eq(aqua_open(0, AQUA_ROLE_CONSUMER, &opts, &ctx), refusals[refusal].error,
+                             "%s", refusals[refusal].text);
+                pthread_join(th, NULL);
+                cr_assert(strstr(last_error, refusals[refusal].text), "logged: %s", last_error);
+                cr_assert_neq(strcmp(aqua_strerror(refusals[refusal].error), "Unknown error"), 0);
+                safe_close(fk.side_fd);
+                fk.side_fd = -1;
+        }
 }
 
 /* ---------------------------------------------------------------- events */

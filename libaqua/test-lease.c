@@ -160,13 +160,17 @@ Test(lease, leaves_nothing_behind_when_a_chunk_cannot_be_imported)
         struct aqua_lease *l = NULL;
 
         memcpy(bad, grant, sizeof(bad));
-        bad[2].fd = 0; /* stdin: not a simcuda allocation */
-        cr_assert_lt(lease_create(&table, cons, 7, bad, NCHUNKS, false, &l), 0);
+        bad[0].fd = 0; /* stdin: not a simcuda allocation */
+        bad[2].fd = 0;
+        cr_assert_eq(lease_create(&table, cons, 7, bad, NCHUNKS, false, &l), -EIO);
+        /* All the bad ones are named, for the daemon to drop them together. */
+        for (size_t i = 0; i < NCHUNKS; i++)
+                cr_assert_eq(bad[i].unusable, i == 0 || i == 2, "chunk %zu", i);
         cr_assert_null(lease_get(&table, 7));
         cr_assert_null(lease_chunk_by_id(&table, 100));
         cr_assert_eq(table.peer_bytes, 0);
         producer_lets_go();
-        cr_assert_eq(used_on_producer(), 0, "the first two imports were released");
+        cr_assert_eq(used_on_producer(), 0, "the good imports were released");
 }
 
 Test(lease, refuses_a_chunk_that_is_not_a_multiple_of_the_granularity)

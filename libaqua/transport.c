@@ -42,6 +42,7 @@ struct transport {
         struct wire_limits limits;
         uint64_t dropped;
         char reject_reason[256];
+        Aqua__SideFrame__RejectReason reject_code;
 };
 
 /* One ZeroMQ context (and I/O thread) for all contexts of the process. */
@@ -214,6 +215,11 @@ const char *transport_reject_reason(const struct transport *t)
         return t->reject_reason;
 }
 
+Aqua__SideFrame__RejectReason transport_reject_code(const struct transport *t)
+{
+        return t->reject_code;
+}
+
 int transport_side_start(struct transport *t)
 {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -222,6 +228,7 @@ int transport_side_start(struct transport *t)
 
         transport_side_close(t);
         t->reject_reason[0] = 0;
+        t->reject_code = AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_UNSPECIFIED;
         fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
                 return -errno;
@@ -262,6 +269,7 @@ static int side_read_one(struct transport *t)
                 return r;
         if (f->kind == AQUA__SIDE_FRAME__KIND__KIND_REJECT) {
                 snprintf(t->reject_reason, sizeof(t->reject_reason), "%s", f->text ? f->text : "");
+                t->reject_code = f->reject_reason;
                 aqua__side_frame__free_unpacked(f, NULL);
                 side_close_fds(fds, n);
                 transport_side_close(t);

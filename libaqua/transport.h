@@ -53,6 +53,8 @@ int transport_side_finish(struct transport *t, uint8_t ret_token[SIDE_TOKEN_LEN]
 void transport_side_close(struct transport *t);
 bool transport_side_connected(const struct transport *t);
 const char *transport_reject_reason(const struct transport *t);
+/* Why, as the daemon's REJECT frame said (UNSPECIFIED from an older daemon). */
+Aqua__SideFrame__RejectReason transport_reject_code(const struct transport *t);
 
 /* A fresh request id (never 0). */
 uint64_t transport_next_id(struct transport *t);

@@ -20,6 +20,8 @@
  *   info                             -> ok connected=0|1 offered=B borrowed=B dram=B paired=UUID
  *   free DEVICE                      -> ok FREE_BYTES          (cuMemGetInfo)
  *   close                            -> ok
+ *
+ * A failed open answers "err CODE TEXT; LOG" with libaqua's last error message.
  */
 #include <errno.h>
 #include <poll.h>
@@ -43,6 +45,7 @@ static size_t n_leases;
 static aqua_tensor *tensors[MAX_LEASES];
 static size_t n_tensors;
 static int device;
+static char last_error[512];
 
 static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void reply(const char *fmt, ...)
@@ -281,8 +284,9 @@ static void dispatch(char *line)
                 device = atoi(b);
                 o.chunk_bytes = strtoull(c, NULL, 0);
                 o.client_name = a;
+                last_error[0] = '\0';
                 r = aqua_open(device, role, &o, &ctx);
-                r < 0 ? fail(r) : reply("ok");
+                r < 0 ? reply("err %d %s; %s", r, aqua_strerror(r), last_error) : reply("ok");
         } else if (strcmp(cmd, "offer") == 0) {
                 uint64_t offered = 0;
                 r = aqua_offer(ctx, strtoull(a, NULL, 0), &offered);
@@ -381,10 +385,16 @@ static void dispatch(char *line)
                 reply("err %d unknown command", -EINVAL);
 }
 
-/* AQUA_AGENT_LOG=1: libaqua's messages on stderr, for finding out what a test saw. */
-static void log_stderr(enum aqua_log_level level, const char *message, void *userdata)
+/*
+ * libaqua's last error message, which a failed open passes on; with AQUA_AGENT_LOG=1 every
+ * message on stderr too, for finding out what a test saw.
+ */
+static void log_message(enum aqua_log_level level, const char *message, void *userdata)
 {
-        fprintf(stderr, "agent %d: %s\n", (int)getpid(), message);
+        if (level <= AQUA_LOG_ERROR)
+                snprintf(last_error, sizeof(last_error), "%s", message);
+        if (userdata)
+                fprintf(stderr, "agent %d: %s\n", (int)getpid(), message);
 }
 
 int main(void)
@@ -393,7 +403,9 @@ int main(void)
 
         setvbuf(stdout, NULL, _IOLBF, 0);
         if (getenv("AQUA_AGENT_LOG"))
-                aqua_set_log(log_stderr, NULL, AQUA_LOG_DEBUG);
+                aqua_set_log(log_message, stderr, AQUA_LOG_DEBUG);
+        else
+                aqua_set_log(log_message, NULL, AQUA_LOG_ERROR);
         while (fgets(line, sizeof(line), stdin))
                 dispatch(line);
         aqua_close(ctx);

@@ -2,8 +2,10 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,8 @@ struct aquad {
         char endpoint[160];
         char ipc[128];
         char side[128];
+        char log[128];
+        bool logged; /* stderr to log */
         pid_t pid;
 };
 
@@ -41,6 +45,12 @@ static int spawn(struct aquad *d)
         if (pid == 0) {
                 const char *verbose = getenv("AQUA_TEST_VERBOSE");
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (d->logged) {
+                        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+
+                        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+                                _exit(127);
+                }
                 if (verbose && verbose[0] == '1')
                         execl(bin, "aquad", "-c", d->config, "-v", (char *)NULL);
                 else
@@ -64,7 +74,7 @@ static int spawn(struct aquad *d)
         return 0;
 }
 
-int aquad_start(const char *extra_yaml, struct aquad **ret)
+static int start(const char *extra_yaml, bool logged, struct aquad **ret)
 {
         struct aquad *d = calloc(1, sizeof(*d));
         FILE *f;
@@ -81,6 +91,8 @@ int aquad_start(const char *extra_yaml, struct aquad **ret)
         snprintf(d->ipc, sizeof(d->ipc), "%s/aquad.sock", d->dir);
         snprintf(d->endpoint, sizeof(d->endpoint), "ipc://%s", d->ipc);
         snprintf(d->side, sizeof(d->side), "%s/aquad.side", d->dir);
+        snprintf(d->log, sizeof(d->log), "%s/aquad.log", d->dir);
+        d->logged = logged;
         f = fopen(d->config, "we");
         if (!f) {
                 r = -errno;
@@ -97,6 +109,16 @@ int aquad_start(const char *extra_yaml, struct aquad **ret)
 fail:
         aquad_stop(d);
         return r;
+}
+
+int aquad_start(const char *extra_yaml, struct aquad **ret)
+{
+        return start(extra_yaml, false, ret);
+}
+
+int aquad_start_logged(const char *extra_yaml, struct aquad **ret)
+{
+        return start(extra_yaml, true, ret);
 }
 
 int aquad_restart(struct aquad *d)
@@ -154,6 +176,11 @@ const char *aquad_dir(const struct aquad *d)
 const char *aquad_config_path(const struct aquad *d)
 {
         return d->config;
+}
+
+const char *aquad_log_path(const struct aquad *d)
+{
+        return d->log;
 }
 
 void test_note(const char *fmt, ...)

@@ -23,6 +23,8 @@ struct aquad;
  * repeat those three. Returns 0, or a negative errno (-ETIMEDOUT, -ECHILD when aquad exited).
  */
 int aquad_start(const char *extra_yaml, struct aquad **ret);
+/* The same with aquad's stderr (its log) appended to aquad_log_path(d) instead of the test's. */
+int aquad_start_logged(const char *extra_yaml, struct aquad **ret);
 
 /* Start aquad again on the same folder, config and journal (after aquad_kill). */
 int aquad_restart(struct aquad *d);
@@ -40,6 +42,7 @@ const char *aquad_endpoint(const struct aquad *d);  /* "ipc://DIR/aquad.sock" */
 const char *aquad_side_path(const struct aquad *d); /* "DIR/aquad.side" */
 const char *aquad_dir(const struct aquad *d);
 const char *aquad_config_path(const struct aquad *d);
+const char *aquad_log_path(const struct aquad *d); /* "DIR/aquad.log" */
 pid_t aquad_pid(const struct aquad *d);
 
 /*

@@ -242,10 +242,7 @@ bool raw_memfd_has(int fd, const char *text)
 
 Aqua__Envelope *raw_offer(struct raw *r, size_t n, uint64_t size, int *fds_out)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__Offer o = AQUA__OFFER__INIT;
-        Aqua__ChunkOffer co[64], *cop[64];
-        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        Aqua__Envelope *reply;
         int fds[64] = {0};
 
         if (n > 64)
@@ -254,6 +251,27 @@ Aqua__Envelope *raw_offer(struct raw *r, size_t n, uint64_t size, int *fds_out)
                 char text[32];
                 snprintf(text, sizeof(text), "chunk %zu", i);
                 fds[i] = raw_memfd(size, text);
+        }
+        reply = raw_offer_fds(r, fds, n, size);
+        for (size_t i = 0; i < n; i++) {
+                if (fds_out)
+                        fds_out[i] = fds[i];
+                else
+                        close(fds[i]);
+        }
+        return reply;
+}
+
+Aqua__Envelope *raw_offer_fds(struct raw *r, const int *fds, size_t n, uint64_t size)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Offer o = AQUA__OFFER__INIT;
+        Aqua__ChunkOffer co[64], *cop[64];
+        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+
+        if (n > 64)
+                return NULL;
+        for (size_t i = 0; i < n; i++) {
                 aqua__chunk_offer__init(&co[i]);
                 co[i].client_ref = i;
                 co[i].size = size;
@@ -269,12 +287,6 @@ Aqua__Envelope *raw_offer(struct raw *r, size_t n, uint64_t size, int *fds_out)
         f.request_id = e.request_id;
         if (side_send(r->side, &f, fds, n) < 0)
                 return NULL;
-        for (size_t i = 0; i < n; i++) {
-                if (fds_out)
-                        fds_out[i] = fds[i];
-                else
-                        close(fds[i]);
-        }
         if (raw_send(r, &e) < 0)
                 return NULL;
         return raw_wait(r, e.request_id, 0, RAW_TIMEOUT_MS);

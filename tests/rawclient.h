@@ -47,6 +47,8 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
                           Aqua__HeldChunk **held, size_t n_held, const int *fds);
 /* Offer n chunks of size bytes, each a memfd filled with "chunk <i>"; fds_out keeps them. */
 Aqua__Envelope *raw_offer(struct raw *r, size_t n, uint64_t size, int *fds_out);
+/* Offer n chunks of size bytes with these descriptors (which stay the caller's). */
+Aqua__Envelope *raw_offer_fds(struct raw *r, const int *fds, size_t n, uint64_t size);
 /* Borrow; on a grant with a lease, the chunk fds arrive in fds (room for max). */
 Aqua__Envelope *raw_borrow(struct raw *r, uint64_t bytes, uint64_t min, bool dram, int *fds,
                            size_t max, size_t *ret_n);

@@ -1,8 +1,11 @@
 /* aquad end to end: a real daemon on a private endpoint, driven by raw protocol clients. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -696,4 +699,129 @@ Test(aquad, tells_clients_when_it_stops)
         cr_assert_not_null(s);
         cr_assert_str_eq(s->stopping->reason, "SIGTERM");
         raw_free(s);
+}
+
+/* How many lines of aquad's log contain text. */
+static size_t log_lines_with(const char *text)
+{
+        FILE *f = fopen(aquad_log_path(daemon_), "re");
+        char line[1024];
+        size_t n = 0;
+
+        cr_assert_not_null(f, "no log at %s", aquad_log_path(daemon_));
+        while (fgets(line, sizeof(line), f))
+                n += strstr(line, text) != NULL;
+        fclose(f);
+        return n;
+}
+
+Test(aquad, logs_a_flood_of_malformed_side_frames_a_few_times_and_serves_the_client_on)
+{
+        static const char garbage[] = "\xff\xff\xff\xff not a side frame";
+        int fds[2];
+
+        cr_assert_eq(aquad_start_logged(NULL, &daemon_), 0, "aquad did not start");
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        for (int i = 0; i < 2000; i++)
+                cr_assert_eq(send(producer.side, garbage, sizeof(garbage), 0),
+                             (ssize_t)sizeof(garbage), "frame %d: %m", i);
+        /* The offer's descriptors follow the garbage on the side channel: once it is answered,
+         * aquad has read every frame before them. */
+        offer(&producer, 2, fds, NULL);
+        close(fds[0]);
+        close(fds[1]);
+        cr_assert_eq(log_lines_with("malformed side frame"), 1,
+                     "the first one, and no summary yet");
+        /* The rest are summed up when the client goes. */
+        raw_close(&producer);
+        for (int i = 0; i < 500 && log_lines_with("1999 more malformed side frames") == 0; i++)
+                sleep_ns(10 * NSEC_PER_MSEC);
+        cr_assert_eq(log_lines_with("1999 more malformed side frames (2000 in all)"), 1);
+        cr_assert_eq(log_lines_with("malformed side frame"), 2);
+}
+
+/* One command to an aqua-agent (tests/aqua-agent.c) and its answer, which must start "ok". */
+static const char *agent_do(FILE *in, FILE *out, char *line, size_t len, const char *cmd)
+{
+        fprintf(in, "%s\n", cmd);
+        fflush(in);
+        cr_assert_not_null(fgets(line, (int)len, out), "the agent died at '%s'", cmd);
+        line[strcspn(line, "\n")] = 0;
+        cr_assert_eq(strncmp(line, "ok", 2), 0, "%s: %s", cmd, line);
+        return line;
+}
+
+static void sim_cleanup(void)
+{
+        test_sim_remove(getenv("AQUA_SIM_MACHINE"));
+}
+
+/*
+ * A producer whose descriptors are no GPU memory (a pipe, /dev/null): a libaqua consumer cannot
+ * import them. They must leave the pool rather than be granted to it again and again.
+ */
+Test(aquad, chunks_a_consumer_cannot_import_leave_the_pool_and_the_borrow_gets_dram,
+     .fini = sim_cleanup)
+{
+        char machine[64], line[512], *uuid;
+        Aqua__Envelope *o, *q, *n;
+        uint64_t ids[3];
+        int pipefd[2], bad[3];
+        FILE *in, *out;
+        pid_t pid;
+
+        snprintf(machine, sizeof(machine), "aquad-import-%d", (int)getpid());
+        setenv("AQUA_SIM_MACHINE", machine, 1);
+        setenv("AQUA_SIM_DEVICES", "2x1GiB", 1);
+        unsetenv("AQUA_SIM_TOPOLOGY");
+        unsetenv("AQUA_SIM_RUNTIME_DIR");
+        start("dram-budget: 64MiB\n");
+        setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
+        setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
+        test_agent_spawn(&pid, &in, &out);
+        agent_do(in, out, line, sizeof(line), "open consumer 0");
+
+        /* The raw producer pairs with the consumer's simulated GPU through a link to it. */
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS);
+        cr_assert_eq(q->admin_reply->n_gpus, 1);
+        uuid = strdup(q->admin_reply->gpus[0]->uuid);
+        raw_free(q);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", uuid);
+        free(uuid);
+        cr_assert_eq(pipe2(pipefd, O_CLOEXEC), 0);
+        bad[0] = pipefd[0];
+        bad[1] = open("/dev/null", O_RDWR | O_CLOEXEC);
+        bad[2] = pipefd[1];
+        o = raw_offer_fds(&producer, bad, 3, 2 * MiB);
+        cr_assert_eq(o->body_case, BODY(OFFER_REPLY), "offer: error %d", raw_error_code(o));
+        memcpy(ids, o->offer_reply->chunk_ids, sizeof(ids));
+        raw_free(o);
+        for (size_t i = 0; i < 3; i++)
+                close(bad[i]);
+
+        /* The three chunks are granted once, found unusable, and DRAM makes up for them. */
+        agent_do(in, out, line, sizeof(line), "borrow 6291456 2097152 dram");
+        cr_assert_str_eq(line, "ok 0 0 6291456", "%s", line);
+        n = raw_wait(&producer, 0, BODY(RECLAIMED), RAW_TIMEOUT_MS);
+        cr_assert_not_null(n, "the producer was not told its chunks left the pool");
+        cr_assert_eq(n->reclaimed->n_chunk_ids, 3);
+        for (size_t i = 0; i < 3; i++)
+                cr_assert(n->reclaimed->chunk_ids[i] == ids[0] ||
+                          n->reclaimed->chunk_ids[i] == ids[1] ||
+                          n->reclaimed->chunk_ids[i] == ids[2]);
+        raw_free(n);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS);
+        cr_assert_eq(q->admin_reply->n_chunks, 0, "unusable chunks are still in the pool");
+        raw_free(q);
+        /* And the next borrow is not offered them again. */
+        agent_do(in, out, line, sizeof(line), "borrow 2097152 2097152 dram");
+        cr_assert_str_eq(line, "ok 1 0 2097152", "%s", line);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS);
+        bool seen = false;
+        for (size_t i = 0; i < q->admin_reply->n_events; i++)
+                seen |= strstr(q->admin_reply->events[i]->text, "could not import") != NULL;
+        cr_assert(seen, "no event names the unusable chunks");
+        raw_free(q);
+        test_agent_kill(&pid, in, out);
 }

@@ -465,3 +465,30 @@ Test(libaqua, keeps_a_silent_consumers_leases_after_a_restart_until_its_process_
         cr_assert_str_eq(agent_do(&other, "zeroed 0"), "0", "scrubbed before it was lent");
         agent_kill(&other);
 }
+
+Test(libaqua, a_full_aquad_refuses_a_client_with_eusers_and_says_why)
+{
+        struct agent third = {0};
+        FILE *f = fopen(aquad_config_path(daemon_), "ae");
+        char line[512] = "";
+
+        /* The producer and the consumer are two clients: a limit of two leaves no room. */
+        cr_assert_not_null(f);
+        fputs("limits:\n  clients: 2\n", f);
+        fclose(f);
+        cr_assert_eq(kill(aquad_pid(daemon_), SIGHUP), 0);
+        agent_start(&third);
+        /* Until aquad has reloaded, the open gets as far as its GPU, which the consumer has. */
+        for (int i = 0; i < 200; i++) {
+                agent_send(&third, "open neutral 0");
+                cr_assert_not_null(fgets(line, sizeof(line), third.out));
+                line[strcspn(line, "\n")] = 0;
+                if (strncmp(line, "err -16 ", 8) != 0)
+                        break;
+                usleep(20000);
+        }
+        cr_assert(strncmp(line, "err -87 ", 8) == 0, "not -EUSERS: %s", line);
+        cr_assert(strstr(line, "the limit of 2 clients is reached"), "%s", line);
+        agent_stop(&third);
+        agent_kill(&third);
+}

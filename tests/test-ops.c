@@ -397,6 +397,42 @@ Test(ops, aquactl_changes_need_the_admin_list)
         cr_assert_eq(r.code, 0, "%s", r.err);
 }
 
+/* A client chooses its name; aquactl must not pass its bytes on as they are. */
+Test(ops, aquactl_shows_a_hostile_client_name_harmlessly)
+{
+        static const char name[] = "evil\xff\xfe\x1b[31mred\x1b]0;owned\x07";
+        struct json_tokener *tok = json_tokener_new();
+        struct json_object *doc, *gpus;
+        const char *views[] = {"gpus", "pairs", "status", "events"};
+        struct run r;
+
+        cr_assert_eq(aquad_start(NULL, &daemon_), 0);
+        hello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", 1, name, "GPU-C");
+        AQUACTL(&r, "--json", "gpus");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+        doc = json_tokener_parse_ex(tok, r.out, (int)strlen(r.out));
+        cr_assert_not_null(doc, "not valid JSON (%s): %s",
+                           json_tokener_error_desc(json_tokener_get_error(tok)), r.out);
+        gpus = get(doc, "gpus");
+        cr_assert_eq(json_object_array_length(gpus), 1);
+        cr_assert_str_eq(
+            json_object_get_string(get(json_object_array_get_idx(gpus, 0), "client_name")),
+            "evil\xef\xbf\xbd\xef\xbf\xbd\x1b[31mred\x1b]0;owned\x07");
+        json_object_put(doc);
+        json_tokener_free(tok);
+
+        for (size_t i = 0; i < ARRAY_SIZE(views); i++) {
+                AQUACTL(&r, views[i]);
+                cr_assert_eq(r.code, 0, "%s: %s", views[i], r.err);
+                cr_assert_null(strchr(r.out, '\x1b'), "%s: %s", views[i], r.out);
+                cr_assert_null(strchr(r.out, '\x07'), "%s: %s", views[i], r.out);
+                cr_assert_null(strchr(r.out, '\xff'), "%s: %s", views[i], r.out);
+        }
+        AQUACTL(&r, "gpus");
+        HAS_LINE(r.out, "GPU-P", "evil\\xff\\xfe\\x1b[31mred\\x1b]0;owned\\x07");
+}
+
 /* ------------------------------------------------------------------ metrics */
 
 static size_t collect(char *data, size_t size, size_t n, void *userdata)
@@ -468,6 +504,7 @@ Test(ops, metrics_count_the_cycle)
         HAS_SAMPLE(m, "aqua_deadline_misses_total 0");
         HAS_SAMPLE(m, "aqua_leases_lost_total 0");
         HAS_SAMPLE(m, "aqua_protocol_errors_total 0");
+        HAS_SAMPLE(m, "aqua_side_frames_malformed_total 0");
 
         /* A message that is not an Envelope is a protocol error. */
         bad = raw_call_bytes(&consumer, "\xff\xff\xff", 3, 0);

@@ -132,8 +132,11 @@ struct aqua_options {
  * The context uses the device's primary CUDA context and leaves the caller's current context
  * as it found it. Free it with aqua_close().
  * Errors: -EINVAL (bad argument), -ENODEV (no such device), -ELIBACC (no usable CUDA driver),
- * -ECONNREFUSED or -ENOENT (no daemon at the endpoint), -EACCES (the daemon refused this user),
- * -EBUSY (the GPU is registered by another live process), -ETIMEDOUT, -ENOMEM.
+ * -ECONNREFUSED or -ENOENT (no daemon at the endpoint), -EACCES (the daemon refused this user:
+ * not in its allow list), -EUSERS (the daemon has limits.clients connected: try again once one
+ * has gone), -ESHUTDOWN (the daemon is stopping: try again when it is back), -EBUSY (the GPU is
+ * registered by another live process), -ETIMEDOUT, -ENOMEM. A refusal's reason as the daemon
+ * words it goes to the log callback (aqua_set_log()).
  */
 AQUA_API int aqua_open(int device, enum aqua_role role, const struct aqua_options *opts,
                        aqua_ctx **ret_ctx);
