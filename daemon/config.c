@@ -31,6 +31,7 @@ static const struct conf_schema access_schema = {"access", access_fields};
 
 static const struct conf_field limits_fields[] = {
     CONF_FIELD_INT(struct config_limits, clients, "clients", 1, 65536, 0),
+    CONF_FIELD_INT(struct config_limits, unregistered, "unregistered", 1, 4096, 0),
     CONF_FIELD_INT(struct config_limits, chunks, "chunks", 1, 1 << 24, 0),
     CONF_FIELD_INT(struct config_limits, leases, "leases", 1, 1 << 24, 0),
     CONF_FIELD_INT(struct config_limits, pending_requests, "pending-requests", 1, 4096, 0),
@@ -111,6 +112,7 @@ static int defaults(struct config *c)
             .limits =
                 {
                     .clients = 256,
+                    .unregistered = 32,
                     .chunks = 65536,
                     .leases = 16384,
                     .pending_requests = 16,

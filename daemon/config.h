@@ -38,6 +38,7 @@ struct config_access {
 
 struct config_limits {
         int64_t clients;          /* connected clients, admin tools included */
+        int64_t unregistered;     /* side channels that have not sent Hello yet */
         int64_t chunks;           /* chunks in the lending pool, all producers together */
         int64_t leases;           /* live leases */
         int64_t pending_requests; /* per client: requests waiting for their side-channel fds */

@@ -97,7 +97,9 @@ static struct pending *add_pending(struct server *s, struct client *c, uint64_t 
 {
         struct pending *p;
 
-        if ((int64_t)c->n_pending >= s->config->limits.pending_requests)
+        /* Before its Hello a client has one thing to wait for: the Hello's own handles. */
+        if ((int64_t)c->n_pending >= s->config->limits.pending_requests ||
+            (!c->registered && c->n_pending >= 1))
                 return NULL;
         p = calloc(1, sizeof(*p));
         if (!p)
@@ -404,6 +406,17 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 return;
         }
         need = p->env ? fds_needed(p->env) : cap;
+        if (!server_may_take_fds(s, c, n_fds)) {
+                s->stats.fds_refused += n_fds;
+                side_close_fds(fds, n_fds);
+                if (p->env && c->routing_id_len)
+                        reply_error(s, c, p->request_id, E(LIMIT), wire_body_name(p->env),
+                                    "more descriptors than aquad may hold now");
+                else
+                        log_debug("Client %" PRIu64 ": descriptors refused over its budget", c->id);
+                client_free_pending(c, p);
+                return;
+        }
         if (p->n_fds + n_fds > need) {
                 char msg[128];
                 snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds + n_fds,

@@ -294,6 +294,15 @@ static void render_server(struct prom_text *t, struct server *s)
                 s->stats.refused);
         counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
                 s->stats.send_dropped);
+        counter(t, "aqua_side_channels_evicted_total",
+                "Side channels closed before their Hello to make room for new ones.",
+                s->stats.evicted);
+        counter(t, "aqua_fd_exhausted_total",
+                "Times aquad ran out of descriptors accepting a connection (it pauses).",
+                s->stats.fd_exhausted);
+        counter(t, "aqua_fds_refused_total",
+                "Descriptors refused over a connection's budget or aquad's headroom.",
+                s->stats.fds_refused);
         counter(t, "aqua_notices_deferred_total",
                 "Times notices waited in a client's outbox for its queue to drain.",
                 s->stats.notices_deferred);

@@ -25,6 +25,12 @@
 #define BATCH 256
 /* How soon a notice the ROUTER could not take is tried again. */
 #define OUTBOX_RETRY_MS 10
+/* Descriptors kept free for ZeroMQ, the journal, the metrics endpoint and new connections. */
+#define FD_RESERVE 128
+/* Out of descriptors: how long aquad stops accepting side channels (and serves the others). */
+#define ACCEPT_PAUSE_NS (100 * NSEC_PER_MSEC)
+/* Repeated conditions (descriptors out, evictions) are logged at most this often. */
+#define LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
 
 /* ------------------------------------------------------------------------------ sending */
 
@@ -347,8 +353,88 @@ static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reaso
         events_add(&s->pool->events, "refused", "%s", text);
 }
 
+/* Descriptors aquad holds for clients: pooled chunks, those waiting for their request, sockets. */
+static size_t fds_held(const struct server *s)
+{
+        size_t n = s->pool->n_chunks + s->n_clients;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node);
+                for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
+                        n += list_entry(k, struct pending, node)->n_fds;
+        }
+        return n;
+}
+
+/*
+ * Whether c may make aquad hold n more descriptors: within RLIMIT_NOFILE less FD_RESERVE, and,
+ * before its Hello, within what the pool could still take (a re-registering producer's handles;
+ * an unregistered connection is owed nothing more).
+ */
+bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
+{
+        struct rlimit rl;
+        size_t mine = 0;
+
+        for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
+                mine += list_entry(k, struct pending, node)->n_fds;
+        if (!c->registered && s->pool->settings.max_chunks >= s->pool->n_chunks &&
+            mine + n > s->pool->settings.max_chunks - s->pool->n_chunks)
+                return false;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            fds_held(s) + n + FD_RESERVE > rl.rlim_cur)
+                return false;
+        return true;
+}
+
+/* Registered clients count against limits.clients; the rest against limits.unregistered. */
+static size_t count_unregistered(const struct server *s, struct client **ret_oldest)
+{
+        struct client *oldest = NULL;
+        size_t n = 0;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node);
+                if (c->registered)
+                        continue;
+                if (!oldest)
+                        oldest = c;
+                n++;
+        }
+        *ret_oldest = oldest;
+        return n;
+}
+
+static void client_free(struct server *s, struct client *c);
+
+/*
+ * A side channel that has not sent Hello holds nothing: when too many wait, the oldest makes
+ * room (it may connect again). Idle connections cannot lock out the clients that register.
+ */
+static void make_room_for_unregistered(struct server *s)
+{
+        struct client *oldest;
+        uint64_t now;
+
+        if ((int64_t)count_unregistered(s, &oldest) < s->config->limits.unregistered || !oldest)
+                return;
+        s->stats.evicted++;
+        now = now_mono_ns();
+        if (!s->evict_log_ns || now - s->evict_log_ns >= LOG_INTERVAL_NS) {
+                s->evict_log_ns = now;
+                log_notice("%" PRId64 " side channels wait for their Hello: closing the oldest "
+                           "(client %" PRIu64 ", pid %d; %" PRIu64 " closed so far)",
+                           s->config->limits.unregistered, oldest->id, (int)oldest->cred.pid,
+                           s->stats.evicted);
+        }
+        client_free(s, oldest);
+}
+
 static void accept_side(struct server *s)
 {
+        if (s->accept_paused_ns && now_mono_ns() < s->accept_paused_ns)
+                return;
+        s->accept_paused_ns = 0;
         for (int i = 0; i < BATCH; i++) {
                 Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
                 _cleanup_close_ int fd = -1;
@@ -359,6 +445,21 @@ static void accept_side(struct server *s)
                 struct client *c;
 
                 fd = accept4(s->side_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                        /* The connection stays queued; accepting again at once would spin. */
+                        uint64_t now = now_mono_ns();
+                        s->accept_paused_ns = now + ACCEPT_PAUSE_NS;
+                        s->stats.fd_exhausted++;
+                        if (!s->fd_log_ns || now - s->fd_log_ns >= LOG_INTERVAL_NS) {
+                                s->fd_log_ns = now;
+                                log_warning_errno(-errno,
+                                                  "Out of descriptors accepting a side "
+                                                  "channel: %m; pausing new connections "
+                                                  "(%" PRIu64 " times so far)",
+                                                  s->stats.fd_exhausted);
+                        }
+                        return;
+                }
                 if (fd < 0) {
                         if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
                                 log_warning_errno(-errno, "Failed to accept a side channel: %m");
@@ -384,12 +485,15 @@ static void accept_side(struct server *s)
                                cred.uid, cred.gid, (int)cred.pid);
                         continue;
                 }
-                if ((int64_t)s->n_clients >= s->config->limits.clients) {
+                struct client *oldest;
+                if ((int64_t)(s->n_clients - count_unregistered(s, &oldest)) >=
+                    s->config->limits.clients) {
                         reject(s, fd, REJECT(CLIENT_LIMIT),
                                "the limit of %" PRId64 " clients is reached",
                                s->config->limits.clients);
                         continue;
                 }
+                make_room_for_unregistered(s);
                 c = calloc(1, sizeof(*c));
                 if (!c) {
                         log_error("Out of memory accepting a client");
@@ -905,7 +1009,9 @@ int server_run(struct server *s)
                         alloc = n * 2;
                 }
                 items[0] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
-                items[1] = (zmq_pollitem_t){.fd = s->side_fd, .events = ZMQ_POLLIN};
+                /* Out of descriptors: the listener waits; queued connections stay queued. */
+                items[1] = (zmq_pollitem_t){.fd = s->side_fd,
+                                            .events = s->accept_paused_ns ? 0 : ZMQ_POLLIN};
                 items[2] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
                 for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                         owners[k] = list_entry(x, struct client, node);
@@ -914,6 +1020,11 @@ int server_run(struct server *s)
                 }
                 if (deadline)
                         timeout = ms_until(deadline) + 1;
+                if (s->accept_paused_ns) {
+                        long left = ms_until(s->accept_paused_ns) + 1;
+                        if (timeout < 0 || left < timeout)
+                                timeout = left;
+                }
                 /* Notices the ROUTER could not take: try again soon (no per-peer POLLOUT). */
                 if (outboxes_waiting(s) && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
                         timeout = OUTBOX_RETRY_MS;
@@ -941,7 +1052,7 @@ int server_run(struct server *s)
                 for (size_t i = 3; i < k; i++)
                         if (items[i].revents && i != metrics_item)
                                 read_side(s, owners[i]);
-                if (items[1].revents)
+                if (items[1].revents || s->accept_paused_ns)
                         accept_side(s);
                 if (items[0].revents)
                         read_router(s);

@@ -68,9 +68,12 @@ struct server_stats {
         uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
         uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
-        uint64_t throttled;      /* requests refused over a client's request rate */
-        uint64_t hijacks;        /* Hellos from another process than the token's side channel */
-        uint64_t side_malformed; /* side frames that did not decode (ignored) */
+        uint64_t throttled;          /* requests refused over a client's request rate */
+        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
+        uint64_t side_malformed;     /* side frames that did not decode (ignored) */
+        uint64_t evicted;            /* side channels closed for others before their Hello */
+        uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
+        uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
 };
 
 struct server {
@@ -99,6 +102,8 @@ struct server {
         struct server_stats stats;
         struct metrics *metrics;   /* NULL unless the config names a metrics address */
         uint64_t journal_probe_ns; /* degraded: when to try the journal again */
+        uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
+        uint64_t evict_log_ns, fd_log_ns;
 };
 
 /* Set up from config (taken on success): journal replay, sockets, signals. */
@@ -131,6 +136,8 @@ void client_free_pending(struct client *c, struct pending *p);
  * only); -ENOENT or another negative errno when that is not known. */
 int server_request_peer(const struct server *s, struct side_cred *ret);
 bool client_is_admin(const struct server *s, const struct client *c);
+/* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
+bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
 
 /* dispatch.c */
 void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,
