@@ -112,7 +112,7 @@ static int defaults(struct config *c)
             .limits =
                 {
                     .clients = 256,
-                    .unregistered = 32,
+                    .unregistered = 1024,
                     .chunks = 65536,
                     .leases = 16384,
                     .pending_requests = 16,

@@ -29,6 +29,8 @@
 #define FD_RESERVE 128
 /* Out of descriptors: how long aquad stops accepting side channels (and serves the others). */
 #define ACCEPT_PAUSE_NS (100 * NSEC_PER_MSEC)
+/* A side channel without a Hello this long may be closed to make room for a new one. */
+#define UNREGISTERED_GRACE_NS NSEC_PER_SEC
 /* Repeated conditions (descriptors out, evictions) are logged at most this often. */
 #define LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
 
@@ -409,17 +411,20 @@ static void client_free(struct server *s, struct client *c);
 
 /*
  * A side channel that has not sent Hello holds nothing: when too many wait, the oldest makes
- * room (it may connect again). Idle connections cannot lock out the clients that register.
+ * room if it has had UNREGISTERED_GRACE_NS to say Hello (a client sends it within
+ * milliseconds; it may connect again). Idle connections cannot lock out the clients that
+ * register. False when all are younger: the new connection is refused (a burst of clients).
  */
-static void make_room_for_unregistered(struct server *s)
+static bool make_room_for_unregistered(struct server *s)
 {
         struct client *oldest;
-        uint64_t now;
+        uint64_t now = now_mono_ns();
 
         if ((int64_t)count_unregistered(s, &oldest) < s->config->limits.unregistered || !oldest)
-                return;
+                return true;
+        if (now - oldest->accepted_ns < UNREGISTERED_GRACE_NS)
+                return false;
         s->stats.evicted++;
-        now = now_mono_ns();
         if (!s->evict_log_ns || now - s->evict_log_ns >= LOG_INTERVAL_NS) {
                 s->evict_log_ns = now;
                 log_notice("%" PRId64 " side channels wait for their Hello: closing the oldest "
@@ -428,6 +433,7 @@ static void make_room_for_unregistered(struct server *s)
                            s->stats.evicted);
         }
         client_free(s, oldest);
+        return true;
 }
 
 static void accept_side(struct server *s)
@@ -493,7 +499,12 @@ static void accept_side(struct server *s)
                                s->config->limits.clients);
                         continue;
                 }
-                make_room_for_unregistered(s);
+                if (!make_room_for_unregistered(s)) {
+                        reject(s, fd, REJECT(CLIENT_LIMIT),
+                               "%" PRId64 " side channels are waiting to register; retry",
+                               s->config->limits.unregistered);
+                        continue;
+                }
                 c = calloc(1, sizeof(*c));
                 if (!c) {
                         log_error("Out of memory accepting a client");
@@ -519,7 +530,8 @@ static void accept_side(struct server *s)
                 }
                 c->id = s->next_client_id++;
                 c->side_fd = TAKE_FD(fd);
-                c->hello_deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
+                c->accepted_ns = now_mono_ns();
+                c->hello_deadline_ns = c->accepted_ns + s->config->request_timeout_ns;
                 list_append(&s->clients, &c->node);
                 s->n_clients++;
                 log_debug("Side channel from pid %d uid %u gid %u: client %" PRIu64, (int)cred.pid,

@@ -47,6 +47,7 @@ struct client {
         Aqua__Role role;
         struct gpu *gpu; /* producer, consumer or neutral */
         uint64_t hello_deadline_ns;
+        uint64_t accepted_ns;
         struct list_node pending;
         size_t n_pending;
         struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */

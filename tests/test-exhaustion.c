@@ -81,7 +81,9 @@ Test(exhaustion, idle_side_channels_lock_out_no_client)
         cr_assert_eq(aquad_start("limits:\n  clients: 8\n  unregistered: 4\n", &daemon_), 0);
         for (int i = 0; i < IDLE; i++)
                 idle[i] = idle_side();
-        /* Far more idle connections than either limit: clients that register still get in. */
+        /* Far more idle connections than either limit, each past the second it has to say
+         * Hello: clients that register still get in. */
+        usleep(1200 * 1000);
         test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
         test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
         offer_works();
