@@ -79,7 +79,7 @@ static size_t fds_needed(const Aqua__Envelope *e)
         if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
                 return e->offer->n_chunks;
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO)
-                return e->hello->n_held;
+                return e->hello->held_total ? e->hello->held_total : e->hello->n_held;
         return 0;
 }
 
@@ -147,10 +147,39 @@ static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
 
 /* ------------------------------------------------------------------------------ hello */
 
+/*
+ * What a re-registering client holds: the HelloHeld parts that came first, then the Hello's own.
+ * ret_all points into c->held and h; NULL with 0 held when there is nothing.
+ */
+static int held_all(struct client *c, const Aqua__Hello *h, Aqua__HeldChunk ***ret_all,
+                    size_t *ret_n)
+{
+        size_t n = c->n_held + h->n_held;
+        Aqua__HeldChunk **all;
+
+        if (!c->n_held) {
+                *ret_all = h->held;
+                *ret_n = h->n_held;
+                return 0;
+        }
+        all = calloc(n, sizeof(*all));
+        if (!all)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->n_held; i++)
+                all[i] = &c->held[i];
+        memcpy(all + c->n_held, h->held, h->n_held * sizeof(*all));
+        *ret_all = all;
+        *ret_n = n;
+        return 0;
+}
+
 static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
                          size_t n_fds)
 {
         const Aqua__Hello *h = e->hello;
+        _cleanup_free_ Aqua__HeldChunk **all_alloc = NULL;
+        Aqua__HeldChunk **all = NULL;
+        size_t n_all = 0;
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Welcome w = AQUA__WELCOME__INIT;
         struct pool_welcome pw = {0};
@@ -166,13 +195,28 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
             .process = c->process.pid ? &c->process : NULL,
             .links = h->links,
             .n_links = h->n_links,
-            .held = h->held,
-            .n_held = h->n_held,
             .held_fds = fds,
         };
         int code;
 
-        code = pool_register(s->pool, &ph, c, &pw, err);
+        code = held_all(c, h, &all, &n_all);
+        if (code == 0 && all != h->held)
+                all_alloc = all;
+        if (code == 0 && h->held_total && h->held_total != n_all)
+                code = pool_fail(err, E(INVALID),
+                                 "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
+                                 h->held_total, n_all);
+        if (code == 0 && fds && n_fds != n_all)
+                code = pool_fail(err, E(SIDE_CHANNEL), "hello: %zu descriptors for %zu held chunks",
+                                 n_fds, n_all);
+        ph.held = all;
+        ph.n_held = n_all;
+        if (code == 0)
+                code = pool_register(s->pool, &ph, c, &pw, err);
+        /* Whatever the outcome, the parts are spent: a new attempt sends them again. */
+        free(c->held);
+        c->held = NULL;
+        c->n_held = 0;
         side_close_fds(fds, n_fds); /* those the pool did not take */
         if (code < 0) {
                 log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
@@ -255,7 +299,7 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                 reply(s, c, e->request_id, &r);
                 goto done;
         }
-        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? h->n_held : 0;
+        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? fds_needed(e) : 0;
         if (need == 0) {
                 finish_hello(s, c, e, NULL, 0);
                 goto done;
@@ -288,6 +332,47 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
 done:
         if (e)
                 aqua__envelope__free_unpacked(e, NULL);
+}
+
+/*
+ * A part of what a re-registering client holds, before its Hello. Kept by the side channel whose
+ * token it carries, within what the pool could hold at all; no reply unless refused.
+ */
+static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
+                              const Aqua__Envelope *e)
+{
+        const Aqua__HelloHeld *hh = e->hello_held;
+        struct client *c = server_find_by_token(s, hh->token.data, hh->token.len);
+        struct side_cred peer;
+        Aqua__HeldChunk *a;
+
+        if (!c || (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid)) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "hello_held: not the token of this process's side channel");
+                return;
+        }
+        if (c->n_held + hh->n_held > s->pool->settings.max_chunks) {
+                server_send_error(s, rid, rlen, e->request_id, E(LIMIT),
+                                  "hello_held: more than the pool's %" PRIu64 " chunks",
+                                  s->pool->settings.max_chunks);
+                free(c->held);
+                c->held = NULL;
+                c->n_held = 0;
+                return;
+        }
+        a = reallocarray(c->held, c->n_held + hh->n_held + 1, sizeof(*a));
+        if (!a) {
+                server_send_error(s, rid, rlen, e->request_id, E(INTERNAL), "out of memory");
+                return;
+        }
+        c->held = a;
+        for (size_t i = 0; i < hh->n_held; i++) {
+                aqua__held_chunk__init(&a[c->n_held]);
+                a[c->n_held].chunk_id = hh->held[i]->chunk_id;
+                a[c->n_held].size = hh->held[i]->size;
+                a[c->n_held].lease_id = hh->held[i]->lease_id;
+                c->n_held++;
+        }
 }
 
 /* ------------------------------------------------------------------------------ offer */
@@ -387,7 +472,9 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                          size_t n_fds)
 {
         struct pending *p;
-        size_t need, cap = s->limits.max_repeated;
+        /* Before its Hello, a re-registering producer may pass a handle per chunk it holds. */
+        size_t need,
+            cap = c->registered ? s->limits.max_repeated : (size_t)s->pool->settings.max_chunks;
         int *a;
 
         if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&
@@ -687,6 +774,10 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
                 handle_hello(s, rid, rlen, e);
                 return;
+        }
+        if (e->body_case == AQUA__ENVELOPE__BODY_HELLO_HELD) {
+                handle_hello_held(s, rid, rlen, e);
+                goto done;
         }
         c = server_find_by_routing(s, rid, rlen);
         if (!c || !c->registered) {

@@ -316,6 +316,7 @@ void client_free_pending(struct client *c, struct pending *p)
 static void client_free(struct server *s, struct client *c)
 {
         outbox_clear(c);
+        free(c->held);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
         if (c->gpu) {
@@ -862,6 +863,7 @@ struct server *server_free(struct server *s)
                 /* Not a client death: their state stays in the journal for the next start. */
                 c->gpu = NULL;
                 outbox_clear(c);
+                free(c->held);
                 while (!list_empty(&c->pending))
                         client_free_pending(c, list_entry(c->pending.next, struct pending, node));
                 list_unlink(&c->node);

@@ -124,6 +124,10 @@ static Aqua__Role role_to_proto(enum aqua_role role)
 
 /* ---------------------------------------------------------------- registration */
 
+/* Held chunks per message when re-registering: within aquad's repeated-items (4096 by
+ * default; do not configure it below this). */
+#define HELD_PER_MESSAGE 256
+
 /*
  * Send what a Hello needs on the side channel (a producer's chunk fds after a restart) and fill
  * env with the Hello; *held keeps the memory env points into until the Hello is sent.
@@ -164,6 +168,30 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         env->request_id = transport_next_id(ctx->t);
         env->body_case = AQUA__ENVELOPE__BODY_HELLO;
         env->hello = hello;
+
+        /* More than one message should carry (aquad's repeated-items limit): the first parts
+         * go ahead as HelloHeld, the Hello carries the last and the total. */
+        if (held->n > HELD_PER_MESSAGE) {
+                size_t first = ((held->n - 1) / HELD_PER_MESSAGE) * HELD_PER_MESSAGE;
+
+                for (size_t off = 0; off < first; off += HELD_PER_MESSAGE) {
+                        Aqua__Envelope part = AQUA__ENVELOPE__INIT;
+                        Aqua__HelloHeld hh = AQUA__HELLO_HELD__INIT;
+
+                        hh.token = hello->token;
+                        hh.held = held->ptrs + off;
+                        hh.n_held = HELD_PER_MESSAGE;
+                        part.request_id = transport_next_id(ctx->t);
+                        part.body_case = AQUA__ENVELOPE__BODY_HELLO_HELD;
+                        part.hello_held = &hh;
+                        r = transport_send(ctx->t, &part);
+                        if (r != 0)
+                                return r > 0 ? -ECONNRESET : r;
+                }
+                hello->held = held->ptrs + first;
+                hello->n_held = held->n - first;
+                hello->held_total = (uint32_t)held->n;
+        }
 
         /* The fds go first so the daemon has them when it reads the Hello; at most
          * SIDE_MAX_FDS per datagram, each frame naming its chunks. */

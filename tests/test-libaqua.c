@@ -492,3 +492,47 @@ Test(libaqua, a_full_aquad_refuses_a_client_with_eusers_and_says_why)
         agent_stop(&third);
         agent_kill(&third);
 }
+
+/*
+ * More chunks than one message may list (limits.repeated-items): after a restart both sides
+ * re-register all of them, in parts, and nothing is lost.
+ */
+Test(libaqua, re_registers_more_chunks_than_one_message_may_list)
+{
+        const uint64_t chunk = 2 << 20, n = 300;
+        size_t leases, chunks, leases0, chunks0;
+        uint64_t bytes, bytes0;
+        const char *r;
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        set_config("reclaim-deadline", "10s\nlimits:\n  repeated-items: 256");
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        agent_do(&producer, "close");
+        agent_do(&producer, "open producer 1 %llu", (unsigned long long)chunk);
+        agent_do(&consumer, "poll 30000 reconnected");
+
+        agent_do(&producer, "offer %llu", (unsigned long long)(n * chunk));
+        /* A grant carries at most 256 chunks: borrow until all are leased. */
+        agent_do(&consumer, "borrow %llu %llu", (unsigned long long)(256 * chunk),
+                 (unsigned long long)(256 * chunk));
+        agent_do(&consumer, "borrow %llu %llu", (unsigned long long)((n - 256) * chunk),
+                 (unsigned long long)((n - 256) * chunk));
+        agent_do(&consumer, "fill 1 5");
+        count_leases(&leases0, &bytes0, &chunks0);
+        cr_assert_eq(leases0, 2);
+        cr_assert_eq(bytes0, n * chunk, "all %llu chunks leased: %llu MiB in %zu leases",
+                     (unsigned long long)n, (unsigned long long)(bytes0 >> 20), leases0);
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        r = agent_do(&producer, "poll 20000 reconnected");
+        cr_assert_eq(field(r, "reconnected"), 1, "the producer could not re-register");
+        r = agent_do(&consumer, "poll 20000 reconnected");
+        cr_assert_eq(field(r, "reconnected"), 1, "the consumer could not re-register");
+        cr_assert_eq(field(r, "lost"), 0);
+        count_leases(&leases, &bytes, &chunks);
+        cr_assert_eq(leases, leases0);
+        cr_assert_eq(bytes, bytes0);
+        cr_assert_eq(chunks, chunks0);
+        cr_assert_str_eq(agent_do(&consumer, "check 1 5"), "0");
+}
