@@ -1,10 +1,13 @@
 /*
  * Fault injection: many randomized cycles of offer, borrow, write, reclaim and return by real
  * libaqua clients (tests/aqua-agent.c processes) on a simulated machine, with the producer, the
- * consumer or aquad SIGKILLed at a random point of a random step. After every cycle:
+ * consumer or aquad SIGKILLed at a random point of a random step, or aquad restarted while the
+ * consumer stays silent past the reconcile window, or aquad's disk full during the step (then
+ * aquad SIGKILLed with it full). After every cycle:
  *   - no chunk is both free and leased, and every lease holds exactly the chunks that name it
  *     (aquad's admin queries);
- *   - no lease is lost or duplicated: what aquad has leased is what the live consumer maps;
+ *   - no lease is lost or duplicated: what aquad has leased is what the live consumer maps, also
+ *     while it is silent after a restart, and no lease it was granted is unknown after one;
  *   - every byte the consumer wrote reads back, from peer memory or from DRAM;
  *   - once everything is returned and reclaimed, the producer's GPU has all its memory back
  *     (cuMemGetInfo), and aquad holds no chunk and no lease.
@@ -19,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,7 +55,8 @@ struct agent {
         pid_t pid;
         FILE *in, *out;
         char line[512];
-        bool died; /* by itself: line says how */
+        bool died;     /* by itself: line says how */
+        uint64_t lost; /* leases aquad did not know after a restart (LEASE_LOST events) */
 };
 
 static struct aquad *daemon_;
@@ -154,9 +160,10 @@ static bool agent_start(struct agent *a)
 struct run {
         unsigned seed;
         uint64_t cycles, violations;
-        uint64_t killed[3]; /* producer, consumer, aquad */
+        uint64_t killed[5]; /* producer, consumer, aquad, silent restarts, full disks */
         uint64_t baseline;  /* free bytes of the producer's GPU with nothing lent */
         bool kill_pending;  /* this cycle's victim is still alive */
+        unsigned seed_state;
         char last[256];
 };
 
@@ -277,8 +284,10 @@ static bool settle(struct agent *a, int timeout_ms)
         while (a->pid > 0) {
                 const char *info;
 
-                if (!is_ok(agent_ask(a, "poll 100")))
+                const char *polled = agent_ask(a, "poll 100");
+                if (!is_ok(polled))
                         return false;
+                a->lost += field(polled, "lost");
                 info = agent_ask(a, "info");
                 if (field(info, "connected") == 1)
                         return true;
@@ -289,10 +298,34 @@ static bool settle(struct agent *a, int timeout_ms)
 }
 
 enum step { STEP_OFFER, STEP_BORROW, STEP_FILL, STEP_RECLAIM, STEP_RETURN, _STEP_MAX };
-enum victim { VICTIM_NONE, VICTIM_PRODUCER, VICTIM_CONSUMER, VICTIM_AQUAD };
+enum victim {
+        VICTIM_NONE,
+        VICTIM_PRODUCER,
+        VICTIM_CONSUMER,
+        VICTIM_AQUAD,
+        VICTIM_AQUAD_SILENT, /* aquad restarted; the consumer stays silent past reconcile-timeout */
+        VICTIM_DISK,         /* aquad's journal can grow no more; then aquad is SIGKILLed */
+        _VICTIM_MAX,
+};
 
 static const char *const step_names[] = {"offer", "borrow", "fill", "reclaim", "return"};
-static const char *const victim_names[] = {"nobody", "the producer", "the consumer", "aquad"};
+static const char *const victim_names[] = {
+    "nobody", "the producer", "the consumer", "aquad", "aquad (consumer silent)", "aquad's disk"};
+
+/* The reconcile window of the run's aquad (setup's config). */
+#define RECONCILE_MS 500
+
+/* aquad may write nothing more to its journal: the disk is full for it. */
+static void fill_disk(void)
+{
+        char path[512];
+        struct stat st;
+        struct rlimit rl = {.rlim_max = RLIM_INFINITY};
+
+        snprintf(path, sizeof(path), "%s/journal", aquad_dir(daemon_));
+        rl.rlim_cur = stat(path, &st) == 0 ? (rlim_t)st.st_size : 0;
+        (void)prlimit(aquad_pid(daemon_), RLIMIT_FSIZE, &rl, NULL);
+}
 
 static void kill_victim(struct run *r, enum victim v)
 {
@@ -311,6 +344,14 @@ static void kill_victim(struct run *r, enum victim v)
         case VICTIM_AQUAD:
                 aquad_kill(daemon_, SIGKILL);
                 r->killed[2]++;
+                break;
+        case VICTIM_AQUAD_SILENT:
+                aquad_kill(daemon_, next(&r->seed_state) % 2 ? SIGKILL : SIGTERM);
+                r->killed[3]++;
+                break;
+        case VICTIM_DISK:
+                fill_disk();
+                r->killed[4]++;
                 break;
         default:
                 break;
@@ -339,7 +380,7 @@ static const char *act(struct run *r, unsigned *rnd, struct agent *a, enum step 
 
 static void cycle(struct run *r, unsigned *rnd)
 {
-        enum victim v = next(rnd) % 4;
+        enum victim v = next(rnd) % _VICTIM_MAX;
         enum step kill_at = next(rnd) % _STEP_MAX;
         unsigned seed = next(rnd) % 100000 + 1;
         uint64_t chunks = 1 + next(rnd) % 6, want = (1 + next(rnd) % chunks) * CHUNK;
@@ -392,11 +433,27 @@ static void cycle(struct run *r, unsigned *rnd)
         /* The chosen step did not happen this time: the victim dies at rest instead. */
         kill_victim(r, v);
 
+        /* A full disk ends in a crash: what the next aquad finds is what was acknowledged. */
+        if (v == VICTIM_DISK && aquad_pid(daemon_))
+                aquad_kill(daemon_, SIGKILL);
+
         /* Recovery: aquad back, everyone reconnected, notices handled. */
         if (!aquad_pid(daemon_))
                 cr_assert_eq(aquad_restart(daemon_), 0, "aquad did not restart");
         if (producer.pid > 0 && !settle(&producer, 20000))
                 violation(r, "the producer did not reconnect");
+        if (v == VICTIM_AQUAD_SILENT && consumer.pid > 0) {
+                /* Past the window with the consumer silent: what it maps stays leased to it
+                 * (aquad may hold more: a return it could not hear while it was down). */
+                sleep_ns((RECONCILE_MS + 300) * NSEC_PER_MSEC);
+                agent_ask(&producer, "poll 100");
+                reply = agent_ask(&consumer, "info");
+                if (check_books(r, &b) && reply && b.leased_bytes < field(reply, "borrowed"))
+                        violation(r,
+                                  "with the consumer silent, aquad has %" PRIu64
+                                  " bytes leased, the consumer maps %" PRIu64,
+                                  b.leased_bytes, field(reply, "borrowed"));
+        }
         if (consumer.pid > 0 && !settle(&consumer, 20000))
                 violation(r, "the consumer did not reconnect");
         /* A dead producer's chunks are moved off; scrub requests get done. */
@@ -435,6 +492,10 @@ static void cycle(struct run *r, unsigned *rnd)
                         sleep_ns(20 * NSEC_PER_MSEC);
         }
 
+        if (consumer.lost)
+                violation(r, "%" PRIu64 " leases the consumer was granted were unknown to aquad",
+                          consumer.lost);
+        consumer.lost = 0;
         if (producer.died || consumer.died)
                 violation(r, "the %s %s", producer.died ? "producer" : "consumer",
                           producer.died ? producer.line : consumer.line);
@@ -486,7 +547,7 @@ static void setup(void)
         setenv("AQUA_SIM_DEVICES", "2x2GiB", 1);
         unsetenv("AQUA_SIM_TOPOLOGY");
         unsetenv("AQUA_SIM_RUNTIME_DIR");
-        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 5s\n", &daemon_), 0);
+        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 500ms\n", &daemon_), 0);
         setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
         setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
         cr_assert(agent_start(&observer));
@@ -517,6 +578,7 @@ Test(fault, random_kills_break_no_invariant)
         s = getenv("AQUA_FAULT_SEED");
         r.seed = s ? (unsigned)strtoul(s, NULL, 0) : (unsigned)(now_real_ns() % 1000000);
         rnd = r.seed;
+        r.seed_state = r.seed;
         reply = agent_ask(&observer, "free 1");
         cr_assert(is_ok(reply));
         r.baseline = strtoull(reply + 3, NULL, 0);
@@ -529,8 +591,11 @@ Test(fault, random_kills_break_no_invariant)
                 cycle(&r, &rnd);
         }
         test_note("fault: seed %u: %" PRIu64 " cycles in %.0f s; killed the producer %" PRIu64
-                  ", the consumer %" PRIu64 ", aquad %" PRIu64 " times; %" PRIu64 " violations",
-                  r.seed, r.cycles, secs, r.killed[0], r.killed[1], r.killed[2], r.violations);
+                  ", the consumer %" PRIu64 ", aquad %" PRIu64 " times; restarted aquad with the "
+                  "consumer silent %" PRIu64 " times; filled aquad's disk %" PRIu64
+                  " times; %" PRIu64 " violations",
+                  r.seed, r.cycles, secs, r.killed[0], r.killed[1], r.killed[2], r.killed[3],
+                  r.killed[4], r.violations);
         cr_assert_gt(r.cycles, 0);
         cr_assert_eq(r.violations, 0, "%" PRIu64 " violations (seed %u)", r.violations, r.seed);
 }
