@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "log.h"
@@ -505,28 +506,67 @@ static int open_signals(struct server *s)
         return 0;
 }
 
-static int open_journal(struct server *s)
+/* Where --repair-journal keeps the damaged journal: beside it, named by the time (UTC). */
+static int repair_copy_path(const char *journal, char **ret)
 {
+        char stamp[32];
+        time_t now = time(NULL);
+        struct tm tm;
+
+        if (!gmtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm))
+                return -EINVAL;
+        return asprintf(ret, "%s.corrupt-%s", journal, stamp) < 0 ? -ENOMEM : 0;
+}
+
+static int open_journal(struct server *s, bool repair)
+{
+        const char *path = s->config->journal;
         struct journal_replay_stats st = {0};
+        _cleanup_free_ char *copy = NULL;
         struct journal *j = NULL;
         int r;
 
-        r = journal_open(s->config->journal, pool_apply, s->pool, &j, &st);
+        if (repair) {
+                r = repair_copy_path(path, &copy);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to name a copy of %s: %m", path);
+        }
+        r = journal_open_repair(path, copy, pool_apply, s->pool, &j, &st);
         if (r == -EBUSY)
-                return log_error_errno(r, "Journal %s is held by another aquad",
-                                       s->config->journal);
+                return log_error_errno(r, "Journal %s is held by another aquad", path);
         if (r == -EBADMSG)
                 return log_error_errno(r,
                                        "%s is not an aqua journal (or a corrupt one); move it "
                                        "away to start afresh",
-                                       s->config->journal);
+                                       path);
+        if (r == -EUCLEAN)
+                return log_error_errno(r,
+                                       "Journal %s is damaged at byte %" PRIu64 ", before its "
+                                       "end (intact records after it: %" PRIu64 "): not a torn "
+                                       "write, and cutting it would lose acknowledged changes; "
+                                       "not starting. `aquad -c %s --repair-journal` keeps a "
+                                       "copy of it and cuts it at that byte",
+                                       path, st.bad_offset, st.records_after, s->config_path);
+        if (r < 0 && copy)
+                return log_error_errno(r,
+                                       "Failed to open or repair the journal %s (a repair first "
+                                       "copies it to %s): %m",
+                                       path, copy);
         if (r < 0)
-                return log_error_errno(r, "Failed to open the journal %s: %m", s->config->journal);
+                return log_error_errno(r, "Failed to open the journal %s: %m", path);
         pool_attach_journal(s->pool, j, s->config->journal_compact_bytes);
-        if (st.dropped_bytes)
+        if (st.bad_offset)
+                log_warning("Journal %s was damaged at byte %" PRIu64 "; kept it as %s and cut it "
+                            "there: dropped %" PRIu64 " bytes, the bad record and the intact "
+                            "ones after it (%" PRIu64 "); leases only they knew come back to "
+                            "their clients as lost when they re-register",
+                            path, st.bad_offset, copy, st.dropped_bytes, st.records_after);
+        else if (st.dropped_bytes)
                 log_warning("Journal %s: cut off a torn tail of %" PRIu64 " bytes (a crash while "
                             "writing)",
-                            s->config->journal, st.dropped_bytes);
+                            path, st.dropped_bytes);
+        else if (repair)
+                log_notice("Journal %s is sound: nothing to repair", path);
         if (s->pool->n_chunks || s->pool->n_leases)
                 log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
                            " ms for clients to re-register",
@@ -535,7 +575,7 @@ static int open_journal(struct server *s)
         return 0;
 }
 
-int server_new(struct config *config, const char *config_path, struct server **ret)
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
 {
         _cleanup_(server_freep) struct server *s = NULL;
         struct pool_settings none = {0};
@@ -558,7 +598,7 @@ int server_new(struct config *config, const char *config_path, struct server **r
         server_apply_settings(s);
         r = server_apply_pins(s);
         if (r >= 0)
-                r = open_journal(s);
+                r = open_journal(s, flags & SERVER_REPAIR_JOURNAL);
         if (r < 0) {
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
@@ -751,8 +791,8 @@ int server_run(struct server *s)
                         int mt = metrics_timeout_ms(s->metrics);
 
                         metrics_item = k;
-                        items[k++] = (zmq_pollitem_t){.fd = metrics_fd(s->metrics),
-                                                      .events = ZMQ_POLLIN};
+                        items[k++] =
+                            (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
                         if (mt >= 0 && (timeout < 0 || mt < timeout))
                                 timeout = mt;
                 }

@@ -57,11 +57,11 @@ typedef void (*server_ready_fn)(struct server *s, void *userdata);
 struct server_stats {
         uint64_t requests;
         uint64_t errors;
-        uint64_t refused;      /* side-channel connections refused */
-        uint64_t send_dropped; /* replies or notices the ROUTER could not queue */
+        uint64_t refused;            /* side-channel connections refused */
+        uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
-        uint64_t throttled;    /* requests refused over a client's request rate */
-        uint64_t hijacks;      /* Hellos from another process than the token's side channel */
+        uint64_t throttled;          /* requests refused over a client's request rate */
+        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
 };
 
 struct server {
@@ -91,8 +91,13 @@ struct server {
         struct metrics *metrics; /* NULL unless the config names a metrics address */
 };
 
+enum {
+        /* A journal damaged before its tail is cut there (after a copy) instead of refused. */
+        SERVER_REPAIR_JOURNAL = 1 << 0,
+};
+
 /* Set up from config (taken on success): journal replay, sockets, signals. */
-int server_new(struct config *config, const char *config_path, struct server **ret);
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret);
 struct server *server_free(struct server *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);
 void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
