@@ -74,7 +74,9 @@ struct server {
         void *router;
         int side_fd;
         int signal_fd;
-        char *ipc_path; /* file of an ipc:// endpoint, for its mode */
+        char *ipc_path;   /* file of an ipc:// endpoint, for its mode */
+        int side_lock_fd; /* <side-socket>.lock: this aquad serves the side socket */
+        int ipc_lock_fd;  /* <ipc file>.lock, where that is not the side socket */
 
         struct list_node clients;
         size_t n_clients;
@@ -96,7 +98,7 @@ enum {
         SERVER_REPAIR_JOURNAL = 1 << 0,
 };
 
-/* Set up from config (taken on success): journal replay, sockets, signals. */
+/* Set up from config (taken on success): sockets' locks, journal replay, sockets, signals. */
 int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret);
 struct server *server_free(struct server *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);

@@ -1,6 +1,6 @@
 /*
  * Starts aquad must refuse, with a real aquad: a journal damaged before its tail (and its repair
- * on request).
+ * on request), and sockets another aquad serves.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -163,4 +163,58 @@ Test(startup, repairs_a_damaged_journal_on_request_keeping_a_copy_and_serves)
         /* The copy is the damaged journal as it was; the journal keeps what came before. */
         run("cmp '%s.before' '%s'", path, copy_path);
         run("cmp -n %" PRIu64 " '%s.before' '%s'", bad, path, path);
+}
+
+/*
+ * Start a second aquad on the first one's endpoint, with side socket side and its own journal:
+ * it must refuse, naming the first one's pid and named, and the first one must serve on.
+ */
+static void second_aquad_refuses(const char *side, const char *named)
+{
+        _cleanup_free_ char *log = NULL;
+        char config[160], pid[32];
+        struct stat st;
+        FILE *f;
+        int status;
+
+        cr_assert_eq(aquad_start(NULL, &daemon_), 0, "aquad did not start");
+        snprintf(config, sizeof(config), "%s/second.yaml", aquad_dir(daemon_));
+        f = fopen(config, "we");
+        cr_assert_not_null(f);
+        fprintf(f, "endpoint: %s\nside-socket: %s\njournal: %s/second/journal\n",
+                aquad_endpoint(daemon_), side ? side : aquad_side_path(daemon_),
+                aquad_dir(daemon_));
+        fclose(f);
+
+        status = aquad_run(config, NULL, 5000, &log);
+        cr_assert_eq(status, 1,
+                     "a second aquad did not refuse the sockets of a running one: exit %d", status);
+        snprintf(pid, sizeof(pid), "pid %d", (int)aquad_pid(daemon_));
+        cr_assert_not_null(strstr(log, pid), "the refusal names the running aquad (%s): %s", pid,
+                           log);
+        cr_assert_not_null(strstr(log, named), "and the path %s: %s", named, log);
+
+        /* The first one still has its sockets and serves on them. */
+        cr_assert_eq(stat(aquad_side_path(daemon_), &st), 0, "the side socket is still there");
+        cr_assert(S_ISSOCK(st.st_mode));
+        cr_assert_eq(stat(aquad_endpoint(daemon_) + 6, &st), 0, "the endpoint is still there");
+        test_connect_as(daemon_, &client, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", NULL);
+}
+
+Test(startup, a_second_aquad_on_the_same_sockets_refuses_and_the_first_serves_on)
+{
+        /* The same endpoint and side socket, another journal: the journal's lock cannot tell. */
+        second_aquad_refuses(NULL, "aquad.side");
+}
+
+Test(startup, a_second_aquad_on_the_same_endpoint_refuses_and_the_first_serves_on)
+{
+        char side[160];
+
+        snprintf(side, sizeof(side), "/tmp/aquad-second-%d.side", (int)getpid());
+        second_aquad_refuses(side, "aquad.sock");
+        cr_assert_neq(access(side, F_OK), 0, "the refused aquad made no side socket");
+        unlink(side);
+        strcat(side, ".lock");
+        unlink(side);
 }
