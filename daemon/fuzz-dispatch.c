@@ -168,7 +168,7 @@ static void setup(void)
                      dir, dir, journal_path);
         if (config_load("fuzz.yaml", yaml, (size_t)n, &cfg, &error) < 0)
                 die("bad config", error);
-        r = server_new(cfg, "fuzz.yaml", &srv);
+        r = server_new(cfg, "fuzz.yaml", 0, &srv);
         if (r < 0)
                 die("cannot start the server", strerror(-r));
         cfg = NULL;

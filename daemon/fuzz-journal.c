@@ -1,10 +1,12 @@
 /*
  * Fuzz harness for journal replay: the input is a journal file's body (after its magic). It is
  * framed, checked, decoded and applied to a pool, which is then snapshotted, re-applied, and
- * run past its reconcile deadline, as a restart would.
+ * run past its reconcile deadline, as a restart would. A body damaged before its tail is
+ * repaired (the copy goes to /dev/shm), and the repaired journal must then open as it is.
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,13 +26,44 @@ static const struct pool_settings settings = {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* Repair the journal at path into a fresh *p; what is left must replay with no damage. */
+static int repair(const char *path, struct pool **p, struct journal **ret)
+{
+        struct journal_replay_stats stats;
+        struct journal *j = NULL;
+        char copy[64];
+        int r;
+
+        snprintf(copy, sizeof(copy), "/dev/shm/fuzz-journal-%d.corrupt", (int)getpid());
+        unlink(copy);
+        pool_free(*p);
+        *p = NULL;
+        if (pool_new(&settings, p) < 0)
+                return -ENOMEM;
+        r = journal_open_repair(path, copy, pool_apply, *p, &j, &stats);
+        unlink(copy);
+        if (r < 0)
+                return r;
+        if (stats.bad_offset == 0)
+                abort(); /* journal_open() called it damaged */
+        journal_free(j);
+        pool_free(*p);
+        *p = NULL;
+        if (pool_new(&settings, p) < 0)
+                return -ENOMEM;
+        r = journal_open(path, pool_apply, *p, ret, &stats);
+        if (r == -EUCLEAN || (r == 0 && (stats.bad_offset || stats.dropped_bytes)))
+                abort(); /* the repair left damage behind */
+        return r;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         struct pool *p = NULL, *copy = NULL;
         Aquaj__JournalRecord *snap = NULL;
         struct journal *j = NULL;
         char path[64];
-        int fd;
+        int fd, r;
 
         fd = memfd_create("journal", MFD_CLOEXEC);
         if (fd < 0)
@@ -40,7 +73,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
         if (pool_new(&settings, &p) < 0)
                 goto out;
-        if (journal_open(path, pool_apply, p, &j, NULL) < 0)
+        r = journal_open(path, pool_apply, p, &j, NULL);
+        if (r == -EUCLEAN)
+                r = repair(path, &p, &j);
+        if (r < 0)
                 goto out;
         pool_attach_journal(p, j, 1 << 20);
         if (pool_snapshot(p, &snap) == 0 && pool_new(&settings, &copy) == 0)

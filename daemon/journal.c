@@ -1,4 +1,7 @@
-/* Journal file format: an 8-byte magic, then records of [u32 length][u32 crc32c][protobuf]. */
+/*
+ * The journal file: an 8-byte magic, then records of [u32 length][u32 crc32c][protobuf]; how it
+ * is appended, compacted and replayed, and how a torn tail is told from damage before it.
+ */
 #include "journal.h"
 
 #include <fcntl.h>
@@ -6,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #define MAGIC      "AQUAJNL1"
@@ -13,6 +17,12 @@
 #define HEADER_LEN 8
 /* A snapshot of the largest state the limits allow stays far below this. */
 #define MAX_RECORD (256u << 20)
+/*
+ * Bytes checksummed while looking for intact records after a bad one. Past it the search stops
+ * and the bad record counts as damage: refusing to start costs an operator a command, cutting
+ * off acknowledged records costs leases.
+ */
+#define SEARCH_BUDGET (UINT64_C(256) << 20)
 
 struct journal {
         char *path;
@@ -52,18 +62,19 @@ static uint32_t get_u32(const uint8_t *p)
         return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
+static int write_at(int fd, const void *buf, size_t len, uint64_t off)
 {
         const char *p = buf;
 
         while (len > 0) {
-                ssize_t n = write(fd, p, len);
+                ssize_t n = pwrite(fd, p, len, (off_t)off);
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
                         return -errno;
                 }
                 p += n;
+                off += (uint64_t)n;
                 len -= (size_t)n;
         }
         return 0;
@@ -133,41 +144,131 @@ static int frame(const Aquaj__JournalRecord *record, uint8_t **ret, size_t *ret_
         return 0;
 }
 
-static int replay(struct journal *j, journal_replay_fn fn, void *userdata,
+/* The journal file mapped for replay; nothing is mapped for a file of only its magic. */
+struct mapping {
+        const uint8_t *data;
+        uint64_t size;
+};
+
+static void mapping_done(struct mapping *m)
+{
+        if (m->size)
+                munmap((void *)m->data, m->size);
+}
+
+/*
+ * The length of the record whose header is at off when its body fits in the file, else 0. No
+ * record of length 0 is ever written (an empty batch is not appended): zeros, which is what a
+ * power loss may leave where the file grew, frame nothing.
+ */
+static uint32_t framed_len(const struct mapping *m, uint64_t off)
+{
+        uint32_t len;
+
+        if (m->size - off < HEADER_LEN)
+                return 0;
+        len = get_u32(m->data + off);
+        if (len == 0 || len > MAX_RECORD || len > m->size - off - HEADER_LEN)
+                return 0;
+        return len;
+}
+
+static bool checksum_ok(const struct mapping *m, uint64_t off, uint32_t len)
+{
+        return crc32c(m->data + off + HEADER_LEN, len) == get_u32(m->data + off + 4);
+}
+
+/*
+ * Whether intact records follow the bad one at bad, which makes it damage rather than a torn
+ * tail. Each append is fsync'd before the next one, so a crash can only have damaged the bytes
+ * from the start of the last record to the end of the file: an intact record anywhere after bad
+ * proves the damage happened to a record written whole. Its length field may be the damaged
+ * part, so every offset after it is tried, not just the one it names. *ret_after is the number
+ * of intact records from the first one found on (0 when the search ran out of budget, which
+ * also answers true).
+ */
+static bool intact_after(const struct mapping *m, uint64_t bad, uint64_t *ret_after)
+{
+        uint64_t budget = SEARCH_BUDGET, off, n = 0;
+        uint32_t len = 0;
+
+        for (off = bad + 1; off + HEADER_LEN < m->size; off++) {
+                len = framed_len(m, off);
+                if (!len)
+                        continue;
+                if (len > budget) {
+                        *ret_after = 0;
+                        return true;
+                }
+                budget -= len;
+                if (checksum_ok(m, off, len))
+                        break;
+                len = 0;
+        }
+        if (!len)
+                return false;
+        do {
+                n++;
+                off += HEADER_LEN + len;
+                len = framed_len(m, off);
+        } while (len && checksum_ok(m, off, len));
+        *ret_after = n;
+        return true;
+}
+
+/* Keep the damaged file at copy_path, on disk before the journal loses anything. */
+static int keep_copy(const struct mapping *m, const char *copy_path)
+{
+        _cleanup_close_ int fd = -1;
+        int r;
+
+        fd = open(copy_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        r = write_at(fd, m->data, m->size, 0);
+        if (r >= 0 && fsync(fd) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlink(copy_path);
+                return r;
+        }
+        return fsync_parent(copy_path);
+}
+
+/* Replay every intact record; on damage before the tail, refuse or (with copy_path) repair. */
+static int replay(struct journal *j, const char *copy_path, journal_replay_fn fn, void *userdata,
                   struct journal_replay_stats *stats)
 {
-        uint64_t off = MAGIC_LEN, end;
+        _cleanup_(mapping_done) struct mapping m = {0};
+        uint64_t off = MAGIC_LEN;
+        bool damaged = false;
         struct stat st;
         int r;
 
         if (fstat(j->fd, &st) < 0)
                 return -errno;
-        end = (uint64_t)st.st_size;
-        while (off < end) {
-                _cleanup_free_ uint8_t *buf = NULL;
-                uint8_t header[HEADER_LEN];
+        if ((uint64_t)st.st_size > MAGIC_LEN) {
+                void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, j->fd, 0);
+                if (p == MAP_FAILED)
+                        return -errno;
+                m.data = p;
+                m.size = (uint64_t)st.st_size;
+        }
+        while (off < m.size) {
+                uint32_t len = framed_len(&m, off);
                 Aquaj__JournalRecord *rec;
-                uint32_t len;
 
-                r = read_at(j->fd, header, sizeof(header), off);
-                if (r < 0)
-                        return r;
-                if (r > 0)
+                if (!len || !checksum_ok(&m, off, len)) {
+                        damaged = intact_after(&m, off, &stats->records_after);
                         break;
-                len = get_u32(header);
-                if (len > MAX_RECORD || off + HEADER_LEN + len > end)
+                }
+                rec = aquaj__journal_record__unpack(NULL, len, m.data + off + HEADER_LEN);
+                if (!rec) {
+                        /* Written whole, as its checksum says: no crash makes this. */
+                        damaged = true;
+                        (void)intact_after(&m, off, &stats->records_after);
                         break;
-                buf = malloc(len ? len : 1);
-                if (!buf)
-                        return -ENOMEM;
-                r = read_at(j->fd, buf, len, off + HEADER_LEN);
-                if (r < 0)
-                        return r;
-                if (r > 0 || crc32c(buf, len) != get_u32(header + 4))
-                        break;
-                rec = aquaj__journal_record__unpack(NULL, len, buf);
-                if (!rec)
-                        break;
+                }
                 r = fn ? fn(rec, userdata) : 0;
                 aquaj__journal_record__free_unpacked(rec, NULL);
                 if (r < 0)
@@ -176,16 +277,27 @@ static int replay(struct journal *j, journal_replay_fn fn, void *userdata,
                 stats->records++;
         }
         stats->bytes = off - MAGIC_LEN;
-        stats->dropped_bytes = end - off;
+        if (damaged) {
+                stats->bad_offset = off;
+                if (!copy_path)
+                        return -EUCLEAN;
+                r = keep_copy(&m, copy_path);
+                if (r < 0)
+                        return r;
+        }
         /* Cut the tail so the next append follows the last intact record. */
-        if (off < end && ftruncate(j->fd, (off_t)off) < 0)
-                return -errno;
+        if (off < m.size) {
+                stats->dropped_bytes = m.size - off;
+                if (ftruncate(j->fd, (off_t)off) < 0 || (damaged && fsync(j->fd) < 0))
+                        return -errno;
+        }
         j->size = off;
         return 0;
 }
 
-int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct journal **ret,
-                 struct journal_replay_stats *ret_stats)
+int journal_open_repair(const char *path, const char *copy_path, journal_replay_fn fn,
+                        void *userdata, struct journal **ret,
+                        struct journal_replay_stats *ret_stats)
 {
         _cleanup_(journal_freep) struct journal *j = NULL;
         struct journal_replay_stats stats = {0};
@@ -222,16 +334,20 @@ int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct 
         } else if (memcmp(magic, MAGIC, MAGIC_LEN) != 0)
                 return -EBADMSG;
 
-        r = replay(j, fn, userdata, &stats);
+        r = replay(j, copy_path, fn, userdata, &stats);
+        if (ret_stats && (r >= 0 || r == -EUCLEAN))
+                *ret_stats = stats;
         if (r < 0)
                 return r;
         j->base = j->size;
-        if (lseek(j->fd, 0, SEEK_END) < 0)
-                return -errno;
-        if (ret_stats)
-                *ret_stats = stats;
         *ret = TAKE_PTR(j);
         return 0;
+}
+
+int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct journal **ret,
+                 struct journal_replay_stats *ret_stats)
+{
+        return journal_open_repair(path, NULL, fn, userdata, ret, ret_stats);
 }
 
 struct journal *journal_free(struct journal *j)
@@ -253,18 +369,18 @@ int journal_append(struct journal *j, const Aquaj__JournalRecord *record)
         r = frame(record, &buf, &len);
         if (r < 0)
                 return r;
-        r = write_all(j->fd, buf, len);
+        /* At the end of the intact records, not the file's end: should a partial record that
+         * failed to write also fail to be cut, the next append overwrites it rather than follows
+         * it, which would leave damage before the tail. */
+        r = write_at(j->fd, buf, len, j->size);
         if (r < 0) {
-                /* Leave no partial record behind for the next append to follow. */
                 (void)!ftruncate(j->fd, (off_t)j->size);
-                (void)!lseek(j->fd, 0, SEEK_END);
                 return r;
         }
         if (fdatasync(j->fd) < 0) {
                 r = -errno;
                 /* Not known to be on disk: not a record the next append may follow. */
                 (void)!ftruncate(j->fd, (off_t)j->size);
-                (void)!lseek(j->fd, 0, SEEK_END);
                 return r;
         }
         j->size += len;
@@ -287,9 +403,9 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
         fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0)
                 return -errno;
-        r = write_all(fd, MAGIC, MAGIC_LEN);
+        r = write_at(fd, MAGIC, MAGIC_LEN, 0);
         if (r >= 0)
-                r = write_all(fd, buf, len);
+                r = write_at(fd, buf, len, MAGIC_LEN);
         if (r >= 0 && fsync(fd) < 0)
                 r = -errno;
         if (r >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)

@@ -1,7 +1,8 @@
 /*
  * The journal: an append-only file of JournalRecords, each one batch of state changes written
  * and fsync'd before the daemon acknowledges them; compacted into a single snapshot record when
- * it grows, and replayed at start. A torn or corrupt tail (a crash mid-write) is cut off.
+ * it grows, and replayed at start. A torn tail (a crash mid-append) is cut off; damage before
+ * the tail is refused, or cut on request after a copy of the file is kept.
  */
 #pragma once
 
@@ -17,18 +18,34 @@ struct journal;
 typedef int (*journal_replay_fn)(const Aquaj__JournalRecord *record, void *userdata);
 
 struct journal_replay_stats {
-        uint64_t records;
-        uint64_t bytes;         /* of intact records */
-        uint64_t dropped_bytes; /* cut off as a torn or corrupt tail */
+        uint64_t records;       /* replayed */
+        uint64_t bytes;         /* of the records replayed */
+        uint64_t dropped_bytes; /* cut off: a torn tail, or by a repair all from bad_offset on */
+        uint64_t bad_offset;    /* where the damaged record starts; 0: none */
+        uint64_t records_after; /* intact records found after it (0: the search was cut short) */
 };
 
 /*
  * Open (creating it and its parent folder when missing) and lock the journal at path, and replay
- * it through fn. Returns 0, -EBUSY when another process holds it, -EBADMSG when the file is not a
- * journal, or another negative errno.
+ * it through fn. A bad record with no intact one anywhere after it is a torn tail (only the last
+ * append can be incomplete, each one is fsync'd before the next) and is cut off. A bad record
+ * that intact ones follow, or an intact one that does not decode, is damage no crash makes: the
+ * file is left as it is and -EUCLEAN returned, with ret_stats (also written then) saying where.
+ * Records before it have gone through fn by then. Returns 0, -EBUSY when another process holds
+ * the journal, -EBADMSG when the file is not a journal, -EUCLEAN, or another negative errno.
  */
 int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct journal **ret,
                  struct journal_replay_stats *ret_stats);
+
+/*
+ * journal_open(), except that a journal damaged before its tail is repaired instead of refused:
+ * the whole file is first copied to copy_path (a new file; -EEXIST when one is there), then cut
+ * at the damaged record, keeping every record before it. A sound journal is opened as it is and
+ * no copy is made.
+ */
+int journal_open_repair(const char *path, const char *copy_path, journal_replay_fn fn,
+                        void *userdata, struct journal **ret,
+                        struct journal_replay_stats *ret_stats);
 struct journal *journal_free(struct journal *j);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct journal *, journal_free);
 

@@ -12,12 +12,14 @@
 static void usage(FILE *f)
 {
         fprintf(f,
-                "Usage: aquad [-c PATH] [--check-config] [-v]\n"
-                "  -c, --config PATH   configuration file (default %s)\n"
-                "      --check-config  validate the configuration and exit\n"
-                "  -v, --verbose       log debug messages\n"
-                "  -h, --help          show this help\n"
-                "      --version       print the version\n",
+                "Usage: aquad [-c PATH] [--check-config] [--repair-journal] [-v]\n"
+                "  -c, --config PATH     configuration file (default %s)\n"
+                "      --check-config    validate the configuration and exit\n"
+                "      --repair-journal  if the journal is damaged before its end, keep a copy\n"
+                "                        of it and cut it at the damage, then start\n"
+                "  -v, --verbose         log debug messages\n"
+                "  -h, --help            show this help\n"
+                "      --version         print the version\n",
                 CONFIG_DEFAULT_PATH);
 }
 
@@ -31,15 +33,20 @@ static void ready(struct server *s, void *userdata)
 int main(int argc, char **argv)
 {
         static const struct option options[] = {
-            {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
-            {"verbose", no_argument, NULL, 'v'},      {"help", no_argument, NULL, 'h'},
-            {"version", no_argument, NULL, 'V'},      {},
+            {"config", required_argument, NULL, 'c'},
+            {"check-config", no_argument, NULL, 'C'},
+            {"verbose", no_argument, NULL, 'v'},
+            {"help", no_argument, NULL, 'h'},
+            {"version", no_argument, NULL, 'V'},
+            {"repair-journal", no_argument, NULL, 'R'},
+            {},
         };
         _cleanup_(server_freep) struct server *s = NULL;
         _cleanup_(config_freep) struct config *config = NULL;
         _cleanup_free_ char *error = NULL;
         const char *path = CONFIG_DEFAULT_PATH;
         bool check = false, verbose = false;
+        unsigned flags = 0;
         int c, r;
 
         while ((c = getopt_long(argc, argv, "c:vh", options, NULL)) >= 0) {
@@ -52,6 +59,9 @@ int main(int argc, char **argv)
                         break;
                 case 'v':
                         verbose = true;
+                        break;
+                case 'R':
+                        flags |= SERVER_REPAIR_JOURNAL;
                         break;
                 case 'h':
                         usage(stdout);
@@ -86,7 +96,7 @@ int main(int argc, char **argv)
         }
         log_setup("aquad", verbose ? LOG_LEVEL_DEBUG : config->log_level);
 
-        r = server_new(config, path, &s);
+        r = server_new(config, path, flags, &s);
         if (r < 0)
                 return 1; /* the reason is logged */
         config = NULL;    /* the server owns it now */

@@ -8,12 +8,14 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "log.h"
@@ -694,6 +696,65 @@ static int set_socket_access(const struct config *c, const char *path)
         return 0;
 }
 
+/*
+ * One aquad per socket: <path>.lock, locked for aquad's life and holding its pid, is taken before
+ * the socket is unlinked. Without it a second aquad (another journal, so the journal's lock
+ * cannot tell) would unlink the socket of one that runs, bind its own, and delete it at exit,
+ * leaving the first one unreachable. The file stays when aquad exits: unlinking it would let two
+ * aquads lock two different files of that name.
+ */
+static int lock_socket(const char *path, int *ret_fd)
+{
+        _cleanup_free_ char *lock = NULL;
+        _cleanup_close_ int fd = -1;
+        char pid[32];
+        ssize_t n;
+        int r;
+
+        r = make_parent_dir(path);
+        if (r < 0)
+                return log_error_errno(r, "Failed to create the folder of %s: %m", path);
+        if (asprintf(&lock, "%s.lock", path) < 0)
+                return log_error_errno(-ENOMEM, "Failed to lock %s: %m", path);
+        fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd < 0)
+                return log_error_errno(-errno, "Failed to open %s: %m", lock);
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                if (errno != EWOULDBLOCK)
+                        return log_error_errno(-errno, "Failed to lock %s: %m", lock);
+                /* Empty for a moment while the holder writes it. */
+                n = pread(fd, pid, sizeof(pid) - 1, 0);
+                pid[MAX(n, 0)] = '\0';
+                pid[strcspn(pid, "\n")] = '\0';
+                return log_error_errno(-EBUSY,
+                                       "%s is served by another aquad (pid %s, holding %s); stop "
+                                       "it, or give this one another endpoint and side-socket",
+                                       path, pid[0] ? pid : "unknown", lock);
+        }
+        n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+                return log_error_errno(-errno, "Failed to write %s: %m", lock);
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+/* The side socket's lock, and the ipc:// endpoint's where that is another file. */
+static int lock_sockets(struct server *s)
+{
+        const char *ep = s->config->endpoint;
+        int r;
+
+        r = lock_socket(s->config->side_socket, &s->side_lock_fd);
+        if (r < 0 || strncmp(ep, "ipc://", 6) != 0)
+                return r;
+        s->ipc_path = strdup(ep + 6);
+        if (!s->ipc_path)
+                return log_error_errno(-ENOMEM, "Failed to lock %s: %m", ep + 6);
+        if (strcmp(s->ipc_path, s->config->side_socket) == 0)
+                return 0;
+        return lock_socket(s->ipc_path, &s->ipc_lock_fd);
+}
+
 static int open_side(struct server *s)
 {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -701,13 +762,10 @@ static int open_side(struct server *s)
         struct stat st;
         int r;
 
-        r = make_parent_dir(path);
-        if (r < 0)
-                return log_error_errno(r, "Failed to create the folder of %s: %m", path);
         s->side_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (s->side_fd < 0)
                 return log_error_errno(-errno, "Failed to create the side-channel socket: %m");
-        /* A socket left by an aquad that died: the journal lock says none runs now. */
+        /* A socket left by an aquad that died: the socket's lock (ours now) says none runs. */
         if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
                 unlink(path);
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
@@ -739,15 +797,7 @@ static int open_router(struct server *s)
             zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0)
                 return log_error_errno(-errno, "Failed to set ROUTER options: %m");
-        if (strncmp(ep, "ipc://", 6) == 0) {
-                s->ipc_path = strdup(ep + 6);
-                if (!s->ipc_path)
-                        return -ENOMEM;
-                r = make_parent_dir(s->ipc_path);
-                if (r < 0)
-                        return log_error_errno(r, "Failed to create the folder of %s: %m",
-                                               s->ipc_path);
-        }
+        /* ZeroMQ unlinks an ipc:// file before it binds: lock_sockets() made that safe. */
         if (zmq_bind(s->router, ep) < 0)
                 return log_error_errno(-errno, "Failed to bind %s: %s", ep, zmq_strerror(errno));
         if (s->ipc_path) {
@@ -778,28 +828,67 @@ static int open_signals(struct server *s)
         return 0;
 }
 
-static int open_journal(struct server *s)
+/* Where --repair-journal keeps the damaged journal: beside it, named by the time (UTC). */
+static int repair_copy_path(const char *journal, char **ret)
 {
+        char stamp[32];
+        time_t now = time(NULL);
+        struct tm tm;
+
+        if (!gmtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm))
+                return -EINVAL;
+        return asprintf(ret, "%s.corrupt-%s", journal, stamp) < 0 ? -ENOMEM : 0;
+}
+
+static int open_journal(struct server *s, bool repair)
+{
+        const char *path = s->config->journal;
         struct journal_replay_stats st = {0};
+        _cleanup_free_ char *copy = NULL;
         struct journal *j = NULL;
         int r;
 
-        r = journal_open(s->config->journal, pool_apply, s->pool, &j, &st);
+        if (repair) {
+                r = repair_copy_path(path, &copy);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to name a copy of %s: %m", path);
+        }
+        r = journal_open_repair(path, copy, pool_apply, s->pool, &j, &st);
         if (r == -EBUSY)
-                return log_error_errno(r, "Journal %s is held by another aquad",
-                                       s->config->journal);
+                return log_error_errno(r, "Journal %s is held by another aquad", path);
         if (r == -EBADMSG)
                 return log_error_errno(r,
                                        "%s is not an aqua journal (or a corrupt one); move it "
                                        "away to start afresh",
-                                       s->config->journal);
+                                       path);
+        if (r == -EUCLEAN)
+                return log_error_errno(r,
+                                       "Journal %s is damaged at byte %" PRIu64 ", before its "
+                                       "end (intact records after it: %" PRIu64 "): not a torn "
+                                       "write, and cutting it would lose acknowledged changes; "
+                                       "not starting. `aquad -c %s --repair-journal` keeps a "
+                                       "copy of it and cuts it at that byte",
+                                       path, st.bad_offset, st.records_after, s->config_path);
+        if (r < 0 && copy)
+                return log_error_errno(r,
+                                       "Failed to open or repair the journal %s (a repair first "
+                                       "copies it to %s): %m",
+                                       path, copy);
         if (r < 0)
-                return log_error_errno(r, "Failed to open the journal %s: %m", s->config->journal);
+                return log_error_errno(r, "Failed to open the journal %s: %m", path);
         pool_attach_journal(s->pool, j, s->config->journal_compact_bytes);
-        if (st.dropped_bytes)
+        if (st.bad_offset)
+                log_warning("Journal %s was damaged at byte %" PRIu64 "; kept it as %s and cut it "
+                            "there: dropped %" PRIu64 " bytes, the bad record and the intact "
+                            "ones after it (%" PRIu64 "); leases only they knew come back to "
+                            "their clients as lost when they re-register",
+                            path, st.bad_offset, copy, st.dropped_bytes, st.records_after);
+        else if (st.dropped_bytes)
                 log_warning("Journal %s: cut off a torn tail of %" PRIu64 " bytes (a crash while "
                             "writing)",
-                            s->config->journal, st.dropped_bytes);
+                            path, st.dropped_bytes);
+        else if (repair)
+                log_notice("Journal %s is sound: nothing to repair", path);
         if (s->pool->n_chunks || s->pool->n_leases)
                 log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
                            " ms for clients to re-register",
@@ -808,7 +897,7 @@ static int open_journal(struct server *s)
         return 0;
 }
 
-int server_new(struct config *config, const char *config_path, struct server **ret)
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
 {
         _cleanup_(server_freep) struct server *s = NULL;
         struct pool_settings none = {0};
@@ -817,7 +906,7 @@ int server_new(struct config *config, const char *config_path, struct server **r
         s = calloc(1, sizeof(*s));
         if (!s)
                 return -ENOMEM;
-        s->side_fd = s->signal_fd = s->request_fd = -1;
+        s->side_fd = s->signal_fd = s->request_fd = s->side_lock_fd = s->ipc_lock_fd = -1;
         list_init(&s->clients);
         s->next_client_id = 1;
         s->start_ns = now_mono_ns();
@@ -830,8 +919,11 @@ int server_new(struct config *config, const char *config_path, struct server **r
         s->config = config;
         server_apply_settings(s);
         r = server_apply_pins(s);
+        /* The sockets' locks first: an aquad that may not serve them touches nothing. */
         if (r >= 0)
-                r = open_journal(s);
+                r = lock_sockets(s);
+        if (r >= 0)
+                r = open_journal(s, flags & SERVER_REPAIR_JOURNAL);
         if (r < 0) {
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
@@ -874,9 +966,13 @@ struct server *server_free(struct server *s)
                 zmq_close(s->router);
         if (s->zctx)
                 zmq_ctx_term(s->zctx);
-        if (s->side_fd >= 0 && s->config)
+        /* Only the holder of its lock may: another aquad's socket may be at that path. */
+        if (s->side_fd >= 0 && s->side_lock_fd >= 0 && s->config)
                 unlink(s->config->side_socket);
         safe_close(s->side_fd);
+        /* Released once both sockets are gone, so the next aquad does not lose its own. */
+        safe_close(s->side_lock_fd);
+        safe_close(s->ipc_lock_fd);
         safe_close(s->signal_fd);
         metrics_free(s->metrics);
         pool_free(s->pool);

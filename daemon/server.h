@@ -89,7 +89,9 @@ struct server {
         void *router;
         int side_fd;
         int signal_fd;
-        char *ipc_path; /* file of an ipc:// endpoint, for its mode */
+        char *ipc_path;   /* file of an ipc:// endpoint, for its mode */
+        int side_lock_fd; /* <side-socket>.lock: this aquad serves the side socket */
+        int ipc_lock_fd;  /* <ipc file>.lock, where that is not the side socket */
 
         struct list_node clients;
         size_t n_clients;
@@ -109,8 +111,13 @@ struct server {
         uint64_t evict_log_ns, fd_log_ns;
 };
 
-/* Set up from config (taken on success): journal replay, sockets, signals. */
-int server_new(struct config *config, const char *config_path, struct server **ret);
+enum {
+        /* A journal damaged before its tail is cut there (after a copy) instead of refused. */
+        SERVER_REPAIR_JOURNAL = 1 << 0,
+};
+
+/* Set up from config (taken on success): sockets' locks, journal replay, sockets, signals. */
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret);
 struct server *server_free(struct server *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);
 void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);

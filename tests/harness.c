@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -28,35 +29,45 @@ struct aquad {
         pid_t pid;
 };
 
-static int spawn(struct aquad *d)
+/* In a forked child: become aquad -c config [-v] args..., dying with the test process. */
+static _Noreturn void exec_aquad(const char *config, const char *const *args)
 {
-        const char *bin = getenv("AQUAD");
+        const char *bin = getenv("AQUAD"), *verbose = getenv("AQUA_TEST_VERBOSE");
+        const char *argv[16] = {"aquad", "-c", config};
+        size_t n = 3;
+
+        if (!bin || !bin[0])
+                bin = "build/daemon/aquad";
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (verbose && verbose[0] == '1')
+                argv[n++] = "-v";
+        for (; args && *args && n < ARRAY_SIZE(argv) - 1; args++)
+                argv[n++] = *args;
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
+        fprintf(stderr, "harness: cannot run %s: %m\n", bin);
+        _exit(127);
+}
+
+static int spawn(struct aquad *d, const char *const *args)
+{
         uint64_t deadline;
         struct stat st;
         pid_t pid;
 
-        if (!bin || !bin[0])
-                bin = "build/daemon/aquad";
         /* A file left by a killed aquad must not pass for the new one's. */
         unlink(d->ipc);
         pid = fork();
         if (pid < 0)
                 return -errno;
         if (pid == 0) {
-                const char *verbose = getenv("AQUA_TEST_VERBOSE");
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 if (d->logged) {
                         int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 
                         if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
                                 _exit(127);
                 }
-                if (verbose && verbose[0] == '1')
-                        execl(bin, "aquad", "-c", d->config, "-v", (char *)NULL);
-                else
-                        execl(bin, "aquad", "-c", d->config, (char *)NULL);
-                fprintf(stderr, "harness: cannot run %s: %m\n", bin);
-                _exit(127);
+                exec_aquad(d->config, args);
         }
         d->pid = pid;
         /* aquad listens on the side channel before it binds the ZeroMQ endpoint. */
@@ -101,7 +112,7 @@ static int start(const char *extra_yaml, bool logged, struct aquad **ret)
         fprintf(f, "endpoint: %s\nside-socket: %s\njournal: %s/journal\n%s", d->endpoint, d->side,
                 d->dir, extra_yaml ? extra_yaml : "");
         fclose(f);
-        r = spawn(d);
+        r = spawn(d, NULL);
         if (r < 0)
                 goto fail;
         *ret = d;
@@ -123,9 +134,88 @@ int aquad_start_logged(const char *extra_yaml, struct aquad **ret)
 
 int aquad_restart(struct aquad *d)
 {
+        return aquad_restart_args(d, NULL);
+}
+
+int aquad_restart_args(struct aquad *d, const char *const *args)
+{
         if (d->pid > 0)
                 return -EBUSY;
-        return spawn(d);
+        return spawn(d, args);
+}
+
+/* Wait for pid, killing it at deadline_ns; its exit status, or 128 + signal. */
+static int reap(pid_t pid, uint64_t deadline_ns)
+{
+        bool killed = false;
+        int status;
+
+        for (;;) {
+                pid_t w = waitpid(pid, &status, killed ? 0 : WNOHANG);
+                if (w == pid)
+                        break;
+                if (w < 0 && errno != EINTR)
+                        return -errno;
+                if (!killed && now_mono_ns() >= deadline_ns)
+                        killed = kill(pid, SIGKILL) == 0;
+                else if (!killed)
+                        sleep_ns(2 * NSEC_PER_MSEC);
+        }
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int aquad_run(const char *config, const char *const *args, uint64_t timeout_ms, char **ret_log)
+{
+        uint64_t deadline = now_mono_ns() + timeout_ms * NSEC_PER_MSEC;
+        _cleanup_free_ char *log = NULL;
+        size_t len = 0, cap = 0;
+        int pipefd[2];
+        pid_t pid;
+
+        if (pipe2(pipefd, O_CLOEXEC) < 0)
+                return -errno;
+        pid = fork();
+        if (pid < 0) {
+                close(pipefd[0]);
+                close(pipefd[1]);
+                return -errno;
+        }
+        if (pid == 0) {
+                dup2(pipefd[1], STDERR_FILENO);
+                exec_aquad(config, args);
+        }
+        close(pipefd[1]);
+        /* Read until aquad closes its stderr (it exits) or the time is up. */
+        for (;;) {
+                struct pollfd pfd = {.fd = pipefd[0], .events = POLLIN};
+                int64_t left = (int64_t)(deadline - now_mono_ns()) / (int64_t)NSEC_PER_MSEC;
+                ssize_t n;
+
+                if (now_mono_ns() >= deadline || poll(&pfd, 1, (int)MAX(left, 1)) == 0)
+                        break;
+                if (cap - len < 4096) {
+                        char *p = realloc(log, cap + 65536);
+                        if (!p)
+                                break;
+                        log = p;
+                        cap += 65536;
+                }
+                n = read(pipefd[0], log + len, cap - len - 1);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        break;
+                len += (size_t)n;
+        }
+        close(pipefd[0]);
+        if (!log && !(log = calloc(1, 1))) {
+                reap(pid, 0);
+                return -ENOMEM;
+        }
+        log[len] = '\0';
+        fputs(log, stderr); /* where aquad's log would have gone */
+        *ret_log = TAKE_PTR(log);
+        return reap(pid, deadline);
 }
 
 int aquad_kill(struct aquad *d, int sig)

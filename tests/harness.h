@@ -12,6 +12,7 @@
  */
 #pragma once
 
+#include <stdint.h>
 #include <sys/types.h>
 
 struct aquad;
@@ -28,6 +29,16 @@ int aquad_start_logged(const char *extra_yaml, struct aquad **ret);
 
 /* Start aquad again on the same folder, config and journal (after aquad_kill). */
 int aquad_restart(struct aquad *d);
+/* The same with further arguments (NULL-terminated, e.g. {"--repair-journal", NULL}). */
+int aquad_restart_args(struct aquad *d, const char *const *args);
+
+/*
+ * Run aquad -c config with further arguments (NULL-terminated, may be NULL) until it exits,
+ * for an aquad expected to stop by itself (a refusal to start); past timeout_ms it is killed.
+ * What it wrote to stderr is in *ret_log (NUL-terminated, free it), and is also copied to
+ * stderr. Returns its exit status, 128 + signal when killed, or a negative errno.
+ */
+int aquad_run(const char *config, const char *const *args, uint64_t timeout_ms, char **ret_log);
 
 /* Send sig and wait for aquad to exit; returns its exit status, or 128 + signal if killed. */
 int aquad_kill(struct aquad *d, int sig);
