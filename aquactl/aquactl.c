@@ -50,6 +50,8 @@ static void help(FILE *out)
             "  drain GPU              stop lending GPU's memory and take it all back\n"
             "  pair PRODUCER CONSUMER pair two GPUs\n"
             "  unpair GPU             remove GPU's pair\n"
+            "  release GPU            release what GPU's client held before aquad restarted,\n"
+            "                         once you know that process is gone (it is silent)\n"
             "\n"
             "GPUs are named by ordinal or uuid; sizes like 2GiB, 512MiB, 1.5GB.\n"
             "\n"
@@ -207,6 +209,7 @@ struct request {
                 Aqua__AdminDrain drain;
                 Aqua__AdminPair pair;
                 Aqua__AdminUnpair unpair;
+                Aqua__AdminRelease release;
         } u;
         const char *gpu; /* named when aquad does not know it */
         char done[256];  /* what to tell the operator on success */
@@ -307,6 +310,18 @@ static int build_unpair(char **args, int n, struct request *req)
         return 0;
 }
 
+static int build_release(char **args, int n, struct request *req)
+{
+        req->u.release = (Aqua__AdminRelease)AQUA__ADMIN_RELEASE__INIT;
+        req->u.release.gpu = args[0];
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RELEASE;
+        req->e.admin_release = &req->u.release;
+        req->gpu = args[0];
+        snprintf(req->done, sizeof(req->done),
+                 "released what GPU %s held: its chunks are scrubbed and lent again", args[0]);
+        return 0;
+}
+
 struct command {
         const char *name;
         int min_args, max_args;
@@ -319,6 +334,7 @@ static const struct command commands[] = {
     {"drain", 1, 1, build_drain, "drain GPU"},
     {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
     {"unpair", 1, 1, build_unpair, "unpair GPU"},
+    {"release", 1, 1, build_release, "release GPU"},
 };
 
 static int parse_options(int argc, char **argv, struct options *o)

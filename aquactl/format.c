@@ -194,7 +194,7 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 const Aqua__GpuInfo *g = gpus->gpus[i];
                 _cleanup_free_ char *safe = NULL;
 
-                if (!g->barred && !g->draining)
+                if (!g->barred && !g->draining && !g->silent)
                         continue;
                 /* The label holds the client's name: as harmless here as in the tables. */
                 safe = text_printable(format_gpu_label(label, sizeof(label), gpus, g->uuid));
@@ -205,6 +205,12 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                                 safe);
                 if (g->draining)
                         fprintf(out, "GPU %s is draining\n", safe);
+                if (g->silent)
+                        fprintf(out,
+                                "GPU %s has not re-registered since aquad restarted; its leases "
+                                "are kept while its process may run ('aquactl release' once it "
+                                "is gone)\n",
+                                safe);
         }
         return ferror(out) ? -EIO : 0;
 }

@@ -83,6 +83,7 @@ static size_t fill_gpus(struct pool *p, struct reply_mem *m, size_t max)
                 i->paired_with = g->paired ? g->paired->uuid : "";
                 i->barred = g->barred;
                 i->draining = g->draining;
+                i->silent = g->held_alive;
         }
         return n;
 }
@@ -323,6 +324,11 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
                 code = pool_unpin(s->pool, e->admin_unpair->gpu, err);
+                break;
+        case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
+                code = need_gpu(s, e->admin_release->gpu, "admin-release", &g, err);
+                if (code == 0)
+                        code = pool_release(s->pool, g, err);
                 break;
         default:
                 code = pool_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));

@@ -817,6 +817,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         case AQUA__ENVELOPE__BODY_ADMIN_DRAIN:
         case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
+        case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
                 admin_handle(s, c, e);
                 break;
         default:

@@ -348,6 +348,7 @@ int main(int argc, char **argv)
                 Aqua__AdminDrain d = AQUA__ADMIN_DRAIN__INIT;
                 Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
                 Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
+                Aqua__AdminRelease rl = AQUA__ADMIN_RELEASE__INIT;
 
                 s = (struct script){0};
                 offer(&s, 1, 4, true);
@@ -379,6 +380,13 @@ int main(int argc, char **argv)
                 save(&s, "admin_unpair");
 
                 s = (struct script){0};
+                offer(&s, 1, 4, true);
+                borrow(&s, FUZZ_CONSUMER, 2, 4 * MiB, 2 * MiB, false);
+                rl.gpu = (char *)"GPU-C";
+                admin(&s, 3, BODY(ADMIN_RELEASE), &rl);
+                save(&s, "admin_release");
+
+                s = (struct script){0};
                 hello(&s, FUZZ_STRANGER, AQUA__ROLE__ROLE_CONSUMER, "GPU-D", NULL, NULL, 0);
                 p.producer = (char *)"GPU-P";
                 p.consumer = (char *)"GPU-D";
@@ -391,6 +399,7 @@ int main(int argc, char **argv)
         /* Bodies only the daemon sends. */
         {
                 Aqua__Welcome w = AQUA__WELCOME__INIT;
+                Aqua__HelloHeld hh = AQUA__HELLO_HELD__INIT;
                 Aqua__OfferReply orp = AQUA__OFFER_REPLY__INIT;
                 Aqua__Grant g = AQUA__GRANT__INIT;
                 Aqua__ReturnReply rr = AQUA__RETURN_REPLY__INIT;
@@ -414,6 +423,8 @@ int main(int argc, char **argv)
                 stray("pair_changed", BODY(PAIR_CHANGED), &pc);
                 stray("stopping", BODY(STOPPING), &st);
                 stray("ack", BODY(ACK), &ack);
+                /* A part of a re-registration from nobody's token: refused. */
+                stray("hello_held", BODY(HELLO_HELD), &hh);
                 stray("error", BODY(ERROR), &err);
                 stray("admin_reply", BODY(ADMIN_REPLY), &ar);
                 stray("scrub_request", BODY(SCRUB_REQUEST), &sr);

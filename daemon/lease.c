@@ -584,6 +584,26 @@ void pool_reclaim_delivered(struct pool *p, uint64_t lease_id, const uint64_t *i
         }
 }
 
+int pool_release(struct pool *p, struct gpu *g, char *err)
+{
+        size_t leases = list_length(&g->leases);
+
+        if (g->owner)
+                return pool_fail(err, E(BUSY),
+                                 "release: GPU %s has a connected client (pid %d); it returns what "
+                                 "it holds itself",
+                                 g->uuid, (int)g->pid);
+        if (!g->restored)
+                return pool_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
+                                 g->uuid);
+        log_warning("Operator releases what GPU %s held before the restart (%zu leases, pid %d)",
+                    g->uuid, leases, (int)g->process.pid);
+        events_add(&p->events, "client", "%s released by an operator: %zu leases", g->uuid, leases);
+        p->stats.leases_lost += leases;
+        pool_gpu_gone(p, g);
+        return 0;
+}
+
 /*
  * Silence is not death: after a restart aquad hears nothing from a consumer until it calls
  * aqua_poll(), however long an idle engine takes. A consumer that has not re-registered keeps

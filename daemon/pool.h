@@ -284,6 +284,8 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
                   char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
 void pool_gpu_gone(struct pool *p, struct gpu *g);
+/* Operator: g's client did not come back after a restart and is known to be gone. */
+int pool_release(struct pool *p, struct gpu *g, char *err);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
 int pool_repair(struct pool *p);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */

@@ -194,3 +194,70 @@ Test(restart, a_notice_behind_a_full_queue_is_delivered_and_its_deadline_starts_
         close(pfd);
         close(cfd);
 }
+
+static Aqua__Envelope *release(const char *gpu)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__AdminRelease rl = AQUA__ADMIN_RELEASE__INIT;
+
+        rl.gpu = (char *)gpu;
+        e.body_case = BODY(ADMIN_RELEASE);
+        e.admin_release = &rl;
+        return raw_call(&admin, &e);
+}
+
+/*
+ * A consumer silent after a restart keeps its leases while its process may run; aquactl shows
+ * it as silent, and an operator who knows it is gone releases what it held. A connected
+ * client's GPU cannot be released from under it.
+ */
+Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
+{
+        Aqua__Envelope *g, *q, *r;
+        int pfd, cfd;
+        size_t got;
+        bool silent = false;
+
+        cr_assert_eq(aquad_start("reconcile-timeout: 200ms\nscrub-chunks: false\n", &daemon_), 0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
+        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
+        cr_assert_eq(g->body_case, BODY(GRANT));
+        raw_free(g);
+        r = release("GPU-C");
+        cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY, "a connected client");
+        raw_free(r);
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        close_all();
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        /* The consumer (this process) runs but says nothing: after the window it is silent. */
+        for (int i = 0; i < 300 && !silent; i++) {
+                q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS);
+                for (size_t k = 0; k < q->admin_reply->n_gpus; k++)
+                        silent |= strcmp(q->admin_reply->gpus[k]->uuid, "GPU-C") == 0 &&
+                                  q->admin_reply->gpus[k]->silent;
+                raw_free(q);
+                usleep(10000);
+        }
+        cr_assert(silent, "aquactl never showed the consumer as silent");
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(q->admin_reply->status->leases, 1, "kept while its process may run");
+        raw_free(q);
+
+        r = release("GPU-C");
+        cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
+        raw_free(r);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(q->admin_reply->status->leases, 0);
+        raw_free(q);
+        r = release("GPU-P");
+        cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_INVALID,
+                     "the producer holds nothing to release: it is not silent");
+        raw_free(r);
+        close(pfd);
+        close(cfd);
+}
