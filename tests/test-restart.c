@@ -34,6 +34,45 @@ static void teardown(void)
 
 TestSuite(restart, .fini = teardown, .timeout = 60);
 
+/*
+ * Start aquad with extra config, connect the producer, the consumer and an admin, and lease the
+ * consumer the one 2 MiB chunk the producer offers; its descriptors in *pfd and *cfd.
+ */
+static void lend_one_chunk(const char *extra, int *pfd, int *cfd, uint64_t *ret_lease,
+                           uint64_t *ret_chunk)
+{
+        Aqua__Envelope *g;
+        size_t got;
+
+        cr_assert_eq(aquad_start(extra, &daemon_), 0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        raw_free(raw_offer(&producer, 1, 2 * MiB, pfd));
+        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, cfd, 1, &got);
+        cr_assert_eq(g->body_case, BODY(GRANT), "error %d", raw_error_code(g));
+        if (ret_lease)
+                *ret_lease = g->grant->lease_id;
+        if (ret_chunk)
+                *ret_chunk = g->grant->chunks[0]->chunk_id;
+        raw_free(g);
+}
+
+/* The producer takes everything back: the one chunk is leased, so it is pending. */
+static void reclaim_all(void)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+
+        rq.all = true;
+        e.body_case = BODY(RECLAIM_REQUEST);
+        e.reclaim_request = &rq;
+        r = raw_call(&producer, &e);
+        cr_assert_eq(r->body_case, BODY(RECLAIM_REPLY), "error %d", raw_error_code(r));
+        cr_assert_eq(r->reclaim_reply->n_pending_chunk_ids, 1);
+        raw_free(r);
+}
+
 /* Say hello again after a restart, listing what the client holds. */
 static void rehello(struct raw *r, Aqua__Role role, const char *uuid, const char *peer,
                     const uint64_t *chunk_ids, uint64_t lease, size_t n, const int *fds)
@@ -62,28 +101,12 @@ static void rehello(struct raw *r, Aqua__Role role, const char *uuid, const char
  */
 Test(restart, a_reclaim_finished_while_aquad_was_away_reaches_a_producer_back_first)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *r, *n;
-        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        Aqua__Envelope *n;
         uint64_t chunk, lease;
         int pfd, cfd;
-        size_t got;
 
-        cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
-        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
-        cr_assert_eq(g->body_case, BODY(GRANT));
-        lease = g->grant->lease_id;
-        chunk = g->grant->chunks[0]->chunk_id;
-        raw_free(g);
-        rq.all = true;
-        e.body_case = BODY(RECLAIM_REQUEST);
-        e.reclaim_request = &rq;
-        r = raw_call(&producer, &e);
-        cr_assert_eq(r->body_case, BODY(RECLAIM_REPLY));
-        cr_assert_eq(r->reclaim_reply->n_pending_chunk_ids, 1);
-        raw_free(r);
+        lend_one_chunk(NULL, &pfd, &cfd, &lease, &chunk);
+        reclaim_all();
 
         cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
         close_all();
@@ -142,36 +165,19 @@ static bool drain_for(struct raw *r, Aqua__Envelope__BodyCase body, int timeout_
  */
 Test(restart, a_notice_behind_a_full_queue_is_delivered_and_its_deadline_starts_then)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *r, *q;
-        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r, *q;
         Aqua__Return rt = AQUA__RETURN__INIT;
         uint64_t chunk, lease;
         int pfd, cfd;
-        size_t got;
 
-        cr_assert_eq(aquad_start("reclaim-deadline: 300ms\nlimits:\n  request-rate: 0\n", &daemon_),
-                     0);
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
-        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
-        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
-        cr_assert_eq(g->body_case, BODY(GRANT));
-        lease = g->grant->lease_id;
-        chunk = g->grant->chunks[0]->chunk_id;
-        raw_free(g);
+        lend_one_chunk("reclaim-deadline: 300ms\nlimits:\n  request-rate: 0\n", &pfd, &cfd, &lease,
+                       &chunk);
 
         /* Far more PairChanged notices than ZeroMQ queues for a peer that does not read. */
         for (int i = 0; i < 2600; i++)
                 pair_request(i % 2 == 1);
         drain_for(&producer, BODY(PAIR_CHANGED), 200);
-        rq.all = true;
-        e.body_case = BODY(RECLAIM_REQUEST);
-        e.reclaim_request = &rq;
-        r = raw_call(&producer, &e);
-        cr_assert_eq(r->body_case, BODY(RECLAIM_REPLY), "error %d", raw_error_code(r));
-        cr_assert_eq(r->reclaim_reply->n_pending_chunk_ids, 1);
-        raw_free(r);
+        reclaim_all();
         /* Longer than the deadline: were it running, the consumer would be barred now. */
         usleep(600 * 1000);
 
@@ -213,19 +219,11 @@ static Aqua__Envelope *release(const char *gpu)
  */
 Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
 {
-        Aqua__Envelope *g, *q, *r;
+        Aqua__Envelope *q, *r;
         int pfd, cfd;
-        size_t got;
         bool silent = false;
 
-        cr_assert_eq(aquad_start("reconcile-timeout: 200ms\nscrub-chunks: false\n", &daemon_), 0);
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
-        raw_free(raw_offer(&producer, 1, 2 * MiB, &pfd));
-        g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, &cfd, 1, &got);
-        cr_assert_eq(g->body_case, BODY(GRANT));
-        raw_free(g);
+        lend_one_chunk("reconcile-timeout: 200ms\nscrub-chunks: false\n", &pfd, &cfd, NULL, NULL);
         r = release("GPU-C");
         cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY, "a connected client");
         raw_free(r);
