@@ -133,6 +133,7 @@ static void add_clients(void)
                 peer[i] = sv[1];
                 c->cred = (struct side_cred){getpid(), getuid(), getgid()};
                 list_init(&c->pending);
+                list_init(&c->outbox);
                 list_append(&srv->clients, &c->node);
                 srv->n_clients++;
                 fake[i] = c;
