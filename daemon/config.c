@@ -54,6 +54,7 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
     CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
     CONF_FIELD_BOOL(struct config, scrub_chunks, "scrub-chunks", 0),
+    CONF_FIELD_BOOL(struct config, colocated_lending, "colocated-lending", 0),
     CONF_FIELD_STRUCT(struct config, limits, "limits", &limits_schema, 0),
     CONF_FIELD_DURATION(struct config, reclaim_deadline_ns, "reclaim-deadline", SEC / 1000,
                         3600 * SEC, 0),

@@ -56,7 +56,8 @@ struct config {
         struct config_access allow;
         struct config_access admin;
         uint64_t dram_budget;
-        bool scrub_chunks; /* chunks a consumer mapped are scrubbed before another gets them */
+        bool scrub_chunks;      /* chunks a consumer mapped are scrubbed before another gets them */
+        bool colocated_lending; /* a producer and a consumer on one GPU may be paired */
         struct config_limits limits;
         uint64_t reclaim_deadline_ns;
         uint64_t reconcile_timeout_ns; /* after a restart: how long holders have to re-register */

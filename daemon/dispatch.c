@@ -237,7 +237,7 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
                  pw.n_lost_leases ? " (with lost leases)" : "");
         w.client_id = c->id;
         w.daemon_version = AQUA_PROTOCOL_VERSION;
-        w.paired_with = pw.gpu->paired ? pw.gpu->paired->uuid : "";
+        w.paired_with = pw.gpu->paired ? pw.gpu->paired->device : "";
         w.dram_budget = pw.gpu->dram_bytes;
         w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
         w.lost_leases = pw.lost_leases;

@@ -117,7 +117,7 @@ bool gpu_is(const struct gpu *g, const char *key)
 {
         int64_t ordinal;
 
-        if (strcmp(g->uuid, key) == 0)
+        if (strcmp(g->uuid, key) == 0 || strcmp(g->device, key) == 0)
                 return true;
         return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
 }
@@ -125,22 +125,21 @@ bool gpu_is(const struct gpu *g, const char *key)
 struct gpu *pool_find_gpu(struct pool *p, const char *key)
 {
         struct list_node *pos, *tmp;
-        struct gpu *by_ordinal = NULL;
-        int64_t ordinal = -1;
+        struct gpu *other = NULL;
 
         if (!key || !key[0])
                 return NULL;
-        (void)parse_int64(key, 10, &ordinal);
         list_for_each(pos, tmp, &p->gpus)
         {
                 struct gpu *g = list_entry(pos, struct gpu, node);
                 if (strcmp(g->uuid, key) == 0)
                         return g;
-                /* Prefer a connected GPU when an ordinal is ambiguous across restarts. */
-                if (ordinal >= 0 && g->ordinal == ordinal && (!by_ordinal || g->owner))
-                        by_ordinal = g;
+                /* Prefer a connected GPU when an ordinal (across restarts) or a device with a
+                 * registration per role is ambiguous. */
+                if (gpu_is(g, key) && (!other || g->owner))
+                        other = g;
         }
-        return by_ordinal;
+        return other;
 }
 
 struct chunk *pool_find_chunk(struct pool *p, uint64_t id)
@@ -166,7 +165,10 @@ struct gpu *gpu_ensure(struct pool *p, const char *uuid)
         if (!g)
                 return NULL;
         g->uuid = strdup(uuid);
-        if (!g->uuid) {
+        /* A name "UUID/ROLE" is one role's registration of the device UUID. */
+        g->device = g->uuid ? strndup(uuid, strcspn(uuid, "/")) : NULL;
+        if (!g->uuid || !g->device) {
+                free(g->uuid);
                 free(g);
                 return NULL;
         }
@@ -195,6 +197,7 @@ static void gpu_destroy(struct pool *p, struct gpu *g)
         gpu_free_links(g);
         free(g->client_name);
         free(g->uuid);
+        free(g->device);
         free(g);
 }
 
@@ -229,7 +232,7 @@ void gpu_set_pair(struct pool *p, struct gpu *g, struct gpu *mate, const char *s
         g->paired = mate;
         g->pair_source = mate ? source : NULL;
         g->pair_bandwidth = mate ? bandwidth : 0;
-        notice_queue(p, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->uuid : "");
+        notice_queue(p, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
 }
 
 bool chunk_grantable(const struct chunk *c)

@@ -47,7 +47,10 @@ struct gpu_link {
 
 struct gpu {
         struct list_node node; /* pool.gpus */
+        /* Its name in the pool: the device's uuid, or with colocated-lending "UUID/producer" or
+         * "UUID/consumer" (one device, a registration per role). */
         char *uuid;
+        char *device; /* the device's uuid */
         uint32_t ordinal;
         uint64_t capacity;
         uint64_t granularity;
@@ -150,8 +153,9 @@ struct pool_settings {
         uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
         bool auto_pairing;
         const struct topology
-            *links; /* bandwidths for links GPUs report without one; may be NULL */
-        bool scrub; /* chunks a consumer mapped are scrubbed before another consumer gets them */
+            *links;    /* bandwidths for links GPUs report without one; may be NULL */
+        bool scrub;    /* chunks a consumer mapped are scrubbed before another consumer gets them */
+        bool colocate; /* producer and consumer registrations of one GPU are separate GPUs */
         /* Whether a holder that has not re-registered after a restart is provably gone
          * (proc_liveness by default; tests replace it). */
         enum proc_liveness (*liveness)(const struct proc_id *id);
@@ -240,7 +244,8 @@ int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret);
 void pool_take_notices(struct pool *p, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
-/* Whether key names g: its uuid, or its ordinal in decimal (as config pairs and plans may). */
+/* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
+ * and plans may). */
 bool gpu_is(const struct gpu *g, const char *key);
 struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
 struct chunk *pool_find_chunk(struct pool *p, uint64_t id);

@@ -3,6 +3,7 @@
  * a restart, and the pairing of producers with consumers.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -260,6 +261,7 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
         bool producer = h->role == AQUA__ROLE__ROLE_PRODUCER;
         bool consumer = h->role == AQUA__ROLE__ROLE_CONSUMER;
         size_t chunks = 0;
+        char name[256];
         int r;
 
         if (!h->uuid || !h->uuid[0])
@@ -271,9 +273,17 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
                                  h->role);
         if (h->n_held && !producer && !consumer)
                 return pool_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
+        if (p->settings.colocate && (producer || consumer)) {
+                /* One device, a registration per role: the two may lend to each other. */
+                snprintf(name, sizeof(name), "%s/%s", h->uuid, producer ? "producer" : "consumer");
+                if (strchr(h->uuid, '/') || strlen(name) >= sizeof(name) - 1)
+                        return pool_fail(err, E(INVALID), "hello: gpu_uuid \"%s\" is not a uuid",
+                                         h->uuid);
+        } else
+                snprintf(name, sizeof(name), "%s", h->uuid);
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
                 struct gpu *x = list_entry(n, struct gpu, node);
-                if (strcmp(x->uuid, h->uuid) == 0)
+                if (strcmp(x->uuid, name) == 0)
                         g = x;
         }
         if (g && g->owner)
@@ -295,7 +305,7 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
                 return pool_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
                                  h->n_held);
 
-        if (!g && !(g = gpu_ensure(p, h->uuid)))
+        if (!g && !(g = gpu_ensure(p, name)))
                 return -ENOMEM;
         r = set_links(g, h->links, h->n_links);
         if (r < 0)
@@ -378,7 +388,8 @@ int pool_repair(struct pool *p)
         mate = calloc(p->n_gpus + 1, sizeof(*mate));
         source = calloc(p->n_gpus + 1, sizeof(*source));
         bw = calloc(p->n_gpus + 1, sizeof(*bw));
-        links = calloc(max_links + 1, sizeof(*links));
+        /* A reported link may name a device's two registrations; a device's two are linked. */
+        links = calloc(2 * max_links + p->n_gpus + 1, sizeof(*links));
         pinned = calloc(p->n_pins + 1, sizeof(*pinned));
         current = calloc(p->n_gpus + 1, sizeof(*current));
         if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
@@ -415,13 +426,19 @@ int pool_repair(struct pool *p)
         for (size_t i = 0; p->settings.auto_pairing && i < n; i++) {
                 if (!gpus[i]->owner)
                         continue;
-                for (size_t k = 0; k < gpus[i]->n_links; k++) {
-                        size_t j = index_of(gpus, n, gpus[i]->links[k].uuid);
-                        if (j == SIZE_MAX || j == i || !gpus[j]->owner)
-                                continue;
-                        links[n_links++] =
-                            (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
-                }
+                /* A device may have a registration per role: link to each of them. */
+                for (size_t k = 0; k < gpus[i]->n_links; k++)
+                        for (size_t j = 0; j < n; j++) {
+                                if (j == i || !gpus[j]->owner ||
+                                    !gpu_is(gpus[j], gpus[i]->links[k].uuid))
+                                        continue;
+                                links[n_links++] =
+                                    (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
+                        }
+                /* The two roles of one device: no link is faster than its own memory. */
+                for (size_t j = i + 1; j < n; j++)
+                        if (gpus[j]->owner && strcmp(gpus[i]->device, gpus[j]->device) == 0)
+                                links[n_links++] = (struct pairing_link){i, j, HUGE_VAL};
         }
         for (size_t i = 0; i < n; i++)
                 if (roles[i] == PAIRING_PRODUCER && gpus[i]->paired) {
@@ -438,8 +455,9 @@ int pool_repair(struct pool *p)
                 mate[a] = gpus[b];
                 mate[b] = gpus[a];
                 for (size_t l = 0; l < n_links; l++)
-                        if ((links[l].a == a && links[l].b == b) ||
-                            (links[l].a == b && links[l].b == a))
+                        if (((links[l].a == a && links[l].b == b) ||
+                             (links[l].a == b && links[l].b == a)) &&
+                            !isinf(links[l].bandwidth))
                                 bw[a] = bw[b] = MAX(bw[a], links[l].bandwidth);
                 if (!source[a])
                         source[a] = source[b] = "auto";

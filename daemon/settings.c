@@ -23,6 +23,7 @@ void server_apply_settings(struct server *s)
             .auto_pairing = c->pairing == CONFIG_PAIRING_AUTO,
             .links = c->topology ? &c->links : NULL,
             .scrub = c->scrub_chunks,
+            .colocate = c->colocated_lending,
         };
         s->pool->compact_threshold = c->journal_compact_bytes;
 }

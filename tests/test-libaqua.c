@@ -536,3 +536,41 @@ Test(libaqua, re_registers_more_chunks_than_one_message_may_list)
         cr_assert_eq(chunks, chunks0);
         cr_assert_str_eq(agent_do(&consumer, "check 1 5"), "0");
 }
+
+/*
+ * Co-located models on one GPU lend to each other (colocated-lending): a producer and a
+ * consumer on device 0 are paired, the consumer's data survives a reclaim in DRAM, and the
+ * producer gets its memory back.
+ */
+Test(libaqua, lends_between_processes_on_the_same_gpu_when_the_config_allows_it)
+{
+        uint64_t free0;
+        const char *r;
+
+        agent_do(&producer, "close");
+        r = agent_err(&producer, "open producer 0");
+        cr_assert(strstr(r, "already registered"), "off by default: %s", r);
+
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        set_config("reclaim-deadline", "10s\ncolocated-lending: true");
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        agent_do(&consumer, "poll 30000 reconnected");
+        agent_do(&producer, "open producer 0");
+        agent_do(&consumer, "poll 200"); /* PairChanged */
+        r = agent_do(&consumer, "info");
+        /* The only producer is on the consumer's own GPU; clients hear of the device. */
+        cr_assert(!strstr(r, "paired=-") && !strchr(r, '/'), "not paired with its GPU: %s", r);
+
+        free0 = agent_num(&producer, "free 0");
+        agent_do(&producer, "offer %llu", SMALL);
+        r = agent_do(&consumer, "borrow %llu %llu", SMALL, SMALL);
+        cr_assert_eq(strtoull(r, NULL, 0), 0, "a lease: %s", r);
+        agent_do(&consumer, "fill 0 3");
+
+        agent_send(&producer, "reclaim 0 30000");
+        agent_do(&consumer, "poll 30000 migrated");
+        r = agent_reply(&producer);
+        cr_assert(strncmp(r, "0 ", 2) == 0, "%s", r);
+        cr_assert_str_eq(agent_do(&consumer, "check 0 3"), "0", "the data moved to DRAM intact");
+        cr_assert_eq(wait_free(&producer, 0, free0), free0, "the producer has its memory back");
+}
