@@ -4,6 +4,7 @@
  * else, and never aborts.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,14 +94,17 @@ Test(exhaustion, idle_side_channels_lock_out_no_client)
 
 Test(exhaustion, descriptors_beyond_what_aquad_may_hold_are_refused_and_it_serves_on)
 {
-        struct rlimit rl = {.rlim_cur = 256, .rlim_max = RLIM_INFINITY};
         Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        struct rlimit low = {.rlim_cur = 256, .rlim_max = 256};
         int fds[60], memfd;
 
+        /* aquad inherits at most 256 descriptors (so a valgrind around it knows the limit too);
+         * this test's own process, which ends with the test, has as many. */
+        if (setrlimit(RLIMIT_NOFILE, &low) < 0 && errno == EPERM)
+                /* Lowering a limit is always allowed, except under valgrind, which keeps
+                 * descriptors of its own above the limit and refuses. */
+                cr_skip_test("RLIMIT_NOFILE cannot be lowered here (valgrind?): %m");
         cr_assert_eq(aquad_start(NULL, &daemon_), 0);
-        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, NULL, &rl), 0);
-        rl.rlim_cur = 256;
-        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &rl, NULL), 0, "prlimit: %m");
 
         /* Without a Hello, descriptors for a "re-registration" aquad never hears of: near all
          * it may have open. */
