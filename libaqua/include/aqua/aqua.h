@@ -385,9 +385,10 @@ AQUA_API int aqua_fd(aqua_ctx *ctx, int *ret_fd);
  */
 
 /* For struct aqua_tensor_options.flags. */
-#define AQUA_TENSOR_ALLOW_LOCAL   (1u << 0) /* automatic placement may use the GPU's own memory */
-#define AQUA_TENSOR_RECLAIM_LOCAL (1u << 1) /* a reclaim moves chunks to free local memory first   \
-                                             */
+#define AQUA_TENSOR_ALLOW_LOCAL (1u << 0) /* automatic placement may use the GPU's own memory */
+#define AQUA_TENSOR_RECLAIM_LOCAL                                                                  \
+        (1u << 1) /* a reclaim moves chunks to free local memory first                             \
+                   */
 
 struct aqua_tensor_options {
         size_t size; /* sizeof(struct aqua_tensor_options) as the caller was compiled */
@@ -570,6 +571,43 @@ AQUA_API int aqua_layers_query(aqua_layers *l, unsigned layer);
 
 /* Block until layer's last queued transfer has completed; 0, -EINVAL, -EIO. */
 AQUA_API int aqua_layers_wait(aqua_layers *l, unsigned layer);
+
+/* ------------------------------------------------------------------------------ arenas */
+
+/*
+ * An arena hands out pieces of one aqua tensor as device allocations, for an allocator that wants
+ * malloc/free over borrowed memory (PyTorch's pluggable allocator: see libaqua-torch.so below).
+ * Pieces are placed first-fit from the start of the tensor, each aligned to `align`; the tensor
+ * grows to cover the highest piece and is trimmed back when the highest ones are freed, so chunks
+ * are mapped only where pieces are. A piece keeps its device address for its life, whichever
+ * tier its chunks move to (a reclaim moves them to DRAM at the same address).
+ *
+ * The arena does not own the tensor (free the arena first). Same thread rules as the context.
+ */
+typedef struct aqua_arena aqua_arena;
+
+/* align: a power of two, 0 for 512 bytes. Errors: -EINVAL, -ENOMEM, -EPERM (not a consumer). */
+AQUA_API int aqua_arena_new(aqua_ctx *ctx, aqua_tensor *t, uint64_t align, aqua_arena **ret);
+/* Forgets every piece (the tensor's chunks stay mapped: trim it or free it). Accepts NULL. */
+AQUA_API aqua_arena *aqua_arena_free(aqua_arena *a);
+
+/*
+ * A piece of `bytes` (rounded up to the alignment): its device address in *ret_dptr. Returns 0,
+ * -ERANGE (no gap of that size left in the tensor's range), AQUA_NO_MEMORY (the tensor could not
+ * grow: no tier has room), -EINVAL (bytes 0), -ENOMEM, -EIO.
+ */
+AQUA_API int aqua_arena_alloc(aqua_arena *a, uint64_t bytes, uint64_t *ret_dptr);
+
+/* Give back the piece at dptr; trims the tensor when it was the highest. 0, or -ENOENT. */
+AQUA_API int aqua_arena_release(aqua_arena *a, uint64_t dptr);
+
+struct aqua_arena_info {
+        uint64_t pieces;       /* handed out */
+        uint64_t bytes;        /* in those pieces, rounded to the alignment */
+        uint64_t mapped_bytes; /* of the tensor's window */
+};
+
+AQUA_API int aqua_arena_get_info(const aqua_arena *a, struct aqua_arena_info *ret);
 
 #ifdef __cplusplus
 }
