@@ -5,11 +5,13 @@ survive a reclaim with the data intact, give the memory back.
     AQUA_ENDPOINT=ipc:///tmp/aqua/aquad.sock \\
     AQUA_CUDA_LIBRARY=build/simcuda/libcuda.so.1 python3 examples/python/engine.py
 
-Reading and writing go through the mapping with ctypes.memmove, which needs device memory the
-CPU can address (simcuda's); on a real GPU an engine copies with its own CUDA calls instead.
+It uses the aqua package (python/, `pip install ./python`). Reading and writing go through the
+mapping with ctypes.memmove, which needs device memory the CPU can address (simcuda's); on a
+real GPU an engine copies with its own CUDA calls (or ctx.copy()) instead.
 """
 import argparse
 import ctypes
+import os
 import select
 import sys
 import time
@@ -23,13 +25,27 @@ def pattern(i):
     return bytes((i * 131 + j * 7) & 0xFF for j in range(256)) * (BLOCK // 256)
 
 
-def address_of(ctx, lease, grant, offset):
+def address_of(lease, offset):
     """Where the byte at offset of the lease is now: the device range, or a host copy (after a
     reclaim on a driver that cannot map host memory into the range)."""
-    for c in ctx.chunks(lease):
-        if c.offset <= offset < c.offset + c.bytes:
-            return (c.host + offset - c.offset) if c.host else grant.dptr + offset
+    for c in lease.chunks():
+        if c.offset <= offset < c.offset + c.nbytes:
+            return (c.host + offset - c.offset) if c.host else lease.dptr + offset
     raise ValueError(offset)
+
+
+def cpu_addressable(address):
+    """Can this process read memory at address? write(2) from it fails with EFAULT rather than
+    crashing where it cannot: simcuda's device memory can be read, a real GPU's cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.write.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    libc.write.restype = ctypes.c_ssize_t
+    r, w = os.pipe()
+    try:
+        return libc.write(w, address, 1) == 1
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def main():
@@ -41,39 +57,42 @@ def main():
                    help="seconds to wait for a reclaim (0: just poll a few times)")
     a = p.parse_args()
 
-    print(f"libaqua {aqua.lib.aqua_version().decode()} via ctypes", flush=True)
-    with aqua.Context(a.device, aqua.ROLE_CONSUMER, client_name="python-engine") as ctx:
+    print(f"libaqua {aqua.version()} from {aqua.load_library()}", flush=True)
+    with aqua.Consumer(a.device, client_name="python-engine") as ctx:
         info = ctx.info()
-        print(f"GPU {info.device} {info.gpu_uuid.decode()} paired with "
-              f"{info.paired_with.decode() or 'nobody'}", flush=True)
-        g = ctx.borrow(a.borrow)
-        if g is None or not g.lease:
+        print(f"GPU {info.device} {info.gpu_uuid} paired with {info.paired_with or 'nobody'}",
+              flush=True)
+        try:
+            lease = ctx.borrow(a.borrow).lease
+        except aqua.NoMemoryError:
+            lease = None
+        if lease is None:
             print("nothing to borrow: is a producer offering memory?", flush=True)
             return 1
-        print(f"borrowed {g.bytes >> 20} MiB at 0x{g.dptr:x}", flush=True)
-        if not aqua.cpu_addressable(g.dptr):
+        print(f"borrowed {lease.nbytes >> 20} MiB at 0x{lease.dptr:x}", flush=True)
+        if not cpu_addressable(lease.dptr):
             print("this GPU's memory is not CPU-addressable: the example only reads and writes "
                   "it on simcuda", flush=True)
-            ctx.give_back(g.lease)
+            lease.give_back()
             return 0
 
         # Write blocks spread over the lease (every chunk gets some), as an engine swapping out.
-        n = min(a.blocks, g.bytes // BLOCK)
-        step = g.bytes // n // BLOCK * BLOCK
+        n = min(a.blocks, lease.nbytes // BLOCK)
+        step = lease.nbytes // n // BLOCK * BLOCK
         for i in range(n):
-            ctypes.memmove(address_of(ctx, g.lease, g, i * step), pattern(i), BLOCK)
+            ctypes.memmove(address_of(lease, i * step), pattern(i), BLOCK)
         print(f"wrote {n} blocks of {BLOCK >> 10} KiB", flush=True)
 
         moved = 0
         deadline = time.monotonic() + a.wait_reclaim
         if a.wait_reclaim:
             print("waiting for a reclaim", flush=True)
-        fd = ctx.fd()
+        fd = ctx.fileno()
         while True:
             for ev in ctx.poll():  # the engine's safe point: reclaims are honoured in here
-                if ev.type == aqua.EVENT_MIGRATED:
-                    moved += ev.bytes
-                    print(f"reclaim moved {ev.bytes >> 20} MiB at offset {ev.offset >> 20} MiB "
+                if isinstance(ev, aqua.Migrated):
+                    moved += ev.nbytes
+                    print(f"reclaim moved {ev.nbytes >> 20} MiB at offset {ev.offset >> 20} MiB "
                           "to DRAM", flush=True)
             left = deadline - time.monotonic()
             if (a.wait_reclaim and moved) or left <= 0:
@@ -81,19 +100,19 @@ def main():
             select.select([fd], [], [], min(left, 0.05))
 
         tiers = {}
-        for c in ctx.chunks(g.lease):
-            name = aqua.TIER_NAMES.get(c.tier, "?")
-            tiers[name] = tiers.get(name, 0) + c.bytes
+        for c in lease.chunks():
+            name = c.tier.name.lower()
+            tiers[name] = tiers.get(name, 0) + c.nbytes
         print("lease now: " + ", ".join(f"{b >> 20} MiB {t}" for t, b in tiers.items()),
               flush=True)
 
         bad = 0
         for i in range(n):
-            if ctypes.string_at(address_of(ctx, g.lease, g, i * step), BLOCK) != pattern(i):
+            if ctypes.string_at(address_of(lease, i * step), BLOCK) != pattern(i):
                 bad += 1
         print(f"read back {n} blocks: {bad} bad", flush=True)
-        r = ctx.give_back(g.lease)
-        print(f"returned the lease ({aqua.strerror(r)})", flush=True)
+        lease.give_back()
+        print("returned the lease", flush=True)
         if bad or (a.wait_reclaim and not moved):
             print("FAILED", flush=True)
             return 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs engine.py as a consumer against a real aquad and aqua-producer on simulated GPUs: it
 borrows, writes, and keeps its data through a reclaim the producer makes by raising its load.
-Needs AQUA_BUILD (the build folder); run by test-python."""
+Needs AQUA_BUILD (the build folder); run by test-python, in the build's virtual environment
+(python/setup-venv), which has the aqua package."""
 import os
 import shutil
 import subprocess

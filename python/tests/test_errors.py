@@ -1,0 +1,120 @@
+"""Each error path raises the exception of its outcome or errno, keeping the code."""
+
+import errno
+import signal
+import time
+
+import pytest
+
+import aqua
+from conftest import Agent, MiB
+
+
+def test_no_daemon_at_the_endpoint_is_not_connected(tmp_path):
+    with pytest.raises(aqua.NotConnectedError) as e:
+        aqua.Consumer(0, endpoint=f"ipc://{tmp_path}/aquad.sock", timeout=1)
+    assert e.value.errno in (errno.ENOENT, errno.ECONNREFUSED) and e.value.call == "aqua_open"
+
+
+def test_nothing_to_lend_is_no_memory(aquad):
+    with aqua.Consumer(0) as ctx:
+        with pytest.raises(aqua.NoMemoryError) as e:
+            ctx.borrow(64 * MiB)
+        assert e.value.outcome == aqua.Outcome.NO_MEMORY and e.value.errno is None
+        assert e.value.code == 3 and "aqua_borrow" in str(e.value)
+
+
+def test_a_gpu_another_process_registered_is_busy_with_the_daemons_reason(aquad, agents):
+    other = Agent()
+    agents.append(other)
+    other.exec("ctx = aqua.Consumer(0)")
+    with pytest.raises(aqua.BusyError) as e:
+        aqua.Consumer(0)
+    assert e.value.errno == errno.EBUSY and e.value.detail  # what libaqua logged
+
+
+@pytest.mark.parametrize("aquad_config", ["reclaim-deadline: 200ms\n"])
+def test_a_consumer_that_missed_a_reclaim_deadline_is_barred(producer):
+    producer.eval("ctx.offer(256 << 20)")
+    with aqua.Consumer(0) as ctx:
+        ctx.borrow(64 * MiB)
+        producer.exec("ctx.reclaim_async(aqua.ALL)")
+        time.sleep(1.5)  # no poll(): the deadline passes
+        with pytest.raises(aqua.BarredError) as e:
+            producer.eval("ctx.offer(256 << 20)")
+            ctx.borrow(64 * MiB)
+        assert e.value.outcome == aqua.Outcome.BARRED
+
+
+@pytest.mark.parametrize("aquad_config", ["limits:\n  leases: 1\n"])
+def test_the_daemons_lease_limit_is_a_limit_error(producer):
+    producer.eval("ctx.offer(256 << 20)")
+    with aqua.Consumer(0) as ctx:
+        ctx.borrow(32 * MiB)
+        with pytest.raises(aqua.LimitError) as e:
+            ctx.borrow(32 * MiB)
+        assert e.value.outcome == aqua.Outcome.LIMIT
+
+
+@pytest.mark.parametrize("aquad_config", ["limits:\n  request-rate: 1\n  request-burst: 2\n"])
+def test_too_many_requests_are_throttled(aquad):
+    with aqua.Consumer(0) as ctx:
+        with pytest.raises(aqua.ThrottledError) as e:
+            for _ in range(20):
+                try:
+                    ctx.borrow(32 * MiB)
+                except aqua.NoMemoryError:
+                    pass
+        assert e.value.outcome == aqua.Outcome.THROTTLED
+
+
+def test_a_daemon_that_does_not_answer_times_out(aquad):
+    with aqua.Consumer(0, timeout=0.3) as ctx:
+        aquad.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(aqua.DaemonTimeoutError) as e:
+                ctx.borrow(32 * MiB)
+            assert e.value.errno == errno.ETIMEDOUT
+        finally:
+            aquad.signal(signal.SIGCONT)
+
+
+def test_bad_arguments(aquad):
+    with aqua.Consumer(0) as ctx:
+        with pytest.raises(aqua.InvalidArgumentError) as e:
+            ctx.tensor(64 * MiB, chunk_bytes=MiB)  # not a multiple of the 2 MiB granularity
+        assert e.value.errno == errno.EINVAL and isinstance(e.value, ValueError)
+        with pytest.raises(ValueError):
+            ctx.borrow(32 * MiB, 64 * MiB)  # min_bytes > nbytes: refused before libaqua
+        with pytest.raises(ValueError):
+            ctx.borrow(-1)
+
+
+def test_a_pool_lease_backing_a_tensor_is_busy_until_the_tensor_is_freed(producer):
+    producer.eval("ctx.offer(64 << 20)")
+    with aqua.Consumer(0) as ctx:
+        lease = ctx.borrow(64 * MiB, tensors=True).lease
+        t = ctx.tensor(64 * MiB)
+        t.grow(32 * MiB)
+        with pytest.raises(aqua.BusyError):
+            lease.give_back()
+        assert not lease.closed
+        t.free()
+        lease.give_back()
+        assert lease.closed
+        with pytest.raises(aqua.ClosedError) as e:
+            lease.give_back()
+        assert e.value.errno == errno.EBADF
+
+
+def test_a_give_back_the_daemon_did_not_hear_still_releases_the_lease(producer, aquad):
+    producer.eval("ctx.offer(64 << 20)")
+    with aqua.Consumer(0, timeout=0.5) as ctx:
+        lease = ctx.borrow(32 * MiB).lease
+        aquad.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises((aqua.DaemonTimeoutError, aqua.NotConnectedError)):
+                lease.give_back()
+        finally:
+            aquad.signal(signal.SIGCONT)
+        assert lease.closed and ctx.info().borrowed_bytes == 0
