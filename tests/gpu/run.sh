@@ -1,14 +1,20 @@
 #!/bin/bash
-# Run the driver-level tests (simcuda's Criterion suites, the cuda.h program, libaqua's driver
-# loader) against the REAL CUDA driver of a GPU machine, unchanged binaries built elsewhere.
+# Everything aqua checks on a GPU machine, from binaries built elsewhere: the driver-level tests
+# (simcuda's Criterion suites, the cuda.h program, libaqua's driver loader) against the REAL
+# CUDA driver, then tests/gpu/device-check (aquad, a producer and a consumer on GPU 0, BENCH
+# figures, the PyTorch allocator where torch has CUDA). One summary line at the end.
 #
-#   tests/gpu/run.sh --bundle [BUILD]   here, after `ninja -C build`: gather the test binaries
-#                                       and the shared libraries they need (not libc, not
-#                                       libcuda) into BUILD/gpu-bundle (default build/)
+#   tests/gpu/run.sh --bundle [BUILD]   here, after `ninja -C build`: gather the binaries, the
+#                                       shared libraries they need (not libc, not libcuda) and
+#                                       the aqua Python package into BUILD/gpu-bundle
 #   tests/gpu/run.sh [BUILD]            on the GPU machine, from the repository root, with
 #                                       BUILD/gpu-bundle carried: run everything there
 #
-# Nothing is built on the GPU machine. Simulator-only tests skip themselves (AQUA_TEST_REAL_GPU).
+# With the device tool (one H200, no network, no Debian packages; the bundle is about 20 MiB):
+#   tests/gpu/run.sh --bundle build
+#   run(command="tests/gpu/run.sh build", carry=["build/gpu-bundle"], timeout_s=540)
+# It takes well under 8 minutes there. Nothing is built on the GPU machine. Simulator-only tests
+# skip themselves (AQUA_TEST_REAL_GPU).
 set -u
 
 bundle_mode=0
@@ -24,9 +30,11 @@ tests="simcuda/test-simcuda-device simcuda/test-simcuda-vmm simcuda/test-simcuda
 if [ $bundle_mode = 1 ]; then
         rm -rf "$bundle"
         mkdir -p "$bundle/bin" "$bundle/lib"
-        for t in $tests simcuda/cuda-program; do
+        for t in $tests simcuda/cuda-program daemon/aquad tests/aqua-agent tests/aqua-gpu-check; do
                 cp "$build/$t" "$bundle/bin/" || exit 1
         done
+        cp -L "$build/libaqua/libaqua.so.0" "$build/libaqua/libaqua-torch.so.0" "$bundle/lib/" || exit 1
+        mkdir -p "$bundle/python" && cp -r python/aqua "$bundle/python/" || exit 1
         # The stub-linked build of the program, when the toolkit had a stub to link against.
         [ -x "$build/simcuda/cuda-program-stub" ] && cp "$build/simcuda/cuda-program-stub" "$bundle/bin/"
         for b in "$bundle"/bin/*; do
@@ -69,5 +77,8 @@ for t in $tests; do
         timeout 120 "$bundle/bin/$name" --tap=- --jobs=1 2>&1 | grep -E '^(not ok|ok|#)|Assertion|expected' || true
         [ "${PIPESTATUS[0]}" = 0 ] || fail=1
 done
+echo "== device-check (aquad, a producer and a consumer on GPU 0)"
+AQUA_LIBRARY=$PWD/$bundle/lib/libaqua.so.0 PYTHONPATH=$PWD/$bundle/python \
+        timeout 420 tests/gpu/device-check "$bundle/bin" "$bundle/lib" $((1 << 30)) || fail=1
 echo "== result: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail
