@@ -198,19 +198,3 @@ class Context:
         check("aqua_reclaim", lib.aqua_reclaim(self.ctx, nbytes, timeout_ms, ctypes.byref(freed)),
               ok=(0, AQUA_TIMEOUT))
         return freed.value
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.write.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
-_libc.write.restype = ctypes.c_ssize_t
-
-
-def cpu_addressable(address):
-    """Can this process read memory at address? write(2) from it fails with EFAULT rather than
-    crashing where it cannot: simcuda's device memory can be read, a real GPU's cannot."""
-    r, w = os.pipe()
-    try:
-        return _libc.write(w, address, 1) == 1
-    finally:
-        os.close(r)
-        os.close(w)

@@ -5,11 +5,13 @@ survive a reclaim with the data intact, give the memory back.
     AQUA_ENDPOINT=ipc:///tmp/aqua/aquad.sock \\
     AQUA_CUDA_LIBRARY=build/simcuda/libcuda.so.1 python3 examples/python/engine.py
 
-Reading and writing go through the mapping with ctypes.memmove, which needs device memory the
-CPU can address (simcuda's); on a real GPU an engine copies with its own CUDA calls instead.
+Reading and writing are copies through the CUDA driver (cuMemcpy, unified addressing), as an
+engine's own would be: the CPU cannot touch device memory, nor DRAM that a reclaim mapped into
+the range for the GPU.
 """
 import argparse
 import ctypes
+import os
 import select
 import sys
 import time
@@ -21,6 +23,25 @@ BLOCK = 64 << 10  # one KV block here
 
 def pattern(i):
     return bytes((i * 131 + j * 7) & 0xFF for j in range(256)) * (BLOCK // 256)
+
+
+class Cuda:
+    """The few Driver API calls the example copies with, on device's primary context."""
+
+    def __init__(self, device):
+        self.lib = ctypes.CDLL(os.environ.get("AQUA_CUDA_LIBRARY") or "libcuda.so.1")
+        ctx = ctypes.c_void_p()
+        self.call("cuInit", 0)
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), device)
+        self.call("cuCtxSetCurrent", ctx)
+
+    def call(self, name, *args):
+        r = getattr(self.lib, name)(*args)
+        if r != 0:
+            raise RuntimeError(f"{name}: CUDA error {r}")
+
+    def copy(self, dst, src, n):
+        self.call("cuMemcpy", ctypes.c_uint64(dst), ctypes.c_uint64(src), ctypes.c_size_t(n))
 
 
 def address_of(ctx, lease, grant, offset):
@@ -51,17 +72,15 @@ def main():
             print("nothing to borrow: is a producer offering memory?", flush=True)
             return 1
         print(f"borrowed {g.bytes >> 20} MiB at 0x{g.dptr:x}", flush=True)
-        if not aqua.cpu_addressable(g.dptr):
-            print("this GPU's memory is not CPU-addressable: the example only reads and writes "
-                  "it on simcuda", flush=True)
-            ctx.give_back(g.lease)
-            return 0
+        cuda = Cuda(a.device)
+        buf = ctypes.create_string_buffer(BLOCK)
 
         # Write blocks spread over the lease (every chunk gets some), as an engine swapping out.
         n = min(a.blocks, g.bytes // BLOCK)
         step = g.bytes // n // BLOCK * BLOCK
         for i in range(n):
-            ctypes.memmove(address_of(ctx, g.lease, g, i * step), pattern(i), BLOCK)
+            buf.raw = pattern(i)
+            cuda.copy(address_of(ctx, g.lease, g, i * step), ctypes.addressof(buf), BLOCK)
         print(f"wrote {n} blocks of {BLOCK >> 10} KiB", flush=True)
 
         moved = 0
@@ -89,7 +108,8 @@ def main():
 
         bad = 0
         for i in range(n):
-            if ctypes.string_at(address_of(ctx, g.lease, g, i * step), BLOCK) != pattern(i):
+            cuda.copy(ctypes.addressof(buf), address_of(ctx, g.lease, g, i * step), BLOCK)
+            if buf.raw != pattern(i):
                 bad += 1
         print(f"read back {n} blocks: {bad} bad", flush=True)
         r = ctx.give_back(g.lease)
