@@ -372,6 +372,8 @@ Test(stream, events_belong_to_the_context_they_were_made_in)
         CU_EXPECT(cuEventElapsedTime(&ms, e0, e1), CUDA_ERROR_INVALID_HANDLE);
         CU_OK(cuCtxSetCurrent(c1));
         CU_OK(cuEventRecord(e1, NULL));
+        CU_OK(cuEventDestroy(e1));
+        CU_OK(cuEventDestroy(e0));
         (void)c0;
 }
 
@@ -387,6 +389,7 @@ Test(stream, an_external_event_wait_outside_capture_is_refused)
         CU_OK(cuEventRecord(e, s));
         CU_EXPECT(cuStreamWaitEvent(s, e, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
         CU_OK(cuStreamWaitEvent(s, e, CU_EVENT_WAIT_DEFAULT));
+        CU_OK(cuEventDestroy(e));
 }
 
 /*
