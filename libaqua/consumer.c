@@ -240,6 +240,12 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
                 if (lease->chunks[i].tier == AQUA_TIER_PEER)
                         ids[n++] = lease->chunks[i].id;
         lease_id = lease->id;
+        /*
+         * A batch still copying into or out of the lease must finish before its memory is
+         * unmapped: on a GPU the copy would fault and take the context with it. A batch that
+         * failed does not keep the lease.
+         */
+        copies_wait_all(ctx);
         /* Unmapped first: the daemon may hand the memory back to its producer at once. */
         ctx_forget_lease_events(ctx, lease);
         lease_destroy(&ctx->leases, ctx->gpu, lease);

@@ -1,107 +1,139 @@
 /*
  * Copies. Synchronous forms wait for the legacy default stream (and the streams that synchronize
- * with it) and then copy on the calling thread; asynchronous forms queue on a stream. Bandwidth
- * is whatever memcpy achieves on the host.
+ * with it) and then copy on the calling thread; asynchronous forms queue on a stream. Each side
+ * is checked against the access of the device doing the copy (the stream's, or the current
+ * context's for synchronous forms) and copied through the copy engine's view. Bandwidth is
+ * whatever memcpy achieves on the host.
  */
 #include <string.h>
 
 #include "sim.h"
 
-static CUresult check_pair(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t n)
-{
-        CUresult res = sim_vm_check(dst, n, true, dst_device);
+/* One copy of n bytes: dst is written by dst_dev, src read by src_dev (the same but for peers). */
+struct copy {
+        uintptr_t dst, src;
+        bool dst_device, src_device;
+        int dst_dev, src_dev;
+        size_t n;
+};
 
-        if (res != CUDA_SUCCESS)
-                return res;
-        return sim_vm_check(src, n, false, src_device);
+static CUresult copy_translate(const struct copy *c, struct sim_piece *ret)
+{
+        void *dst, *src;
+        CUresult res = sim_vm_translate(c->dst, c->n, true, c->dst_device, c->dst_dev, &dst);
+
+        if (res == CUDA_SUCCESS)
+                res = sim_vm_translate(c->src, c->n, false, c->src_device, c->src_dev, &src);
+        if (res == CUDA_SUCCESS)
+                *ret = (struct sim_piece){dst, src, c->n};
+        return res;
 }
 
-static CUresult copy_sync(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t n)
+static CUresult copy_sync(struct copy c, const struct CUctx_st *peer_dst,
+                          const struct CUctx_st *peer_src)
 {
-        struct CUctx_st *ctx = sim_current_ctx();
+        struct sim_piece piece;
+        struct CUctx_st *ctx;
         CUresult res;
 
         SIM_CHECK_INIT();
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        res = check_pair(dst, dst_device, src, src_device, n);
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
+        c.dst_dev = peer_dst ? peer_dst->device : ctx->device;
+        c.src_dev = peer_src ? peer_src->device : ctx->device;
+        res = copy_translate(&c, &piece);
         if (res != CUDA_SUCCESS)
                 return res;
         sim_stream_drain(ctx, true);
-        if (n)
-                memmove((void *)dst, (const void *)src, n);
+        if (c.n)
+                memmove(piece.dst, piece.src, c.n);
         return CUDA_SUCCESS;
 }
 
-static CUresult copy_async(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t n,
-                           CUstream hStream)
+static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
+                           const struct CUctx_st *peer_src, CUstream hStream)
 {
         struct sim_piece *piece;
         struct CUstream_st *s;
         CUresult res;
 
         SIM_CHECK_INIT();
-        res = check_pair(dst, dst_device, src, src_device, n);
-        if (res != CUDA_SUCCESS)
-                return res;
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
         if (res != CUDA_SUCCESS)
                 return res;
+        c.dst_dev = peer_dst ? peer_dst->device : sim_stream_device(s);
+        c.src_dev = peer_src ? peer_src->device : sim_stream_device(s);
         piece = malloc(sizeof(*piece));
         if (!piece)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        *piece = (struct sim_piece){(void *)dst, (const void *)src, n};
+        res = copy_translate(&c, piece);
+        if (res != CUDA_SUCCESS) {
+                free(piece);
+                return res;
+        }
         return sim_stream_copy(s, piece, 1, NULL);
+}
+
+static struct copy copy_of(uintptr_t dst, bool dst_device, uintptr_t src, bool src_device, size_t n)
+{
+        return (struct copy){
+            .dst = dst, .dst_device = dst_device, .src = src, .src_device = src_device, .n = n};
 }
 
 SIM_API cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
         SIM_COUNT();
-        return copy_sync(dst, false, src, false, ByteCount);
+        return copy_sync(copy_of(dst, false, src, false, ByteCount), NULL, NULL);
 }
 
 SIM_API cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
         SIM_COUNT();
-        return copy_sync(dstDevice, true, (uintptr_t)srcHost, false, ByteCount);
+        return copy_sync(copy_of(dstDevice, true, (uintptr_t)srcHost, false, ByteCount), NULL,
+                         NULL);
 }
 
 SIM_API cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
         SIM_COUNT();
-        return copy_sync((uintptr_t)dstHost, false, srcDevice, true, ByteCount);
+        return copy_sync(copy_of((uintptr_t)dstHost, false, srcDevice, true, ByteCount), NULL,
+                         NULL);
 }
 
 SIM_API cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
         SIM_COUNT();
-        return copy_sync(dstDevice, true, srcDevice, true, ByteCount);
+        return copy_sync(copy_of(dstDevice, true, srcDevice, true, ByteCount), NULL, NULL);
 }
 
 SIM_API cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
         SIM_COUNT();
-        return copy_async(dst, false, src, false, ByteCount, hStream);
+        return copy_async(copy_of(dst, false, src, false, ByteCount), NULL, NULL, hStream);
 }
 
 SIM_API cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                           CUstream hStream)
 {
         SIM_COUNT();
-        return copy_async(dstDevice, true, (uintptr_t)srcHost, false, ByteCount, hStream);
+        return copy_async(copy_of(dstDevice, true, (uintptr_t)srcHost, false, ByteCount), NULL,
+                          NULL, hStream);
 }
 
 SIM_API cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
         SIM_COUNT();
-        return copy_async((uintptr_t)dstHost, false, srcDevice, true, ByteCount, hStream);
+        return copy_async(copy_of((uintptr_t)dstHost, false, srcDevice, true, ByteCount), NULL,
+                          NULL, hStream);
 }
 
 SIM_API cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                           CUstream hStream)
 {
         SIM_COUNT();
-        return copy_async(dstDevice, true, srcDevice, true, ByteCount, hStream);
+        return copy_async(copy_of(dstDevice, true, srcDevice, true, ByteCount), NULL, NULL,
+                          hStream);
 }
 
 static bool ctx_ok(CUcontext c)
@@ -119,7 +151,9 @@ SIM_API cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr sr
         SIM_CHECK_INIT();
         if (!ctx_ok(dstContext) || !ctx_ok(srcContext))
                 return CUDA_ERROR_INVALID_CONTEXT;
-        return copy_sync(dstDevice, true, srcDevice, true, ByteCount);
+        /* Each side is reached by the device of the context it is named with. */
+        return copy_sync(copy_of(dstDevice, true, srcDevice, true, ByteCount), dstContext,
+                         srcContext);
 }
 
 SIM_API cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
@@ -129,23 +163,26 @@ SIM_API cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdevicep
         SIM_CHECK_INIT();
         if (!ctx_ok(dstContext) || !ctx_ok(srcContext))
                 return CUDA_ERROR_INVALID_CONTEXT;
-        return copy_async(dstDevice, true, srcDevice, true, ByteCount, hStream);
+        return copy_async(copy_of(dstDevice, true, srcDevice, true, ByteCount), dstContext,
+                          srcContext, hStream);
 }
 
 SIM_API cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
         SIM_COUNT();
-        struct CUctx_st *ctx = sim_current_ctx();
+        struct CUctx_st *ctx;
         CUresult res;
+        void *dst;
 
         SIM_CHECK_INIT();
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        res = sim_vm_check(dstDevice, N, true, true);
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
+        res = sim_vm_translate(dstDevice, N, true, true, ctx->device, &dst);
         if (res != CUDA_SUCCESS)
                 return res;
         sim_stream_drain(ctx, true);
-        memset((void *)dstDevice, uc, N);
+        memset(dst, uc, N);
         return CUDA_SUCCESS;
 }
 
@@ -154,15 +191,16 @@ SIM_API cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstr
         SIM_COUNT();
         struct CUstream_st *s;
         CUresult res;
+        void *dst;
 
         SIM_CHECK_INIT();
-        res = sim_vm_check(dstDevice, N, true, true);
-        if (res != CUDA_SUCCESS)
-                return res;
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
         if (res != CUDA_SUCCESS)
                 return res;
-        return sim_stream_memset(s, (void *)dstDevice, uc, N);
+        res = sim_vm_translate(dstDevice, N, true, true, sim_stream_device(s), &dst);
+        if (res != CUDA_SUCCESS)
+                return res;
+        return sim_stream_memset(s, dst, uc, N);
 }
 
 /* The attribute layout rules cuMemcpyBatchAsync documents. */
@@ -212,16 +250,15 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
         if (res != CUDA_SUCCESS)
                 return res;
-        res = sim_vm_check_pieces(dsts, srcs, sizes, count);
-        if (res != CUDA_SUCCESS)
-                return res;
         pieces = malloc(count * sizeof(*pieces));
         if (!pieces)
                 return CUDA_ERROR_OUT_OF_MEMORY;
+        res = sim_vm_translate_pieces(dsts, srcs, sizes, count, sim_stream_device(s), pieces);
+        if (res != CUDA_SUCCESS)
+                return res;
         for (size_t i = 0; i < count; i++) {
                 while (k + 1 < numAttrs && attrsIdxs[k + 1] <= i)
                         k++;
-                pieces[i] = (struct sim_piece){(void *)dsts[i], (const void *)srcs[i], sizes[i]};
                 if (attrs[k].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
                     size_add_overflows(staged, sizes[i], &staged))
                         return CUDA_ERROR_INVALID_VALUE;
@@ -244,4 +281,18 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
                 }
         }
         return sim_stream_copy(s, TAKE_PTR(pieces), count, TAKE_PTR(staging));
+}
+
+/*
+ * The 12.8 interface: the same batch, and failIdx, which the driver sets to the copy that failed
+ * or SIZE_MAX when an error concerns no one copy (the case for every error here).
+ */
+CUresult CUDAAPI sim_memcpy_batch_12080(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                        size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                                        size_t numAttrs, size_t *failIdx, CUstream hStream)
+{
+        SIM_COUNT();
+        if (failIdx)
+                *failIdx = SIZE_MAX;
+        return cuMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
 }

@@ -1,5 +1,6 @@
 /* Initialization, device queries and primary contexts. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "account.h"
@@ -41,6 +42,7 @@ SIM_API cuInit(unsigned int Flags)
                 failed = CUDA_ERROR_NO_DEVICE;
                 goto out;
         }
+        sim.strict = !getenv("AQUA_SIM_STRICT") || strcmp(getenv("AQUA_SIM_STRICT"), "0") != 0;
         r = account_open(sim.machine);
         if (r < 0) {
                 fprintf(stderr,
@@ -199,8 +201,18 @@ SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
         case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
         case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
                 v = 1;
+                break;
+        /*
+         * Kept 0 because the behaviour is not there: devices reach pageable memory only through
+         * copies (no kernels), cuMemHostRegister is not implemented, and cuMemCreate refuses
+         * gpuDirectRDMACapable.
+         */
+        case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
+        case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+                v = 0;
                 break;
         default:
                 break;
@@ -285,13 +297,16 @@ SIM_API cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 /*
  * The primary context object outlives its last release (its address stays a valid handle, as
- * on the real driver, where a re-retain returns the same context).
+ * on the real driver, where a re-retain returns the same context), but the last release
+ * destroys the context: its queued work finishes, its streams, events and linear allocations
+ * go, and calls made in it return CUDA_ERROR_CONTEXT_IS_DESTROYED until it is retained again.
  */
 SIM_API cuDevicePrimaryCtxRelease(CUdevice dev)
 {
         SIM_COUNT();
         struct CUctx_st *ctx;
         CUresult res = CUDA_SUCCESS;
+        bool last = false;
 
         SIM_CHECK_INIT();
         if (!sim_device_valid(dev))
@@ -301,8 +316,10 @@ SIM_API cuDevicePrimaryCtxRelease(CUdevice dev)
         if (ctx->retains == 0)
                 res = CUDA_ERROR_INVALID_CONTEXT;
         else
-                ctx->retains--;
+                last = --ctx->retains == 0;
         pthread_mutex_unlock(&sim.stream_lock);
+        if (last)
+                sim_stream_ctx_destroy(ctx);
         return res;
 }
 
@@ -355,21 +372,30 @@ SIM_API cuCtxGetCurrent(CUcontext *pctx)
 SIM_API cuCtxGetDevice(CUdevice *device)
 {
         SIM_COUNT();
+        struct CUctx_st *ctx;
+        CUresult res;
+
         SIM_CHECK_INIT();
         if (!device)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!current)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        *device = current->device;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
+        *device = ctx->device;
         return CUDA_SUCCESS;
 }
 
+/* Returns the context's sticky error once its work has faulted, as the real call does. */
 SIM_API cuCtxSynchronize(void)
 {
         SIM_COUNT();
+        struct CUctx_st *ctx;
+        CUresult res;
+
         SIM_CHECK_INIT();
-        if (!current)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        sim_stream_drain(current, false);
-        return CUDA_SUCCESS;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
+        sim_stream_drain(ctx, false);
+        return sim_ctx_get(&ctx);
 }

@@ -11,6 +11,7 @@ struct linear {
         size_t size;   /* as asked */
         size_t mapped; /* rounded to pages */
         bool host;
+        const struct CUctx_st *ctx; /* made in; its destruction frees it */
 };
 
 static pthread_mutex_t linear_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -33,9 +34,10 @@ static size_t linear_lower(uintptr_t p)
         return lo;
 }
 
-static CUresult linear_add(uintptr_t p, size_t size, size_t mapped, bool host)
+static CUresult linear_add(uintptr_t p, size_t size, size_t mapped, bool host,
+                           const struct CUctx_st *ctx)
 {
-        struct linear l = {.ptr = p, .size = size, .mapped = mapped, .host = host}, *a;
+        struct linear l = {.ptr = p, .size = size, .mapped = mapped, .host = host, .ctx = ctx}, *a;
         size_t at;
 
         pthread_mutex_lock(&linear_lock);
@@ -85,6 +87,21 @@ CUresult sim_linear_check(uintptr_t p, size_t n, bool *ret_found)
         return res;
 }
 
+void sim_linear_release_ctx(const struct CUctx_st *ctx)
+{
+        size_t kept = 0;
+
+        pthread_mutex_lock(&linear_lock);
+        for (size_t i = 0; i < n_linears; i++) {
+                if (linears[i].ctx == ctx)
+                        munmap((void *)linears[i].ptr, linears[i].mapped);
+                else
+                        linears[kept++] = linears[i];
+        }
+        n_linears = kept;
+        pthread_mutex_unlock(&linear_lock);
+}
+
 static size_t page_round(size_t n)
 {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -95,14 +112,16 @@ static size_t page_round(size_t n)
 SIM_API cuMemGetInfo(size_t *free, size_t *total)
 {
         SIM_COUNT();
-        struct CUctx_st *ctx = sim_current_ctx();
+        struct CUctx_st *ctx;
         uint64_t used, cap;
+        CUresult res;
 
         SIM_CHECK_INIT();
         if (!free || !total)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
         if (account_used(ctx->device, &used) < 0)
                 return CUDA_ERROR_OPERATING_SYSTEM;
         cap = sim.devices[ctx->device].memory;
@@ -115,8 +134,8 @@ SIM_API cuMemGetInfo(size_t *free, size_t *total)
 SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
 {
         SIM_COUNT();
-        struct CUctx_st *ctx = sim_current_ctx();
         size_t mapped = page_round(bytesize);
+        struct CUctx_st *ctx;
         CUresult res;
         void *p;
         int fd;
@@ -124,8 +143,9 @@ SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         SIM_CHECK_INIT();
         if (!dptr || bytesize == 0 || mapped == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!ctx)
-                return CUDA_ERROR_INVALID_CONTEXT;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
         res = sim_backing_new(CU_MEM_LOCATION_TYPE_DEVICE, ctx->device, 0, mapped, &fd);
         if (res != CUDA_SUCCESS)
                 return res;
@@ -134,7 +154,7 @@ SIM_API cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         safe_close(fd);
         if (p == MAP_FAILED)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        res = linear_add((uintptr_t)p, bytesize, mapped, false);
+        res = linear_add((uintptr_t)p, bytesize, mapped, false, ctx);
         if (res != CUDA_SUCCESS) {
                 munmap(p, mapped);
                 return res;
@@ -165,18 +185,20 @@ SIM_API cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         const unsigned known =
             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
         size_t mapped = page_round(bytesize);
+        struct CUctx_st *ctx;
         CUresult res;
         void *p;
 
         SIM_CHECK_INIT();
         if (!pp || bytesize == 0 || mapped == 0 || (Flags & ~known))
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!sim_current_ctx())
-                return CUDA_ERROR_INVALID_CONTEXT;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
         p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        res = linear_add((uintptr_t)p, bytesize, mapped, true);
+        res = linear_add((uintptr_t)p, bytesize, mapped, true, ctx);
         if (res != CUDA_SUCCESS) {
                 munmap(p, mapped);
                 return res;

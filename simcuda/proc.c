@@ -198,16 +198,28 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr)
         X(cuEventElapsedTime, 12080) X(cuEventDestroy, 4000)
 /* clang-format on */
 
-#define STR(x)               #x
-#define XSTR(x)              STR(x)
-#define ENTRY(name, version) {#name, XSTR(name), version, (void *)&name},
+#define ENTRY(name, version) {#name, version, (void *)&name},
 
-static const struct {
-        const char *name;     /* as asked for */
-        const char *exported; /* the symbol in the library */
+struct entry_point {
+        const char *name; /* the base name, as asked for */
         int version;
         void *fn;
-} entry_points[] = {SIM_ENTRY_POINTS(ENTRY)};
+};
+
+static const struct entry_point entry_points[] = {SIM_ENTRY_POINTS(ENTRY)};
+
+/* Older ABIs still implemented: asked for with an older cudaVersion, they win. */
+static const struct entry_point older_abis[] = {
+    {"cuMemcpyBatchAsync", 12080, (void *)&sim_memcpy_batch_12080},
+};
+
+static const struct entry_point *older_abi(const char *symbol, int cudaVersion)
+{
+        for (size_t i = 0; i < ARRAY_SIZE(older_abis); i++)
+                if (strcmp(symbol, older_abis[i].name) == 0 && cudaVersion >= older_abis[i].version)
+                        return &older_abis[i];
+        return NULL;
+}
 
 SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *symbolStatus)
@@ -216,20 +228,24 @@ SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint
         const cuuint64_t known =
             CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
 
-        if (!symbol || !pfn || (flags & ~known))
+        /* Documented: a cudaVersion newer than the driver is an invalid value. */
+        if (!symbol || !pfn || (flags & ~known) || cudaVersion > SIM_VERSION)
                 return CUDA_ERROR_INVALID_VALUE;
         *pfn = NULL;
+        /* Only base names: "cuMemGetInfo_v2" is not a symbol cuGetProcAddress knows. */
         for (size_t i = 0; i < ARRAY_SIZE(entry_points); i++) {
-                if (strcmp(symbol, entry_points[i].name) != 0 &&
-                    strcmp(symbol, entry_points[i].exported) != 0)
+                const struct entry_point *e = &entry_points[i];
+
+                if (strcmp(symbol, e->name) != 0)
                         continue;
-                /* Older ABIs of a versioned entry point are not implemented. */
-                if (cudaVersion < entry_points[i].version) {
+                if (cudaVersion < e->version)
+                        e = older_abi(symbol, cudaVersion);
+                if (!e) {
                         if (symbolStatus)
                                 *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
                         return CUDA_ERROR_NOT_FOUND;
                 }
-                *pfn = entry_points[i].fn;
+                *pfn = e->fn;
                 if (symbolStatus)
                         *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
                 return CUDA_SUCCESS;

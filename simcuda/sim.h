@@ -40,10 +40,17 @@ struct sim_device {
         struct CUctx_st *primary;
 };
 
+/*
+ * A primary context. The object stays at one address for the process's life (a re-retain returns
+ * the same handle, as on the real driver), but each activation is a new epoch: streams and events
+ * remember the epoch they were made in and are dead handles once it has ended.
+ */
 struct CUctx_st {
         int device;
-        unsigned retains; /* primary context retain count */
+        unsigned retains; /* primary context retain count; 0: destroyed (or never made) */
+        unsigned epoch;   /* bumped when the last retain is released */
         unsigned flags;
+        CUresult sticky; /* a fault made the context unusable: every call returns this */
         struct CUstream_st *null_stream; /* created on first use */
         struct CUstream_st *streams; /* every live stream of this context, under sim.stream_lock */
 };
@@ -56,6 +63,8 @@ struct sim {
         /* Peer link bandwidth in bytes/s; 0 means no peer link between the pair. */
         uint64_t link_bandwidth[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
         char machine[128];
+        /* AQUA_SIM_STRICT (default on): unmapping or revoking memory under queued work faults. */
+        bool strict;
 
         /* Streams, events and their queues: one lock, one condition for any progress. */
         pthread_mutex_t stream_lock;
@@ -71,6 +80,13 @@ static inline bool sim_device_valid(CUdevice d)
 
 /* The calling thread's current context, or NULL. */
 struct CUctx_st *sim_current_ctx(void);
+/*
+ * The current context for a call that needs one: CUDA_ERROR_INVALID_CONTEXT without one,
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED after its last release, its sticky error after a fault.
+ */
+CUresult sim_ctx_get(struct CUctx_st **ret);
+/* Why work cannot be given to ctx now (CUDA_SUCCESS: it can); caller holds sim.stream_lock. */
+CUresult sim_ctx_usable_locked(const struct CUctx_st *ctx);
 
 #define SIM_CHECK_INIT()                                                                           \
         do {                                                                                       \
@@ -82,14 +98,21 @@ struct CUctx_st *sim_current_ctx(void);
 int sim_config_load(char **ret_error);
 
 /*
- * Address space (vmm.c). sim_vm_check: may a copy touch [p, p+n)? Inside a reservation every
- * byte must be mapped with access; cuMemAlloc'd and pinned host memory must hold the range;
- * other addresses are pageable host memory, refused when must_be_device.
+ * Address space (vmm.c). Every reservation has a twin range, the copy engine's view, where each
+ * mapping is mapped again read-write: copies run there, so the program's own view can carry the
+ * CPU's protection (none for device-only host memory) while devices copy by their own access.
+ *
+ * sim_vm_translate: may device dev copy through [p, p+n)? Inside a reservation every byte must be
+ * mapped with access for dev; cuMemAlloc'd and pinned host memory must hold the range; other
+ * addresses are pageable host memory, refused when must_be_device. *ret: where the copy engine
+ * reaches p.
  */
-CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device);
-/* sim_vm_check of every piece of a batch (write to dsts[i], read srcs[i]) under one lock. */
-CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes,
-                             size_t count);
+CUresult sim_vm_translate(uintptr_t p, size_t n, bool write, bool must_be_device, int dev,
+                          void **ret);
+struct sim_piece;
+/* sim_vm_translate of every piece of a batch (write dsts[i], read srcs[i]) under one lock. */
+CUresult sim_vm_translate_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs,
+                                 const size_t *sizes, size_t count, int dev, struct sim_piece *ret);
 /* The mapping holding p; false when p is outside every reservation. */
 bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped);
 /* A backing file for size bytes at a location (device memory is charged to the machine). */
@@ -98,15 +121,28 @@ CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64
 
 /* Linear allocations (mem.c): cuMemAlloc and pinned host memory. *ret_found: p is in one. */
 CUresult sim_linear_check(uintptr_t p, size_t n, bool *ret_found);
+/* Free what cuMemAlloc and cuMemHostAlloc gave out in ctx (its context is being destroyed). */
+void sim_linear_release_ctx(const struct CUctx_st *ctx);
 
 /* Streams (stream.c). */
 /* The stream a handle names; 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name ctx's default. */
 CUresult sim_stream_resolve(CUstream s, struct CUctx_st *ctx, struct CUstream_st **ret);
+/* The device whose copy engine runs s's work. */
+int sim_stream_device(const struct CUstream_st *s);
 /*
  * Wait for the work queued so far on the streams of ctx (every context when NULL): all of them,
  * or only the legacy default stream and the streams that synchronize with it.
  */
 void sim_stream_drain(struct CUctx_st *ctx, bool only_blocking);
+/*
+ * Strict mode: memory of the copy engine's view [lo, hi) goes away (or loses access for dev; -1:
+ * every device; write_only: it stays readable). Queued work touching it is what a GPU would fault
+ * on: its context gets CUDA_ERROR_ILLEGAL_ADDRESS and runs nothing more. Returns once no copy
+ * touches the range any longer. Without strict mode, waits for the queued work instead.
+ */
+void sim_stream_fault_range(uintptr_t lo, uintptr_t hi, int dev, bool write_only);
+/* The last release of ctx: wait for its work, then end its epoch (its streams and events). */
+void sim_stream_ctx_destroy(struct CUctx_st *ctx);
 struct sim_piece {
         void *dst;
         const void *src;
@@ -114,4 +150,8 @@ struct sim_piece {
 };
 /* Queue copies on s; takes ownership of pieces (and staging, freed after the copy). */
 CUresult sim_stream_copy(struct CUstream_st *s, struct sim_piece *pieces, size_t n, void *staging);
+/* cuMemcpyBatchAsync as CUDA 12.8 declared it (with failIdx), for cuGetProcAddress at 12080. */
+CUresult CUDAAPI sim_memcpy_batch_12080(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                        size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                                        size_t numAttrs, size_t *failIdx, CUstream hStream);
 CUresult sim_stream_memset(struct CUstream_st *s, void *dst, unsigned char value, size_t n);

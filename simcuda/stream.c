@@ -2,6 +2,8 @@
  * Streams and events. Each stream is a queue run in order by its own worker thread, asynchronous
  * to the caller; events mark a point in a stream's queue. One lock and one condition variable
  * cover all of them: progress anywhere wakes every waiter, which rechecks its own condition.
+ * Streams and events belong to the context (and its epoch) they were made in; a context that
+ * faulted runs no more work, as a GPU context with a sticky error does not.
  */
 #include <signal.h>
 #include <string.h>
@@ -43,16 +45,20 @@ struct op {
 
 struct CUstream_st {
         struct CUctx_st *ctx;
+        unsigned epoch;           /* of ctx, when made */
         struct CUstream_st *next; /* in ctx->streams */
         unsigned flags;
         bool legacy; /* the context's default stream */
         bool destroyed;
+        bool running; /* the worker is running head, without the lock */
         unsigned refs;
         uint64_t enqueued, completed; /* op sequence numbers */
         struct op *head, *tail;
 };
 
 struct CUevent_st {
+        struct CUctx_st *ctx;
+        unsigned epoch; /* of ctx, when made */
         unsigned flags;
         unsigned refs;
         struct CUstream_st *stream; /* where last recorded; NULL if never */
@@ -126,6 +132,73 @@ static void op_run(struct op *op)
         }
 }
 
+CUresult sim_ctx_usable_locked(const struct CUctx_st *ctx)
+{
+        if (ctx->retains == 0)
+                return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        return ctx->sticky;
+}
+
+CUresult sim_ctx_get(struct CUctx_st **ret)
+{
+        struct CUctx_st *ctx = sim_current_ctx();
+        CUresult res;
+
+        if (!ctx)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        LOCK();
+        res = sim_ctx_usable_locked(ctx);
+        UNLOCK();
+        if (res == CUDA_SUCCESS)
+                *ret = ctx;
+        return res;
+}
+
+/* A handle from an epoch of its context that has ended names nothing any more. */
+static CUresult stream_usable_locked(const struct CUstream_st *s)
+{
+        if (s->epoch != s->ctx->epoch)
+                return CUDA_ERROR_INVALID_HANDLE;
+        return sim_ctx_usable_locked(s->ctx);
+}
+
+static CUresult event_usable_locked(const struct CUevent_st *e)
+{
+        if (e->epoch != e->ctx->epoch)
+                return CUDA_ERROR_INVALID_HANDLE;
+        return sim_ctx_usable_locked(e->ctx);
+}
+
+int sim_stream_device(const struct CUstream_st *s)
+{
+        return s->ctx->device;
+}
+
+static bool overlaps(const void *p, size_t n, uintptr_t lo, uintptr_t hi)
+{
+        return n && (uintptr_t)p < hi && (uintptr_t)p + n > lo;
+}
+
+/* Does op reach into [lo, hi) (only by writing, when write_only)? */
+static bool op_touches(const struct op *op, uintptr_t lo, uintptr_t hi, bool write_only)
+{
+        switch (op->type) {
+        case OP_COPY:
+                for (size_t i = 0; i < op->copy.n; i++) {
+                        const struct sim_piece *p = &op->copy.pieces[i];
+
+                        if (overlaps(p->dst, p->size, lo, hi) ||
+                            (!write_only && overlaps(p->src, p->size, lo, hi)))
+                                return true;
+                }
+                return false;
+        case OP_SET:
+                return overlaps(op->set.dst, op->set.n, lo, hi);
+        default:
+                return false;
+        }
+}
+
 static void *worker(void *arg)
 {
         struct CUstream_st *s = arg;
@@ -149,10 +222,13 @@ static void *worker(void *arg)
                                 clock_gettime(CLOCK_MONOTONIC, &e->stamp);
                                 e->stamped = true;
                         }
-                } else {
+                } else if (s->ctx->sticky == CUDA_SUCCESS) {
+                        /* After a fault the context runs nothing more; the queue just drains. */
+                        s->running = true;
                         UNLOCK();
                         op_run(op);
                         LOCK();
+                        s->running = false;
                 }
                 s->head = op->next;
                 if (!s->head)
@@ -179,6 +255,7 @@ static CUresult stream_new_locked(struct CUctx_st *ctx, unsigned flags, bool leg
         if (!s)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         s->ctx = ctx;
+        s->epoch = ctx->epoch;
         s->flags = flags;
         s->legacy = legacy;
         s->refs = 2;
@@ -211,7 +288,8 @@ CUresult sim_stream_resolve(CUstream h, struct CUctx_st *ctx, struct CUstream_st
         if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
         LOCK();
-        if (!ctx->null_stream)
+        res = sim_ctx_usable_locked(ctx);
+        if (res == CUDA_SUCCESS && !ctx->null_stream)
                 res = stream_new_locked(ctx, 0, true, &ctx->null_stream);
         if (res == CUDA_SUCCESS)
                 *ret = ctx->null_stream;
@@ -252,8 +330,10 @@ static CUresult push_wait_locked(struct CUstream_st *s, struct CUstream_st *on, 
 static CUresult enqueue_locked(struct CUstream_st *s, struct op *op)
 {
         struct CUstream_st *null = s->ctx->null_stream;
-        CUresult res;
+        CUresult res = stream_usable_locked(s);
 
+        if (res != CUDA_SUCCESS)
+                return res;
         if (s->legacy) {
                 for (struct CUstream_st *b = s->ctx->streams; b; b = b->next) {
                         if (b == s || (b->flags & CU_STREAM_NON_BLOCKING) ||
@@ -372,6 +452,71 @@ void sim_stream_drain(struct CUctx_st *ctx, bool only_blocking)
         free(todo);
 }
 
+void sim_stream_fault_range(uintptr_t lo, uintptr_t hi, int dev, bool write_only)
+{
+        bool busy;
+
+        if (!sim.strict) {
+                sim_stream_drain(dev < 0 ? NULL : sim.devices[dev].primary, false);
+                return;
+        }
+        LOCK();
+        for (int i = 0; i < sim.n_devices; i++) {
+                struct CUctx_st *c = sim.devices[i].primary;
+
+                if (dev >= 0 && i != dev)
+                        continue;
+                for (struct CUstream_st *st = c->streams; st && !c->sticky; st = st->next)
+                        for (struct op *op = st->head; op; op = op->next)
+                                if (op_touches(op, lo, hi, write_only)) {
+                                        c->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+                                        break;
+                                }
+        }
+        WAKE();
+        /* A copy already under way cannot be stopped half-way: let it end before the memory goes.
+         */
+        do {
+                busy = false;
+                for (int i = 0; i < sim.n_devices && !busy; i++)
+                        for (struct CUstream_st *st = sim.devices[i].primary->streams; st && !busy;
+                             st = st->next)
+                                busy = st->running && op_touches(st->head, lo, hi, write_only);
+                if (busy)
+                        WAIT();
+        } while (busy);
+        UNLOCK();
+}
+
+void sim_stream_ctx_destroy(struct CUctx_st *ctx)
+{
+        struct CUstream_st *null;
+
+        sim_stream_drain(ctx, false);
+        LOCK();
+        if (ctx->retains > 0) { /* retained again meanwhile */
+                UNLOCK();
+                return;
+        }
+        ctx->epoch++;
+        ctx->sticky = CUDA_SUCCESS;
+        for (struct CUstream_st *st = ctx->streams; st; st = st->next) {
+                if (st->destroyed)
+                        continue;
+                /* The program's handle stays readable (as a dead one) until cuStreamDestroy. */
+                if (st != ctx->null_stream)
+                        st->refs++;
+                st->destroyed = true;
+        }
+        null = ctx->null_stream;
+        ctx->null_stream = NULL;
+        if (null)
+                stream_unref_locked(null);
+        WAKE();
+        UNLOCK();
+        sim_linear_release_ctx(ctx);
+}
+
 SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
         SIM_COUNT();
@@ -385,7 +530,9 @@ SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
         if (!ctx)
                 return CUDA_ERROR_INVALID_CONTEXT;
         LOCK();
-        res = stream_new_locked(ctx, Flags, false, &s);
+        res = sim_ctx_usable_locked(ctx);
+        if (res == CUDA_SUCCESS)
+                res = stream_new_locked(ctx, Flags, false, &s);
         if (res == CUDA_SUCCESS)
                 s->refs--; /* the handle's reference and the worker's are the same until destroy */
         UNLOCK();
@@ -398,14 +545,22 @@ SIM_API cuStreamCreate(CUstream *phStream, unsigned int Flags)
 SIM_API cuStreamDestroy(CUstream hStream)
 {
         SIM_COUNT();
+        CUresult res = CUDA_SUCCESS;
+
         SIM_CHECK_INIT();
         if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
                 return CUDA_ERROR_INVALID_HANDLE;
         LOCK();
-        hStream->destroyed = true;
-        WAKE();
+        if (hStream->epoch != hStream->ctx->epoch) {
+                /* Its context is gone and took the stream along; only the dead handle is left. */
+                stream_unref_locked(hStream);
+                res = CUDA_ERROR_INVALID_HANDLE;
+        } else {
+                hStream->destroyed = true;
+                WAKE();
+        }
         UNLOCK();
-        return CUDA_SUCCESS;
+        return res;
 }
 
 SIM_API cuStreamSynchronize(CUstream hStream)
@@ -418,14 +573,19 @@ SIM_API cuStreamSynchronize(CUstream hStream)
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
         if (res != CUDA_SUCCESS)
                 return res;
-        if (s->legacy) {
-                sim_stream_drain(s->ctx, true);
-                return CUDA_SUCCESS;
-        }
         LOCK();
-        wait_stream_locked(s, s->enqueued);
+        res = stream_usable_locked(s);
+        if (res == CUDA_SUCCESS && !s->legacy)
+                wait_stream_locked(s, s->enqueued);
         UNLOCK();
-        return CUDA_SUCCESS;
+        if (res == CUDA_SUCCESS && s->legacy)
+                sim_stream_drain(s->ctx, true);
+        if (res != CUDA_SUCCESS)
+                return res;
+        LOCK();
+        res = stream_usable_locked(s); /* its work may have faulted meanwhile */
+        UNLOCK();
+        return res;
 }
 
 SIM_API cuStreamQuery(CUstream hStream)
@@ -440,8 +600,11 @@ SIM_API cuStreamQuery(CUstream hStream)
         if (res != CUDA_SUCCESS)
                 return res;
         LOCK();
+        res = stream_usable_locked(s);
         idle = s->completed >= s->enqueued;
         UNLOCK();
+        if (res != CUDA_SUCCESS)
+                return res;
         return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -488,17 +651,24 @@ SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
         SIM_COUNT();
         const unsigned known =
             CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        struct CUctx_st *ctx;
         struct CUevent_st *e;
+        CUresult res;
 
         SIM_CHECK_INIT();
         if (!phEvent || (Flags & ~known) ||
             ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!sim_current_ctx())
-                return CUDA_ERROR_INVALID_CONTEXT;
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
         e = calloc(1, sizeof(*e));
         if (!e)
                 return CUDA_ERROR_OUT_OF_MEMORY;
+        LOCK();
+        e->ctx = ctx;
+        e->epoch = ctx->epoch;
+        UNLOCK();
         e->flags = Flags;
         e->refs = 1;
         *phEvent = e;
@@ -508,13 +678,17 @@ SIM_API cuEventCreate(CUevent *phEvent, unsigned int Flags)
 SIM_API cuEventDestroy(CUevent hEvent)
 {
         SIM_COUNT();
+        CUresult res;
+
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
         LOCK();
+        /* An event whose context is gone is a dead handle; what is left of it goes anyway. */
+        res = hEvent->epoch != hEvent->ctx->epoch ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
         event_unref_locked(hEvent);
         UNLOCK();
-        return CUDA_SUCCESS;
+        return res;
 }
 
 SIM_API cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -532,8 +706,14 @@ SIM_API cuEventRecord(CUevent hEvent, CUstream hStream)
                 return res;
         op->record.ev = hEvent;
         LOCK();
-        op->record.gen = ++hEvent->gen;
-        res = enqueue_locked(s, op);
+        res = event_usable_locked(hEvent);
+        /* Documented: the event and the stream must belong to the same context. */
+        if (res == CUDA_SUCCESS && hEvent->ctx != s->ctx)
+                res = CUDA_ERROR_INVALID_HANDLE;
+        if (res == CUDA_SUCCESS) {
+                op->record.gen = ++hEvent->gen;
+                res = enqueue_locked(s, op);
+        }
         if (res == CUDA_SUCCESS) {
                 hEvent->refs++; /* held by the queued op */
                 s->refs++;
@@ -559,26 +739,36 @@ SIM_API cuEventQuery(CUevent hEvent)
         SIM_COUNT();
         bool done;
 
+        CUresult res;
+
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
         LOCK();
+        res = event_usable_locked(hEvent);
         done = event_done_locked(hEvent);
         UNLOCK();
+        if (res != CUDA_SUCCESS)
+                return res;
         return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_API cuEventSynchronize(CUevent hEvent)
 {
         SIM_COUNT();
+        CUresult res;
+
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
         LOCK();
-        if (hEvent->stream)
+        res = event_usable_locked(hEvent);
+        if (res == CUDA_SUCCESS && hEvent->stream) {
                 wait_stream_locked(hEvent->stream, hEvent->seq);
+                res = event_usable_locked(hEvent); /* the work before it may have faulted */
+        }
         UNLOCK();
-        return CUDA_SUCCESS;
+        return res;
 }
 
 SIM_API cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -592,8 +782,13 @@ SIM_API cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
         if (!hStart || !hEnd)
                 return CUDA_ERROR_INVALID_HANDLE;
         LOCK();
-        if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING || !hStart->stream ||
-            !hEnd->stream)
+        res = event_usable_locked(hStart);
+        if (res == CUDA_SUCCESS)
+                res = event_usable_locked(hEnd);
+        if (res != CUDA_SUCCESS)
+                ;
+        else if ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING || !hStart->stream ||
+                 !hEnd->stream || hStart->ctx != hEnd->ctx)
                 res = CUDA_ERROR_INVALID_HANDLE;
         else if (!event_done_locked(hStart) || !event_done_locked(hEnd) || !hStart->stamped ||
                  !hEnd->stamped)
@@ -615,17 +810,22 @@ SIM_API cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         SIM_CHECK_INIT();
         if (!hEvent)
                 return CUDA_ERROR_INVALID_HANDLE;
-        if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)
+        /* CU_EVENT_WAIT_EXTERNAL is documented as invalid outside stream capture (none here). */
+        if (Flags != CU_EVENT_WAIT_DEFAULT)
                 return CUDA_ERROR_INVALID_VALUE;
         res = stream_op_new(hStream, OP_WAIT, &s, &op);
         if (res != CUDA_SUCCESS)
                 return res;
         LOCK();
-        if (!hEvent->stream || hEvent->stream == s || event_done_locked(hEvent)) {
+        /* Waiting on an event of another context is allowed; on a dead one it is not. */
+        res = hEvent->epoch != hEvent->ctx->epoch ? CUDA_ERROR_INVALID_HANDLE
+                                                  : stream_usable_locked(s);
+        if (res != CUDA_SUCCESS || !hEvent->stream || hEvent->stream == s ||
+            event_done_locked(hEvent)) {
                 /* Nothing to wait for: never recorded, already complete, or ordered already. */
                 UNLOCK();
                 free(op);
-                return CUDA_SUCCESS;
+                return res;
         }
         op->wait.stream = hEvent->stream;
         op->wait.seq = hEvent->seq;

@@ -190,6 +190,86 @@ Test(device, get_proc_address_resolves_the_versioned_entry_points)
         cr_assert_null(fn);
 }
 
+/*
+ * cuda.h: the symbol is the base name (cuMemAlloc, not cuMemAlloc_v2), and a cudaVersion newer
+ * than the driver is an invalid value. cuMemcpyBatchAsync changed its signature in 13.0: asked
+ * for at 12.8 it is the 12.8 function; before 12.8 there is none.
+ */
+Test(device, get_proc_address_takes_base_names_and_versions_the_driver_knows)
+{
+        CUdriverProcAddressQueryResult status;
+        void *fn, *v13;
+        int version;
+
+        CU_OK(cuInit(0));
+        CU_OK(cuDriverGetVersion(&version));
+        CU_EXPECT(cuGetProcAddress("cuMemGetInfo_v2", &fn, CUDA_VERSION, 0, &status),
+                  CUDA_ERROR_NOT_FOUND);
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+        CU_EXPECT(cuGetProcAddress("cuMemGetInfo", &fn, version + 1000, 0, &status),
+                  CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuGetProcAddress("cuMemcpyBatchAsync", &v13, 13000, 0, &status));
+        CU_OK(cuGetProcAddress("cuMemcpyBatchAsync", &fn, 12080, 0, &status));
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_SUCCESS);
+        cr_assert_not_null(fn);
+        cr_assert_neq(fn, v13, "the 12.8 interface is another function");
+        CU_EXPECT(cuGetProcAddress("cuMemcpyBatchAsync", &fn, 12060, 0, &status),
+                  CUDA_ERROR_NOT_FOUND);
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+}
+
+/* The 12.8 cuMemcpyBatchAsync: failIdx before the stream. */
+typedef CUresult (*batch_12080_fn)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                   size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                                   size_t numAttrs, size_t *failIdx, CUstream hStream);
+
+Test(device, the_12_8_batch_copy_interface_copies)
+{
+        CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+        CUdeviceptr dst, src;
+        size_t size = sizeof(int), idx = 0, fail = 0;
+        batch_12080_fn batch;
+        CUstream s;
+        int in = 42, out = 0;
+
+        sim_start(0);
+        CU_OK(cuGetProcAddress("cuMemcpyBatchAsync", (void **)&batch, 12080, 0, NULL));
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        dst = (CUdeviceptr)&out;
+        src = (CUdeviceptr)&in;
+        CU_OK(batch(&dst, &src, &size, 1, &attr, &idx, 1, &fail, s));
+        CU_OK(cuStreamSynchronize(s));
+        cr_assert_eq(out, 42);
+        CU_EXPECT(batch(&dst, &src, &size, 1, &attr, &idx, 1, &fail, NULL),
+                  CUDA_ERROR_INVALID_VALUE);
+        cr_assert_eq(fail, SIZE_MAX);
+}
+
+/* Attributes say what the simulated device does: no pageable access, registration or RDMA. */
+Test(device, attributes_agree_with_the_behaviour)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+        char host[64];
+        int v = -1;
+
+        SIM_ONLY();
+        sim_start(0);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0));
+        cr_assert_eq(v, 0);
+        /* Without pageable memory access a device cannot set pageable memory. */
+        CU_EXPECT(cuMemsetD8((CUdeviceptr)host, 0, sizeof(host)), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0));
+        cr_assert_eq(v, 0);
+        CU_OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                   0));
+        cr_assert_eq(v, 0);
+        prop.allocFlags.gpuDirectRDMACapable = 1;
+        CU_EXPECT(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+        CU_OK(cuMemAlloc(&p, 64));
+}
+
 Test(device, names_errors)
 {
         const char *s;

@@ -30,6 +30,19 @@
 
 #define GRAN (UINT64_C(2) << 20)
 
+/*
+ * A call the driver must refuse: with exactly code here; on a real GPU with some error (the
+ * driver may name the same misuse differently, or report it as the fault it becomes).
+ */
+#define CU_REFUSED(call, code)                                                                     \
+        do {                                                                                       \
+                CUresult _r = (call);                                                              \
+                if (on_real_gpu())                                                                 \
+                        cr_assert_neq(_r, CUDA_SUCCESS, "%s succeeded", #call);                    \
+                else                                                                               \
+                        cr_assert_eq(_r, (code), "%s = %d, expected %s", #call, _r, #code);        \
+        } while (0)
+
 static inline bool on_real_gpu(void)
 {
         const char *v = getenv("AQUA_TEST_REAL_GPU");

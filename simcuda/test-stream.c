@@ -339,3 +339,212 @@ Test(stream, peer_copies_move_between_devices)
         CU_OK(cuMemcpyDtoH(&out, a + 64, sizeof(out)));
         cr_assert_eq(out, 77);
 }
+
+/*
+ * Documented (CUDA C Programming Guide, "Stream and Event Behavior"): recording an event on a
+ * stream of another context fails, and so does timing two events of different contexts; a
+ * stream may wait on an event of another context.
+ */
+Test(stream, events_belong_to_the_context_they_were_made_in)
+{
+        CUcontext c0, c1;
+        CUevent e0, e1;
+        CUstream s0, s1;
+        float ms;
+
+        NEED_TWO_DEVICES();
+        c1 = sim_start(1);
+        CU_OK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuEventCreate(&e1, 0));
+        c0 = sim_start(0);
+        CU_OK(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuEventCreate(&e0, 0));
+        CU_EXPECT(cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE);
+        /* The NULL stream is the current context's. */
+        CU_EXPECT(cuEventRecord(e1, NULL), CUDA_ERROR_INVALID_HANDLE);
+        CU_OK(cuEventRecord(e0, NULL));
+        CU_OK(cuEventRecord(e0, s0));
+        CU_OK(cuEventRecord(e1, s1));
+        CU_OK(cuStreamWaitEvent(s0, e1, 0));
+        CU_OK(cuEventSynchronize(e0));
+        CU_OK(cuEventSynchronize(e1));
+        CU_EXPECT(cuEventElapsedTime(&ms, e0, e1), CUDA_ERROR_INVALID_HANDLE);
+        CU_OK(cuCtxSetCurrent(c1));
+        CU_OK(cuEventRecord(e1, NULL));
+        CU_OK(cuEventDestroy(e1));
+        CU_OK(cuEventDestroy(e0));
+        (void)c0;
+}
+
+/* cuda.h: CU_EVENT_WAIT_EXTERNAL "is invalid when used outside of capture". */
+Test(stream, an_external_event_wait_outside_capture_is_refused)
+{
+        CUstream s;
+        CUevent e;
+
+        sim_start(0);
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        CU_OK(cuEventRecord(e, s));
+        CU_EXPECT(cuStreamWaitEvent(s, e, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuStreamWaitEvent(s, e, CU_EVENT_WAIT_DEFAULT));
+        CU_OK(cuEventDestroy(e));
+}
+
+/*
+ * The last cuDevicePrimaryCtxRelease destroys the context: its streams and events are dead
+ * handles, its cuMemAlloc memory is gone, and calls made in it say the context is destroyed;
+ * a new retain gives a fresh context under the same handle.
+ */
+Test(stream, the_last_primary_context_release_destroys_what_was_made_in_it)
+{
+        CUcontext ctx, again;
+        CUdeviceptr p;
+        CUstream s;
+        CUevent e;
+        size_t free, total;
+
+        SIM_ONLY(); /* dead handles are undefined behaviour to pass on a real driver */
+        ctx = sim_start(0);
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuEventCreate(&e, 0));
+        CU_OK(cuMemAlloc(&p, 4096));
+        CU_OK(cuEventRecord(e, s));
+        CU_OK(cuDevicePrimaryCtxRelease(0));
+        CU_EXPECT(cuMemGetInfo(&free, &total), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CU_EXPECT(cuMemAlloc(&p, 4096), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CU_EXPECT(cuStreamCreate(&s, 0), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CU_EXPECT(cuCtxSynchronize(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CU_EXPECT(cuMemcpyHtoD(p, &free, sizeof(free)), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        CU_EXPECT(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventQuery(e), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventRecord(e, s), CUDA_ERROR_INVALID_HANDLE);
+
+        CU_OK(cuDevicePrimaryCtxRetain(&again, 0));
+        cr_assert_eq(again, ctx);
+        CU_OK(cuMemGetInfo(&free, &total));
+        CU_EXPECT(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuMemcpyHtoD(p, &free, sizeof(free)), CUDA_ERROR_INVALID_VALUE);
+        CU_EXPECT(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+        CU_EXPECT(cuEventDestroy(e), CUDA_ERROR_INVALID_HANDLE);
+        CU_OK(cuStreamCreate(&s, 0));
+        CU_OK(cuStreamSynchronize(s));
+}
+
+static void CUDA_CB set_flag(void *arg)
+{
+        *(int *)arg = 1;
+}
+
+/* A copy queued into p behind a closed gate; *host is its other side. */
+static CUstream queue_behind_gate(CUdeviceptr p, int *host)
+{
+        CUstream s;
+
+        gate.open = false;
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuLaunchHostFunc(s, gate_wait, &gate));
+        CU_OK(cuMemcpyDtoHAsync(host, p, sizeof(*host), s));
+        return s;
+}
+
+/*
+ * Strict mode (the default): unmapping memory that queued work still touches does not wait for
+ * it; the work faults as it would on a GPU: it never runs, its stream and its context report
+ * CUDA_ERROR_ILLEGAL_ADDRESS from then on, and only a new context works again.
+ */
+Test(stream, unmapping_under_queued_work_faults_its_context)
+{
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p, q;
+        CUstream s;
+        CUcontext ctx;
+        size_t free, total;
+        int host = -1, v = 1, ran = 0;
+
+        SIM_ONLY();
+        sim_start(0);
+        p = map_new(0, GRAN, &h);
+        CU_OK(cuMemsetD8(p, 0x11, GRAN));
+        s = queue_behind_gate(p, &host);
+        /* Queued after the copy: a faulted context runs nothing more, host functions neither. */
+        CU_OK(cuLaunchHostFunc(s, set_flag, &ran));
+        CU_OK(cuMemUnmap(p, GRAN));
+        gate_open(&gate);
+        CU_EXPECT(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        cr_assert_eq(host, -1, "the faulted copy ran");
+        cr_assert_eq(ran, 0, "work after the fault ran");
+        CU_EXPECT(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuMemcpy((CUdeviceptr)&host, (CUdeviceptr)&v, sizeof(v)),
+                  CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuStreamQuery(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuMemGetInfo(&free, &total), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuMemAlloc(&q, 4096), CUDA_ERROR_ILLEGAL_ADDRESS);
+        /* VMM calls go on, so the program can clean up. */
+        CU_OK(cuMemRelease(h));
+        /* The sticky error lasts as long as the context. */
+        CU_OK(cuDevicePrimaryCtxRelease(0));
+        CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+        CU_OK(cuMemcpy((CUdeviceptr)&host, (CUdeviceptr)&v, sizeof(v)));
+        CU_OK(cuMemAddressFree(p, GRAN));
+}
+
+/* Taking a device's access away under its queued work is the same fault. */
+Test(stream, revoking_access_under_queued_work_faults_its_context)
+{
+        CUmemAccessDesc none = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                                .flags = CU_MEM_ACCESS_FLAGS_PROT_NONE};
+        CUdeviceptr p;
+        CUstream s;
+        int host = -1;
+
+        SIM_ONLY();
+        sim_start(0);
+        p = map_new(0, GRAN, NULL);
+        s = queue_behind_gate(p, &host);
+        CU_OK(cuMemSetAccess(p, GRAN, &none, 1));
+        gate_open(&gate);
+        CU_EXPECT(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        cr_assert_eq(host, -1);
+}
+
+/* Work that does not touch the range is not affected by its unmapping. */
+Test(stream, unmapping_beside_queued_work_leaves_it_alone)
+{
+        CUdeviceptr p, q;
+        CUstream s;
+        int host = -1;
+
+        SIM_ONLY();
+        sim_start(0);
+        p = map_new(0, GRAN, NULL);
+        q = map_new(0, GRAN, NULL);
+        CU_OK(cuMemsetD8(p, 0, GRAN));
+        s = queue_behind_gate(p, &host);
+        CU_OK(cuMemUnmap(q, GRAN));
+        gate_open(&gate);
+        CU_OK(cuStreamSynchronize(s));
+        cr_assert_eq(host, 0);
+}
+
+/* AQUA_SIM_STRICT=0: unmapping waits for the queued work instead (what simcuda did before). */
+Test(stream, relaxed_mode_lets_queued_work_finish_before_an_unmap)
+{
+        pthread_t opener;
+        CUdeviceptr p;
+        CUstream s;
+        int host = -1;
+
+        SIM_ONLY();
+        setenv("AQUA_SIM_STRICT", "0", 1);
+        sim_start(0);
+        p = map_new(0, GRAN, NULL);
+        CU_OK(cuMemsetD8(p, 0x22, GRAN));
+        s = queue_behind_gate(p, &host);
+        cr_assert_eq(pthread_create(&opener, NULL, gate_opener, &gate), 0);
+        CU_OK(cuMemUnmap(p, GRAN));
+        pthread_join(opener, NULL);
+        CU_OK(cuStreamSynchronize(s));
+        cr_assert_eq(host, 0x22222222);
+}

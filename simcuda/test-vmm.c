@@ -24,20 +24,34 @@ static void on_fault(int sig)
         siglongjmp(fault_jump, 1);
 }
 
-static bool write_faults(CUdeviceptr p)
+static bool touch_faults(CUdeviceptr p, bool write)
 {
         struct sigaction sa = {.sa_handler = on_fault}, old_segv, old_bus;
         volatile bool faulted = false;
 
         sigaction(SIGSEGV, &sa, &old_segv);
         sigaction(SIGBUS, &sa, &old_bus);
-        if (sigsetjmp(fault_jump, 1) == 0)
-                *(volatile int *)p = 1;
-        else
+        if (sigsetjmp(fault_jump, 1) == 0) {
+                if (write)
+                        *(volatile int *)p = 1;
+                else
+                        (void)*(volatile int *)p;
+        } else {
                 faulted = true;
+        }
         sigaction(SIGSEGV, &old_segv, NULL);
         sigaction(SIGBUS, &old_bus, NULL);
         return faulted;
+}
+
+static bool write_faults(CUdeviceptr p)
+{
+        return touch_faults(p, true);
+}
+
+static bool read_faults(CUdeviceptr p)
+{
+        return touch_faults(p, false);
 }
 
 Test(vmm, granularity_is_2MiB)
@@ -252,6 +266,23 @@ Test(vmm, unaligned_maps_and_maps_past_the_allocation_are_refused)
         CU_EXPECT(cuMemMap(p, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
 }
 
+/* cuda.h on cuMemMap's offset: "must currently be zero". */
+Test(vmm, maps_at_a_nonzero_offset_are_refused)
+{
+        CUmemAllocationProp prop = device_prop(0, false);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, 2 * GRAN, &prop, 0));
+        CU_OK(cuMemAddressReserve(&p, 2 * GRAN, 0, 0, 0));
+        CU_REFUSED(cuMemMap(p, GRAN, GRAN, h, 0), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuMemMap(p, 2 * GRAN, 0, h, 0));
+        CU_OK(cuMemUnmap(p, 2 * GRAN));
+        CU_OK(cuMemRelease(h));
+        CU_OK(cuMemAddressFree(p, 2 * GRAN));
+}
+
 Test(vmm, unmapping_part_of_a_mapping_is_refused)
 {
         CUdeviceptr p;
@@ -333,6 +364,115 @@ Test(vmm, export_and_import_in_one_process_share_bytes)
         CU_OK(cuMemcpyHtoD(a + 64, &v, sizeof(v)));
         CU_OK(cuMemcpyDtoH(&out, b + 64, sizeof(out)));
         cr_assert_eq(out, 99);
+}
+
+/*
+ * The handle goes with its last release even while a mapping keeps the memory: releasing it
+ * again, mapping, exporting or querying it is refused, and the memory is freed (and no longer
+ * counted) when the mapping goes.
+ */
+Test(vmm, a_released_handle_is_gone_while_its_memory_stays_mapped)
+{
+        CUmemAllocationProp prop = device_prop(0, true);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p, q;
+        size_t free0, free1, total;
+        int fd = -1, v = 5, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemGetInfo(&free0, &total));
+        p = map_new(0, GRAN, &h);
+        CU_OK(cuMemRelease(h));
+        CU_REFUSED(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuMemAddressReserve(&q, GRAN, 0, 0, 0));
+        CU_REFUSED(cuMemMap(q, GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(
+            cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(cuMemGetAllocationPropertiesFromHandle(&prop, h), CUDA_ERROR_INVALID_VALUE);
+        /* The mapping still holds the memory and its data. */
+        CU_OK(cuMemcpyHtoD(p, &v, sizeof(v)));
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 5);
+        CU_OK(cuMemGetInfo(&free1, &total));
+        cr_assert_eq(free0 - free1, GRAN);
+        CU_OK(cuMemUnmap(p, GRAN));
+        CU_OK(cuMemGetInfo(&free1, &total));
+        cr_assert_eq(free1, free0, "the last mapping freed the memory");
+        CU_OK(cuMemAddressFree(p, GRAN));
+        CU_OK(cuMemAddressFree(q, GRAN));
+}
+
+/*
+ * Access is per device: device 0 copies only where device 0 was given access, whichever other
+ * device may touch the range. The device of a copy is its stream's, or the current context's
+ * for synchronous calls.
+ */
+Test(vmm, copies_need_access_for_the_device_that_makes_them)
+{
+        CUmemGenericAllocationHandle h;
+        CUmemAccessDesc ro0 = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+        CUcontext c0, c1;
+        CUstream s0, s1;
+        CUdeviceptr p;
+        int v = 3, out = 0;
+
+        NEED_TWO_DEVICES();
+        c1 = sim_start(1);
+        CU_OK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+        p = map_new(1, GRAN, &h); /* read-write for device 1 only */
+        c0 = sim_start(0);
+        CU_OK(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
+        CU_REFUSED(cuMemcpyHtoD(p, &v, sizeof(v)), CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(cuMemcpyDtoH(&out, p, sizeof(out)), CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(cuMemsetD8(p, 1, 64), CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(cuMemcpyHtoDAsync(p, &v, sizeof(v), s0), CUDA_ERROR_INVALID_VALUE);
+        CU_REFUSED(cuMemsetD8Async(p, 1, 64, s0), CUDA_ERROR_INVALID_VALUE);
+        /* Device 1's stream may, whichever context is current. */
+        CU_OK(cuMemcpyHtoDAsync(p, &v, sizeof(v), s1));
+        CU_OK(cuStreamSynchronize(s1));
+        /* Read access for device 0: it reads, and still may not write. */
+        CU_OK(cuMemSetAccess(p, GRAN, &ro0, 1));
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 3);
+        CU_REFUSED(cuMemcpyHtoD(p, &v, sizeof(v)), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuCtxSetCurrent(c1));
+        CU_OK(cuMemcpyHtoD(p, &v, sizeof(v)));
+        (void)c0;
+}
+
+/*
+ * Host memory mapped for devices only is not the CPU's to touch (on a GPU system the CPU has no
+ * mapping of it); devices copy through it, and access for the host location opens it.
+ */
+Test(vmm, host_memory_mapped_for_devices_only_faults_on_the_cpu)
+{
+        CUmemAllocationProp host = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_HOST}};
+        CUmemAccessDesc cpu = {.location = {.type = CU_MEM_LOCATION_TYPE_HOST},
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr p;
+        int v = 9, out = 0;
+
+        sim_start(0);
+        CU_OK(cuMemCreate(&h, GRAN, &host, 0));
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, h, 0));
+        set_rw(p, GRAN, 0);
+        CU_OK(cuMemcpyHtoD(p, &v, sizeof(v)));
+        CU_OK(cuMemcpyDtoH(&out, p, sizeof(out)));
+        cr_assert_eq(out, 9);
+        if (!on_real_gpu()) { /* a fault here on a GPU machine would end the test */
+                cr_assert(read_faults(p), "the CPU read device-only host memory");
+                cr_assert(write_faults(p), "the CPU wrote device-only host memory");
+        }
+        CU_OK(cuMemSetAccess(p, GRAN, &cpu, 1));
+        cr_assert_eq(*(volatile int *)p, 9);
+        CU_OK(cuMemUnmap(p, GRAN));
+        CU_OK(cuMemRelease(h));
+        CU_OK(cuMemAddressFree(p, GRAN));
 }
 
 Test(vmm, releasing_an_unknown_handle_is_refused)

@@ -2,7 +2,10 @@
  * Virtual memory management: physical allocations are files (device memory in the machine's
  * accounting folder, host memory in a memfd), address reservations are PROT_NONE ranges, and
  * cuMemMap/cuMemSetAccess are mmap(MAP_FIXED)/mprotect inside them. Device pointers are host
- * addresses, so mapped memory is usable directly and unmapped access faults.
+ * addresses, so mapped memory is usable directly and unmapped access faults. Each reservation
+ * has a twin, the copy engine's view, where every mapping is mapped again read-write: devices
+ * copy there after their own access was checked, so the program's view can carry what the CPU
+ * may do (nothing, for host memory mapped for devices only).
  */
 #include <fcntl.h>
 #include <string.h>
@@ -37,12 +40,12 @@ struct mapping {
         size_t size;
         struct alloc *alloc;
         unsigned char access[SIM_MAX_DEVICES + 1];
-        unsigned char widest; /* the widest of access[]: what a copy may do here */
 };
 
 struct reservation {
         uintptr_t base;
         size_t size;
+        uintptr_t engine;     /* the copy engine's view: base + k is engine + k there */
         struct mapping *maps; /* sorted by ptr */
         size_t n_maps;
 };
@@ -91,6 +94,17 @@ static struct alloc *alloc_find(uint64_t id, size_t *ret_at)
         if (ret_at)
                 *ret_at = lo;
         return lo < n_allocs && allocs[lo]->id == id ? allocs[lo] : NULL;
+}
+
+/*
+ * The allocation a live handle names. Memory released while still mapped lives on, but its
+ * handle is gone: it can no longer be released again, mapped, exported or queried.
+ */
+static struct alloc *handle_find(uint64_t id)
+{
+        struct alloc *a = alloc_find(id, NULL);
+
+        return a && a->handles > 0 ? a : NULL;
 }
 
 static void alloc_maybe_free_locked(struct alloc *a)
@@ -162,13 +176,23 @@ static ssize_t map_run(const struct reservation *r, uintptr_t p, size_t n, size_
         return (ssize_t)first;
 }
 
-static unsigned char max_access(const struct mapping *m)
+/*
+ * What the CPU may do through the program's view of m. Host memory: what the host location was
+ * given, so memory mapped for devices only faults like device memory does on a GPU. Device
+ * memory stays readable by the CPU wherever some device may read it (see the README).
+ */
+static int cpu_prot(const struct mapping *m)
 {
         unsigned char best = 0;
 
-        for (size_t i = 0; i < ARRAY_SIZE(m->access); i++)
-                best = MAX(best, m->access[i]);
-        return best;
+        if (m->alloc->prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+                best = m->access[HOST_SLOT];
+        else
+                for (size_t i = 0; i < HOST_SLOT; i++)
+                        best = MAX(best, m->access[i]);
+        return best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+               : best == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                          : PROT_NONE;
 }
 
 /*
@@ -181,6 +205,7 @@ static unsigned char max_access(const struct mapping *m)
 struct vm_hits {
         struct vm_hit {
                 uintptr_t lo, hi;
+                uintptr_t engine; /* where lo is in the copy engine's view */
         } slot[VM_HITS];
 };
 
@@ -189,8 +214,8 @@ static struct vm_hit *hit_slot(struct vm_hits *h, uintptr_t p)
         return &h->slot[(p / SIM_GRANULARITY) % VM_HITS];
 }
 
-static CUresult check_locked(uintptr_t p, size_t n, bool write, bool must_be_device,
-                             struct vm_hits *hits)
+static CUresult translate_locked(uintptr_t p, size_t n, bool write, bool must_be_device, int dev,
+                                 struct vm_hits *hits, uintptr_t *ret)
 {
         unsigned char need =
             write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
@@ -199,27 +224,32 @@ static CUresult check_locked(uintptr_t p, size_t n, bool write, bool must_be_dev
         CUresult res;
         bool found;
 
-        if (n == 0)
-                return CUDA_SUCCESS;
         if (p + n < p)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (hit && p >= hit->lo && p < hit->hi && n <= hit->hi - p)
+        if (hit && p >= hit->lo && p < hit->hi && n <= hit->hi - p) {
+                *ret = hit->engine + (p - hit->lo);
+                return CUDA_SUCCESS;
+        }
+        *ret = p;
+        if (n == 0)
                 return CUDA_SUCCESS;
         r = resv_find(p, 1);
         if (r) {
                 size_t i = map_lower(r, p);
                 uintptr_t at = p;
 
-                /* Every byte must lie in a mapping the copy engine may touch. */
+                /* Every byte must lie in a mapping this device was given access to. */
                 for (; at < p + n; i++) {
                         if (i == r->n_maps || r->maps[i].ptr > at ||
-                            (r->maps[i].widest & need) != need)
+                            (r->maps[i].access[dev] & need) != need)
                                 return CUDA_ERROR_INVALID_VALUE;
                         at = r->maps[i].ptr + r->maps[i].size;
                 }
+                *ret = r->engine + (p - r->base);
                 /* Remembered under the granule of p: the next piece there needs no search. */
                 if (hit && r->maps[i - 1].ptr <= p)
-                        *hit = (struct vm_hit){r->maps[i - 1].ptr, at};
+                        *hit = (struct vm_hit){r->maps[i - 1].ptr, at,
+                                               r->engine + (r->maps[i - 1].ptr - r->base)};
                 return CUDA_SUCCESS;
         }
         res = sim_linear_check(p, n, &found);
@@ -228,18 +258,21 @@ static CUresult check_locked(uintptr_t p, size_t n, bool write, bool must_be_dev
         return res;
 }
 
-CUresult sim_vm_check(uintptr_t p, size_t n, bool write, bool must_be_device)
+CUresult sim_vm_translate(uintptr_t p, size_t n, bool write, bool must_be_device, int dev,
+                          void **ret)
 {
+        uintptr_t at = 0;
         CUresult res;
 
         pthread_mutex_lock(&vm_lock);
-        res = check_locked(p, n, write, must_be_device, NULL);
+        res = translate_locked(p, n, write, must_be_device, dev, NULL, &at);
         pthread_mutex_unlock(&vm_lock);
+        *ret = (void *)at;
         return res;
 }
 
-CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, const size_t *sizes,
-                             size_t count)
+CUresult sim_vm_translate_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs,
+                                 const size_t *sizes, size_t count, int dev, struct sim_piece *ret)
 {
         /* One per direction: a mapping open for reading is not always open for writing. */
         struct vm_hits dst_hits = {0}, src_hits = {0};
@@ -247,9 +280,12 @@ CUresult sim_vm_check_pieces(const CUdeviceptr *dsts, const CUdeviceptr *srcs, c
 
         pthread_mutex_lock(&vm_lock);
         for (size_t i = 0; i < count && res == CUDA_SUCCESS; i++) {
-                res = check_locked(dsts[i], sizes[i], true, false, &dst_hits);
+                uintptr_t d = 0, s = 0;
+
+                res = translate_locked(dsts[i], sizes[i], true, false, dev, &dst_hits, &d);
                 if (res == CUDA_SUCCESS)
-                        res = check_locked(srcs[i], sizes[i], false, false, &src_hits);
+                        res = translate_locked(srcs[i], sizes[i], false, false, dev, &src_hits, &s);
+                ret[i] = (struct sim_piece){(void *)d, (const void *)s, sizes[i]};
         }
         pthread_mutex_unlock(&vm_lock);
         return res;
@@ -261,6 +297,9 @@ static CUresult prop_check(const CUmemAllocationProp *prop)
         if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
                 return CUDA_ERROR_INVALID_VALUE;
         if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                return CUDA_ERROR_NOT_SUPPORTED;
+        /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED reads 0. */
+        if (prop->allocFlags.gpuDirectRDMACapable)
                 return CUDA_ERROR_NOT_SUPPORTED;
         switch (prop->location.type) {
         case CU_MEM_LOCATION_TYPE_DEVICE:
@@ -378,7 +417,7 @@ SIM_API cuMemRelease(CUmemGenericAllocationHandle handle)
 
         SIM_CHECK_INIT();
         pthread_mutex_lock(&vm_lock);
-        a = alloc_find(handle, NULL);
+        a = handle_find(handle);
         if (a) {
                 a->handles--;
                 alloc_maybe_free_locked(a);
@@ -397,7 +436,7 @@ SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
         if (!prop)
                 return CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&vm_lock);
-        a = alloc_find(handle, NULL);
+        a = handle_find(handle);
         if (a)
                 *prop = a->prop;
         pthread_mutex_unlock(&vm_lock);
@@ -419,7 +458,7 @@ SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocati
         if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
                 return CUDA_ERROR_NOT_SUPPORTED;
         pthread_mutex_lock(&vm_lock);
-        a = alloc_find(handle, NULL);
+        a = handle_find(handle);
         if (!a || !(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
                 res = CUDA_ERROR_INVALID_VALUE;
         } else {
@@ -502,12 +541,19 @@ SIM_API cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUd
         }
         r.base = (uintptr_t)p;
         r.size = size;
+        p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+                munmap((void *)r.base, size);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        r.engine = (uintptr_t)p;
         pthread_mutex_lock(&vm_lock);
         for (at = 0; at < n_resv && resv[at].base < r.base; at++)
                 ;
         if (insert_at((void **)&resv, &n_resv, sizeof(*resv), at, &r) < 0) {
                 pthread_mutex_unlock(&vm_lock);
-                munmap(p, size);
+                munmap((void *)r.base, size);
+                munmap((void *)r.engine, size);
                 return CUDA_ERROR_OUT_OF_MEMORY;
         }
         pthread_mutex_unlock(&vm_lock);
@@ -529,11 +575,23 @@ SIM_API cuMemAddressFree(CUdeviceptr ptr, size_t size)
                 res = CUDA_ERROR_INVALID_VALUE;
         } else {
                 munmap((void *)r->base, r->size);
+                munmap((void *)r->engine, r->size);
                 free(r->maps);
                 remove_at(resv, &n_resv, sizeof(*resv), (size_t)(r - resv));
         }
         pthread_mutex_unlock(&vm_lock);
         return res;
+}
+
+/* Put [p, p+size) of r back to reserved-only in both views. */
+static int unmap_views(const struct reservation *r, uintptr_t p, size_t size)
+{
+        const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
+
+        if (mmap((void *)p, size, PROT_NONE, flags, -1, 0) == MAP_FAILED ||
+            mmap((void *)(r->engine + (p - r->base)), size, PROT_NONE, flags, -1, 0) == MAP_FAILED)
+                return -errno;
+        return 0;
 }
 
 SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
@@ -544,30 +602,34 @@ SIM_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloca
         CUresult res = CUDA_ERROR_INVALID_VALUE;
         struct reservation *r;
         struct alloc *a;
+        void *engine;
         size_t i;
 
         SIM_CHECK_INIT();
+        /* cuda.h: "offset - Offset into the memory handle to map - must currently be zero". */
         if (flags != 0 || size == 0 || ptr % SIM_GRANULARITY || size % SIM_GRANULARITY ||
-            offset % SIM_GRANULARITY)
+            offset != 0)
                 return CUDA_ERROR_INVALID_VALUE;
         pthread_mutex_lock(&vm_lock);
-        a = alloc_find(handle, NULL);
+        a = handle_find(handle);
         r = resv_find(ptr, size);
-        if (!a || !r || offset > a->size || size > a->size - offset)
+        if (!a || !r || size > a->size)
                 goto out;
         i = map_lower(r, ptr);
         if (i < r->n_maps && r->maps[i].ptr < ptr + size)
                 goto out; /* cuMemMap only maps over unmapped parts of a reservation */
+        engine = (void *)(r->engine + (ptr - r->base));
         /* New mappings start inaccessible, as on the real driver: cuMemSetAccess opens them. */
         if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd,
-                 (off_t)(SIM_HEADER_SIZE + offset)) == MAP_FAILED) {
+                 (off_t)SIM_HEADER_SIZE) == MAP_FAILED) {
                 res = CUDA_ERROR_OUT_OF_MEMORY;
                 goto out;
         }
         m.alloc = a;
-        if (insert_at((void **)&r->maps, &r->n_maps, sizeof(m), i, &m) < 0) {
-                mmap((void *)ptr, size, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (mmap(engine, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, a->fd,
+                 (off_t)SIM_HEADER_SIZE) == MAP_FAILED ||
+            insert_at((void **)&r->maps, &r->n_maps, sizeof(m), i, &m) < 0) {
+                unmap_views(r, ptr, size);
                 res = CUDA_ERROR_OUT_OF_MEMORY;
                 goto out;
         }
@@ -589,8 +651,6 @@ SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size)
         SIM_CHECK_INIT();
         if (size == 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        /* Synchronous like the real call: queued copies finish before the memory goes. */
-        sim_stream_drain(NULL, false);
         pthread_mutex_lock(&vm_lock);
         r = resv_find(ptr, size);
         if (!r)
@@ -598,8 +658,14 @@ SIM_API cuMemUnmap(CUdeviceptr ptr, size_t size)
         first = map_run(r, ptr, size, &count);
         if (first < 0)
                 goto out; /* a hole, or part of a mapping */
-        if (mmap((void *)ptr, size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+        /*
+         * The real call does not wait for queued work: work still touching the range faults
+         * (strict mode), or, relaxed, is waited for. New work cannot reach the range meanwhile,
+         * since queuing it checks the range under vm_lock.
+         */
+        sim_stream_fault_range(r->engine + (ptr - r->base), r->engine + (ptr - r->base) + size, -1,
+                               false);
+        if (unmap_views(r, ptr, size) < 0) {
                 res = CUDA_ERROR_OUT_OF_MEMORY;
                 goto out;
         }
@@ -674,20 +740,20 @@ SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc
                 }
         for (size_t i = (size_t)first; i < (size_t)first + n_maps; i++) {
                 struct mapping *m = &r->maps[i];
-                unsigned char best;
-                int prot;
+                uintptr_t engine = r->engine + (m->ptr - r->base);
 
                 for (size_t k = 0; k < count; k++) {
+                        unsigned char now = (unsigned char)desc[k].flags;
                         int slot;
 
                         (void)access_slot(&desc[k].location, m->alloc, &slot);
-                        m->access[slot] = (unsigned char)desc[k].flags;
+                        /* A device losing access under its queued work faults, like unmapping. */
+                        if (slot != HOST_SLOT && (m->access[slot] & ~now))
+                                sim_stream_fault_range(engine, engine + m->size, slot,
+                                                       now == CU_MEM_ACCESS_FLAGS_PROT_READ);
+                        m->access[slot] = now;
                 }
-                best = m->widest = max_access(m);
-                prot = best == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
-                       : best == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
-                                                                  : PROT_NONE;
-                if (mprotect((void *)m->ptr, m->size, prot) < 0) {
+                if (mprotect((void *)m->ptr, m->size, cpu_prot(m)) < 0) {
                         res = CUDA_ERROR_OPERATING_SYSTEM;
                         goto out;
                 }

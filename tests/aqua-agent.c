@@ -69,10 +69,15 @@ static int cu_ok(CUresult r)
         return r == CUDA_SUCCESS ? 0 : -EIO;
 }
 
-/* Make device's primary context current, for copies and cuMemGetInfo. */
+/*
+ * Make device's primary context current, for copies and cuMemGetInfo. The agent keeps its own
+ * retain of each context it used until it exits: a retain released at once would destroy the
+ * context whenever the library holds none (another device's, or after close), and every call
+ * made in it afterwards fails with CUDA_ERROR_CONTEXT_IS_DESTROYED.
+ */
 static int use_device(int dev)
 {
-        CUcontext c;
+        static CUcontext retained[64];
         CUdevice d;
         char *err = NULL;
 
@@ -80,12 +85,13 @@ static int use_device(int dev)
                 free(err);
                 return -ELIBACC;
         }
-        if (cu_ok(cu->cuInit(0)) < 0 || cu_ok(cu->cuDeviceGet(&d, dev)) < 0 ||
-            cu_ok(cu->cuDevicePrimaryCtxRetain(&c, d)) < 0 || cu_ok(cu->cuCtxSetCurrent(c)) < 0)
+        if (dev < 0 || dev >= (int)ARRAY_SIZE(retained))
+                return -EINVAL;
+        if (cu_ok(cu->cuInit(0)) < 0 || cu_ok(cu->cuDeviceGet(&d, dev)) < 0)
                 return -EIO;
-        /* Balanced: the library holds its own reference while it needs the context. */
-        cu->cuDevicePrimaryCtxRelease(d);
-        return 0;
+        if (!retained[dev] && cu_ok(cu->cuDevicePrimaryCtxRetain(&retained[dev], d)) < 0)
+                return -EIO;
+        return cu_ok(cu->cuCtxSetCurrent(retained[dev]));
 }
 
 /* Distinct for every seed, chunk and word, and cheap enough to write gigabytes of. */

@@ -242,7 +242,9 @@ AQUA_API int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsi
 
 /*
  * Give a lease back: unmap its range, release its chunks and tell the daemon. Data a reclaim
- * had moved to DRAM is freed too. `lease` is invalid afterwards; queued events naming it are
+ * had moved to DRAM is freed too. Batches of aqua_copy_batch() still in flight are waited for
+ * first (the caller's own work on the range must be done already: unmapping memory a GPU
+ * still copies faults its context). `lease` is invalid afterwards; queued events naming it are
  * dropped. Local cleanup always completes; the result says whether the daemon acknowledged it
  * (-ENOTCONN, -ETIMEDOUT otherwise; the daemon reconciles when it sees this client again).
  */
