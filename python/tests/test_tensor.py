@@ -81,8 +81,7 @@ def test_places_chunks_in_a_tensor_pool_lease_and_moves_them_to_dram_on_reclaim(
         assert producer.reply()["complete"]
         i = t.info()
         assert i.dptr == t.dptr and i.dram_bytes == 128 * MiB and i.peer_bytes == 0
-        assert t.read(0, len(data)) == data
-        assert ctypes.string_at(t.dptr, len(data)) == data
+        assert t.read(0, len(data)) == data  # the driver reads DRAM mapped for the device
 
         # The producer lends again: promote() brings the chunks back to peer memory in place.
         producer.eval("ctx.offer(128 << 20)")
