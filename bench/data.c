@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -99,6 +100,43 @@ static uint64_t timed_batch(aqua_ctx *ctx, const struct aqua_copy_piece *p, size
         return now_mono_ns() - t0;
 }
 
+/*
+ * The hardware's own figure for the same pattern: the blocks copied one by one with memcpy, in
+ * this process, between buffers of shared memory (what simcuda's device memory is), against one
+ * contiguous memcpy; alternating rounds, like the batch. Its ratio is what a batch can reach.
+ */
+static void physical_baseline(const struct aqua_copy_piece *scattered, uint64_t src0, uint64_t dst0,
+                              int rounds, uint64_t *ret_scattered_ns, uint64_t *ret_contiguous_ns)
+{
+        uint64_t *ts = calloc(rounds, sizeof(*ts)), *tc = calloc(rounds, sizeof(*tc));
+        size_t bytes = 3 * BLOCKS * BLOCK;
+        uint8_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        uint8_t *src = m, *dst = m + 2 * BLOCKS * BLOCK;
+
+        if (m == MAP_FAILED || !ts || !tc)
+                fail("baseline", -ENOMEM);
+        memset(m, 1, bytes);
+        for (int i = -3; i < rounds; i++) {
+                uint64_t t0 = now_mono_ns(), t1, t2;
+
+                for (size_t k = 0; k < BLOCKS; k++)
+                        memcpy(dst + (scattered[k].dst - dst0), src + (scattered[k].src - src0),
+                               BLOCK);
+                t1 = now_mono_ns();
+                memcpy(dst, src, BLOCKS * BLOCK);
+                t2 = now_mono_ns();
+                if (i >= 0) {
+                        ts[i] = t1 - t0;
+                        tc[i] = t2 - t1;
+                }
+        }
+        *ret_scattered_ns = median(ts, rounds);
+        *ret_contiguous_ns = median(tc, rounds);
+        munmap(m, bytes);
+        free(ts);
+        free(tc);
+}
+
 static int run_batch(int rounds)
 {
         struct aqua_copy_piece *scattered = calloc(BLOCKS, sizeof(*scattered)), one;
@@ -161,6 +199,13 @@ static int run_batch(int rounds)
                 /* The other tickets completed before the last one, on the same stream. */
                 tp[i] = now_mono_ns() - t0;
         }
+        uint64_t phys_scattered, phys_contiguous;
+        physical_baseline(scattered, aqua_tensor_dptr(src), aqua_tensor_dptr(dst), rounds,
+                          &phys_scattered, &phys_contiguous);
+        printf("memcpy_scattered_ms %.3f\n", phys_scattered / 1e6);
+        printf("memcpy_contiguous_ms %.3f\n", phys_contiguous / 1e6);
+        printf("memcpy_scattered_vs_contiguous %.3f\n", (double)phys_contiguous / phys_scattered);
+        printf("batch_vs_scattered_memcpy %.3f\n", (double)phys_scattered / median(tb, rounds));
         printf("batch_ms %.3f\n", median(tb, rounds) / 1e6);
         printf("contiguous_ms %.3f\n", median(tc, rounds) / 1e6);
         printf("per_block_ms %.3f\n", median(tp, rounds) / 1e6);
