@@ -26,13 +26,10 @@ static void start(const char *extra)
         cr_assert_eq(aquad_start(extra, &daemon_), 0, "aquad did not start");
 }
 
-/* The usual cast: producer GPU-P and consumer GPU-C with a peer link, and an admin client. */
 static void cast(const char *extra)
 {
         start(extra);
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_cast(daemon_, &producer, &consumer, &admin);
 }
 
 static void teardown(void)

@@ -36,9 +36,7 @@ TestSuite(durability, .fini = teardown, .timeout = 60);
 
 static void connect_all(void)
 {
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_cast(daemon_, &producer, &consumer, &admin);
 }
 
 static void close_all(void)

@@ -45,9 +45,7 @@ static void lend_one_chunk(const char *extra, int *pfd, int *cfd, uint64_t *ret_
         size_t got;
 
         cr_assert_eq(aquad_start(extra, &daemon_), 0);
-        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
-        test_connect_as(daemon_, &consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
-        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        test_connect_cast(daemon_, &producer, &consumer, &admin);
         raw_free(raw_offer(&producer, 1, 2 * MiB, pfd));
         g = raw_borrow(&consumer, 2 * MiB, 2 * MiB, false, cfd, 1, &got);
         cr_assert_eq(g->body_case, BODY(GRANT), "error %d", raw_error_code(g));

@@ -24,6 +24,14 @@ void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char
         raw_free(w);
 }
 
+void test_connect_cast(struct aquad *d, struct raw *producer, struct raw *consumer,
+                       struct raw *admin)
+{
+        test_connect_as(d, producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        test_connect_as(d, consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(d, admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+}
+
 void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out)
 {
         const char *bin = getenv("AQUA_AGENT");

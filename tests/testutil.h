@@ -13,6 +13,9 @@
 #include "rawclient.h"
 
 /* Connect r to d and say hello as role; the test fails unless aquad welcomes it. */
+/* The usual cast: producer GPU-P and consumer GPU-C with a peer link, and an admin client. */
+void test_connect_cast(struct aquad *d, struct raw *producer, struct raw *consumer,
+                       struct raw *admin);
 void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char *uuid,
                      const char *peer);
 
