@@ -10,11 +10,11 @@
 #   tests/gpu/run.sh [BUILD]            on the GPU machine, from the repository root, with
 #                                       BUILD/gpu-bundle carried: run everything there
 #
-# With the device tool (one H200, no network, no Debian packages; the bundle is about 20 MiB):
+# With the device tool (one H200, no network, no Debian packages; the bundle is about 27 MiB):
 #   tests/gpu/run.sh --bundle build
 #   run(command="tests/gpu/run.sh build", carry=["build/gpu-bundle"], timeout_s=540)
-# It has not run on a GPU yet: 540 s leaves room for the 1 GiB device check (about 2 s on
-# simcuda) and the driver tests. Nothing is built on the GPU machine. Simulator-only tests
+# It has not run on a GPU yet: 540 s leaves room for the 1 GiB device check (1.7 s with
+# 256 MiB on simcuda) and the driver tests. Nothing is built on the GPU machine. Simulator-only tests
 # skip themselves (AQUA_TEST_REAL_GPU).
 set -u
 
