@@ -249,11 +249,41 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
 }
 
 /* Takes e. */
+/*
+ * The unregistered client whose side channel gave out token, for a Hello or a HelloHeld that
+ * carries it; NULL after an error naming why was sent. The token is a secret of the side
+ * channel's process; it is not enough when the kernel can say that the message comes from
+ * another (pid 0: it cannot say).
+ */
+static struct client *token_owner(struct server *s, const void *rid, size_t rlen,
+                                  const Aqua__Envelope *e, const ProtobufCBinaryData *token)
+{
+        struct client *c = server_find_by_token(s, token->data, token->len);
+        struct side_cred peer;
+
+        if (!c) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "%s: unknown token; connect the side channel at %s and send "
+                                  "the token it gives",
+                                  wire_body_name(e), s->config->side_socket);
+                return NULL;
+        }
+        if (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
+                s->stats.hijacks++;
+                log_notice("%s from pid %d with the token of pid %d's side channel; refused",
+                           wire_body_name(e), (int)peer.pid, (int)c->cred.pid);
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "%s: the token belongs to another process's side channel",
+                                  wire_body_name(e));
+                return NULL;
+        }
+        return c;
+}
+
 static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
         struct client *c = server_find_by_routing(s, rid, rlen);
-        struct side_cred peer;
         struct pending *p;
         size_t need;
 
@@ -264,24 +294,9 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                                   "hello: already registered as client %" PRIu64, c->id);
                 goto done;
         }
-        c = server_find_by_token(s, h->token.data, h->token.len);
-        if (!c) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "hello: unknown token; connect the side channel at %s and send "
-                                  "the token it gives",
-                                  s->config->side_socket);
+        c = token_owner(s, rid, rlen, e, &h->token);
+        if (!c)
                 goto done;
-        }
-        /* The token is a secret of the side channel's process; it is not enough when the
-         * kernel can say that this message comes from another (pid 0: it cannot say). */
-        if (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
-                s->stats.hijacks++;
-                log_notice("Hello from pid %d with the token of pid %d's side channel; refused",
-                           (int)peer.pid, (int)c->cred.pid);
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "hello: the token belongs to another process's side channel");
-                goto done;
-        }
         memcpy(c->routing_id, rid, rlen);
         c->routing_id_len = rlen;
 
@@ -342,15 +357,11 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
                               const Aqua__Envelope *e)
 {
         const Aqua__HelloHeld *hh = e->hello_held;
-        struct client *c = server_find_by_token(s, hh->token.data, hh->token.len);
-        struct side_cred peer;
+        struct client *c = token_owner(s, rid, rlen, e, &hh->token);
         Aqua__HeldChunk *a;
 
-        if (!c || (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid)) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "hello_held: not the token of this process's side channel");
+        if (!c)
                 return;
-        }
         if (c->n_held + hh->n_held > s->pool->settings.max_chunks) {
                 server_send_error(s, rid, rlen, e->request_id, E(LIMIT),
                                   "hello_held: more than the pool's %" PRIu64 " chunks",
