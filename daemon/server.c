@@ -117,7 +117,7 @@ static bool merge_ids(struct notice *into, const struct notice *m)
         return true;
 }
 
-static void outbox_put(struct client *c, struct notice *m)
+static void outbox_put(struct server *s, struct client *c, struct notice *m)
 {
         m->gpu = NULL; /* the client is the recipient now; the GPU may go */
         for (struct list_node *n = c->outbox.next; n != &c->outbox; n = n->next) {
@@ -147,6 +147,7 @@ static void outbox_put(struct client *c, struct notice *m)
         }
         list_append(&c->outbox, &m->node);
         c->n_outbox++;
+        s->n_outbox++;
 }
 
 /* Send what m says; false when the ROUTER cannot take all of it now (m keeps the rest). */
@@ -222,13 +223,15 @@ static void outbox_flush(struct server *s, struct client *c)
                 }
                 notice_free(m);
                 c->n_outbox--;
+                s->n_outbox--;
         }
 }
 
-static void outbox_clear(struct client *c)
+static void outbox_clear(struct server *s, struct client *c)
 {
         while (!list_empty(&c->outbox))
                 notice_free(list_entry(c->outbox.next, struct notice, node));
+        s->n_outbox -= c->n_outbox;
         c->n_outbox = 0;
 }
 
@@ -245,25 +248,18 @@ void server_flush_notices(struct server *s)
 
                 list_unlink(&m->node);
                 if (c)
-                        outbox_put(c, m);
+                        outbox_put(s, c, m);
                 else
                         notice_free(m);
         }
-        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+        /* Most of the time every outbox is empty: no need to look at each client. */
+        for (struct list_node *n = s->clients.next; s->n_outbox && n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
                 if (c->n_outbox)
                         outbox_flush(s, c);
         }
         /* Deliveries start deadlines, which are journaled. */
         (void)pool_commit(s->pool);
-}
-
-static bool outboxes_waiting(const struct server *s)
-{
-        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next)
-                if (list_entry(n, struct client, node)->n_outbox)
-                        return true;
-        return false;
 }
 
 /* ------------------------------------------------------------------------------ clients */
@@ -317,7 +313,7 @@ void client_free_pending(struct client *c, struct pending *p)
 
 static void client_free(struct server *s, struct client *c)
 {
-        outbox_clear(c);
+        outbox_clear(s, c);
         free(c->held);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
@@ -378,7 +374,6 @@ static size_t fds_held(const struct server *s)
  */
 bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
 {
-        struct rlimit rl;
         size_t mine = 0;
 
         for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
@@ -386,8 +381,7 @@ bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
         if (!c->registered && s->pool->settings.max_chunks >= s->pool->n_chunks &&
             mine + n > s->pool->settings.max_chunks - s->pool->n_chunks)
                 return false;
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-            fds_held(s) + n + FD_RESERVE > rl.rlim_cur)
+        if (s->fd_limit && fds_held(s) + n + FD_RESERVE > s->fd_limit)
                 return false;
         return true;
 }
@@ -656,15 +650,20 @@ static void read_router(struct server *s)
 
 /* ------------------------------------------------------------------------------ setup */
 
-static void raise_fd_limit(void)
+/* Every chunk in the pool is a descriptor the daemon holds: as many as it may. Returns the
+ * limit it runs with (0: none it can tell). */
+static uint64_t raise_fd_limit(void)
 {
         struct rlimit rl;
 
-        /* Every chunk in the pool is a descriptor the daemon holds. */
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return 0;
+        if (rl.rlim_cur < rl.rlim_max) {
                 rl.rlim_cur = rl.rlim_max;
                 (void)setrlimit(RLIMIT_NOFILE, &rl);
+                (void)getrlimit(RLIMIT_NOFILE, &rl);
         }
+        return rl.rlim_cur == RLIM_INFINITY ? 0 : rl.rlim_cur;
 }
 
 static int make_parent_dir(const char *path)
@@ -928,7 +927,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
         }
-        raise_fd_limit();
+        s->fd_limit = raise_fd_limit();
         r = open_signals(s);
         if (r >= 0)
                 r = open_side(s);
@@ -954,7 +953,7 @@ struct server *server_free(struct server *s)
                 struct client *c = list_entry(s->clients.next, struct client, node);
                 /* Not a client death: their state stays in the journal for the next start. */
                 c->gpu = NULL;
-                outbox_clear(c);
+                outbox_clear(s, c);
                 free(c->held);
                 while (!list_empty(&c->pending))
                         client_free_pending(c, list_entry(c->pending.next, struct pending, node));
@@ -1136,7 +1135,7 @@ int server_run(struct server *s)
                                 timeout = left;
                 }
                 /* Notices the ROUTER could not take: try again soon (no per-peer POLLOUT). */
-                if (outboxes_waiting(s) && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
+                if (s->n_outbox && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
                         timeout = OUTBOX_RETRY_MS;
                 if (s->metrics) {
                         int mt = metrics_timeout_ms(s->metrics);

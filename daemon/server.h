@@ -107,6 +107,8 @@ struct server {
         struct server_stats stats;
         struct metrics *metrics;   /* NULL unless the config names a metrics address */
         uint64_t journal_probe_ns; /* degraded: when to try the journal again */
+        size_t n_outbox;           /* notices waiting in all clients' outboxes */
+        uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
         uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
         uint64_t evict_log_ns, fd_log_ns;
 };
