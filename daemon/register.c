@@ -320,9 +320,12 @@ int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struc
         g->owner = owner;
         g->serial = ++p->next_serial;
         g->held_alive = false;
-        /* Journaled: after a restart, who may still map what this GPU borrows. */
-        g->process = h->process ? *h->process : (struct proc_id){0};
-        journal_gpu(p, g);
+        /* Journaled for consumers: after a restart, who may still map what this GPU borrows
+         * (what a producer lends, consumers map: its process does not matter). */
+        if (consumer) {
+                g->process = h->process ? *h->process : (struct proc_id){0};
+                journal_gpu(p, g);
+        }
 
         if (producer)
                 r = reconcile_producer(p, g, h, &w);
