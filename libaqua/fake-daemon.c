@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "aqua/aqua.h"
 #include "util.h"
 #include "wire.h"
 
@@ -177,6 +179,39 @@ void fake_welcome(struct fake *f, uint64_t request_id, uint64_t client_id, const
         e.body_case = AQUA__ENVELOPE__BODY_WELCOME;
         e.welcome = &w;
         fake_send(f, &e);
+}
+
+struct open_serve {
+        struct fake *f;
+        const char *paired;
+};
+
+static void *serve_open(void *arg)
+{
+        struct open_serve *o = arg;
+        Aqua__Envelope *e;
+
+        fake_accept(o->f, false);
+        e = fake_recv(o->f);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_HELLO);
+        fake_welcome(o->f, e->request_id, 42, o->paired);
+        aqua__envelope__free_unpacked(e, NULL);
+        return NULL;
+}
+
+void fake_open(struct fake *f, int device, enum aqua_role role, const char *client_name,
+               const char *paired, aqua_ctx **ret)
+{
+        struct aqua_options o = AQUA_OPTIONS_INIT;
+        struct open_serve serve = {f, paired};
+        pthread_t th;
+
+        o.endpoint = f->endpoint;
+        o.side_path = f->side_path;
+        o.client_name = client_name;
+        pthread_create(&th, NULL, serve_open, &serve);
+        cr_assert_eq(aqua_open(device, role, &o, ret), 0);
+        pthread_join(th, NULL);
 }
 
 void test_sim_machine(const char *name, const char *devices)

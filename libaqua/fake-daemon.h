@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "aqua.pb-c.h"
+#include "aqua/aqua.h"
 #include "side.h"
 
 struct fake {
@@ -46,5 +47,9 @@ void fake_send_pair_changed(struct fake *f, uint64_t request_id, const char *pai
 void fake_welcome(struct fake *f, uint64_t request_id, uint64_t client_id, const char *paired);
 
 /* A private simulated machine (simcuda) for this test process, and its removal. */
+/* aqua_open() against f, which welcomes the Hello (paired: Welcome.paired_with); the test fails
+ * unless it opens. */
+void fake_open(struct fake *f, int device, enum aqua_role role, const char *client_name,
+               const char *paired, aqua_ctx **ret);
 void test_sim_machine(const char *name, const char *devices);
 void test_sim_cleanup(void);

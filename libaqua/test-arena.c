@@ -4,7 +4,6 @@
  * and the errors.
  */
 #include <criterion/criterion.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,31 +20,13 @@ static aqua_tensor *tensor;
 static aqua_arena *arena;
 static struct gpu *local;
 
-static void *serve_open(void *arg)
-{
-        Aqua__Envelope *e;
-
-        fake_accept(&fk, false);
-        e = fake_recv(&fk);
-        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_HELLO);
-        fake_welcome(&fk, e->request_id, 42, "");
-        aqua__envelope__free_unpacked(e, NULL);
-        return arg;
-}
-
 static void setup(void)
 {
-        struct aqua_options o = AQUA_OPTIONS_INIT;
         struct aqua_tensor_options to = AQUA_TENSOR_OPTIONS_INIT;
-        pthread_t th;
 
         test_sim_machine("test-arena", "1x1GiB");
         fake_start(&fk);
-        o.endpoint = fk.endpoint;
-        o.side_path = fk.side_path;
-        pthread_create(&th, NULL, serve_open, NULL);
-        cr_assert_eq(aqua_open(0, AQUA_ROLE_CONSUMER, &o, &ctx), 0);
-        pthread_join(th, NULL);
+        fake_open(&fk, 0, AQUA_ROLE_CONSUMER, "test-arena", "", &ctx);
         to.chunk_bytes = CHUNK;
         to.tier = AQUA_TIER_LOCAL;
         cr_assert_eq(aqua_tensor_new(ctx, 16 * CHUNK, &to, &tensor), 0);

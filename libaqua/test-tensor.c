@@ -35,32 +35,12 @@ static void test_log(enum aqua_log_level level, const char *message, void *userd
         fprintf(stderr, "libaqua[%d]: %s\n", level, message);
 }
 
-static void *serve_open(void *arg)
-{
-        Aqua__Envelope *e;
-
-        fake_accept(&fk, false);
-        e = fake_recv(&fk);
-        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_HELLO);
-        fake_welcome(&fk, e->request_id, 42, "GPU-peer");
-        aqua__envelope__free_unpacked(e, NULL);
-        return arg;
-}
-
 static void setup(void)
 {
-        struct aqua_options o = AQUA_OPTIONS_INIT;
-        pthread_t th;
-
         aqua_set_log(test_log, NULL, AQUA_LOG_WARNING);
         test_sim_machine("test-tensor", "2x4GiB");
         fake_start(&fk);
-        o.endpoint = fk.endpoint;
-        o.side_path = fk.side_path;
-        o.client_name = "test-tensor";
-        pthread_create(&th, NULL, serve_open, NULL);
-        cr_assert_eq(aqua_open(0, AQUA_ROLE_CONSUMER, &o, &ctx), 0);
-        pthread_join(th, NULL);
+        fake_open(&fk, 0, AQUA_ROLE_CONSUMER, "test-tensor", "GPU-peer", &ctx);
         cr_assert_eq(gpu_open(1, &peer), 0);
         cr_assert_eq(gpu_open(0, &local), 0);
         n_peer = 0;
