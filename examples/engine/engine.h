@@ -18,9 +18,43 @@ enum {
         ENGINE_E_TOO_LARGE, /* engine_add(): the request could never fit in local KV memory */
 };
 
+/* When a newcomer's prefill may start. */
+enum engine_admission {
+        ADMIT_CHUNK,   /* its first prefill chunk fits (the simulator's original rule) */
+        ADMIT_REQUEST, /* KV for its whole prompt fits, reserved at once (vLLM) */
+        ADMIT_LAYER,   /* KV of admit_layers layers of the chunk fits (LayerKV) */
+        _ADMIT_MAX,
+        _ADMIT_INVALID = -EINVAL,
+};
+
+/* LayerKV: what a prefill does when its layers do not fit (the design source's two choices). */
+enum engine_layer_full {
+        LAYER_FULL_OFFLOAD, /* offload (swap out) lower-ranked requests' KV to make room */
+        LAYER_FULL_WAIT,    /* wait until other requests finish and free memory */
+        _LAYER_FULL_MAX,
+        _LAYER_FULL_INVALID = -EINVAL,
+};
+
+/* "request", "layer:4" (K defaults to 4), "chunk". Returns 0 or -EINVAL. */
+int engine_admission_from_string(const char *s, enum engine_admission *ret, uint32_t *ret_layers);
+const char *engine_admission_to_string(enum engine_admission a);
+enum engine_layer_full engine_layer_full_from_string(const char *s);
+const char *engine_layer_full_to_string(enum engine_layer_full f);
+
 struct engine_config {
         enum sched_kind sched;
-        uint32_t decode_slots;      /* decodes per iteration */
+        enum engine_admission admission;
+        uint32_t n_layers;     /* the model's layers: KV is allocated and moved per layer */
+        uint32_t admit_layers; /* ADMIT_LAYER: layers of a chunk's KV that must fit (>= 2) */
+        enum engine_layer_full layer_full;
+        /*
+         * Fair: the TBT budget of a running decode (0: none). A decode that would miss it if it
+         * skipped this iteration goes first (earliest deadline first), is never swapped out for
+         * others, and keeps its place across time slices.
+         */
+        uint64_t tbt_budget_ns;
+        uint64_t sla_ttft_ns, sla_tbt_ns; /* SLA attainment: TTFT and each request's TBT p99 */
+        uint32_t decode_slots;            /* decodes per iteration */
         uint32_t max_batch_tokens;  /* tokens per iteration, decodes (1 each) and prefill chunks */
         uint32_t max_prefill_chunk; /* prefill tokens of one request per iteration */
         uint32_t slice_iters;       /* fair: iterations between re-rankings */
@@ -49,6 +83,13 @@ struct engine_result {
         uint64_t swap_ns[_KV_TIER_MAX]; /* simulated transfer time */
         uint64_t
             integrity_errors; /* swap-ins that failed their checksum, requests whose KV was wrong */
+        /* SLA: requests whose TTFT met it, whose own TBT p99 met it, and both. */
+        uint64_t sla_ttft_met, sla_tbt_met, sla_met;
+        /* LayerKV: KV offloaded layer by layer during prefill, prefetched before decode
+         * (nominal bytes, by tier), and the transfer time hidden behind compute. */
+        uint64_t layer_out_bytes[_KV_TIER_MAX], layer_in_bytes[_KV_TIER_MAX];
+        uint64_t overlap_ns, hidden_ns;
+        uint64_t layered_prefills; /* prefill chunks run through a K-layer window */
 };
 
 /* One planned entry of the last iteration, for tests and traces. */

@@ -31,6 +31,7 @@ struct aq_ref {
 
 struct aq_slot {
         size_t n, block_bytes;
+        unsigned n_layers; /* 0: written whole by swap_out; else layer by layer (aqua_layers) */
         uint64_t checksum;
         enum kv_tier tier;
         uint8_t *host; /* a host buffer when the tensor had no room; else refs[] */
@@ -57,6 +58,8 @@ struct aq {
         bool reclaimed;
         struct aqua_copy_piece *pieces;
         size_t pieces_allocated;
+        aqua_layers *layers; /* offload and prefetch streams, for layered slots */
+        unsigned n_layers;
         struct kv_swap_aqua_stats st;
 };
 
@@ -303,15 +306,10 @@ static int copy_batch(struct aq *a, size_t n)
         return 0;
 }
 
-static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_bytes,
-                       void **ret_slot, enum kv_tier *ret_tier)
+/* The first slot fixes the block size: the tensor's chunks are cut into blocks of it. */
+static int block_size(struct aq *a, size_t n, size_t block_bytes, size_t *ret_bytes)
 {
-        struct aq *a = ctx;
-        struct aq_slot *s;
-        size_t bytes;
-        int r;
-
-        if (n == 0 || block_bytes == 0 || size_mul_overflows(n, block_bytes, &bytes))
+        if (n == 0 || block_bytes == 0 || size_mul_overflows(n, block_bytes, ret_bytes))
                 return -EINVAL;
         if (a->block_bytes == 0) {
                 if (block_bytes > a->chunk_bytes)
@@ -321,14 +319,44 @@ static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_by
         }
         if (block_bytes != a->block_bytes)
                 return -EINVAL;
-        r = pieces_reserve(a, n);
+        return pieces_reserve(a, n);
+}
+
+static struct aq_slot *slot_new(size_t n, size_t block_bytes, unsigned n_layers)
+{
+        struct aq_slot *s = calloc(1, sizeof(*s) + n * sizeof(s->refs[0]));
+        if (s) {
+                s->n = n;
+                s->block_bytes = block_bytes;
+                s->n_layers = n_layers;
+        }
+        return s;
+}
+
+static void slot_link(struct aq *a, struct aq_slot *s)
+{
+        s->tier = slot_tier(a, s);
+        slot_account(a, s, true);
+        s->next = a->slots;
+        if (a->slots)
+                a->slots->prev = s;
+        a->slots = s;
+}
+
+static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_bytes,
+                       void **ret_slot, enum kv_tier *ret_tier)
+{
+        struct aq *a = ctx;
+        struct aq_slot *s;
+        size_t bytes;
+        int r;
+
+        r = block_size(a, n, block_bytes, &bytes);
         if (r < 0)
                 return r;
-        s = calloc(1, sizeof(*s) + n * sizeof(s->refs[0]));
+        s = slot_new(n, block_bytes, 0);
         if (!s)
                 return -ENOMEM;
-        s->n = n;
-        s->block_bytes = block_bytes;
         s->checksum = kv_checksum(blocks, n, block_bytes);
         r = place(a, s, n);
         if (r == 0) {
@@ -355,14 +383,139 @@ static int aq_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_by
                 return r;
         }
 
-        s->tier = slot_tier(a, s);
-        slot_account(a, s, true);
-        s->next = a->slots;
-        if (a->slots)
-                a->slots->prev = s;
-        a->slots = s;
+        slot_link(a, s);
         *ret_slot = s;
         *ret_tier = s->tier;
+        return 0;
+}
+
+static int layers_setup(struct aq *a, unsigned n_layers)
+{
+        if (a->layers && a->n_layers == n_layers)
+                return 0;
+        if (a->layers)
+                return -EINVAL; /* one model per engine: one layer count */
+        int r = aqua_layers_new(a->ctx, n_layers, NULL, NULL, &a->layers);
+        if (r < 0)
+                return log_error_errno(r, "aqua: aqua_layers_new(%u) failed: %m", n_layers);
+        a->n_layers = n_layers;
+        return 0;
+}
+
+static int aq_reserve(void *ctx, size_t n, size_t block_bytes, unsigned n_layers, void **ret_slot,
+                      enum kv_tier *ret_tier)
+{
+        struct aq *a = ctx;
+        struct aq_slot *s;
+        size_t bytes;
+        int r;
+
+        if (n_layers == 0 || block_bytes % n_layers != 0)
+                return -EINVAL;
+        r = block_size(a, n, block_bytes, &bytes);
+        if (r >= 0)
+                r = layers_setup(a, n_layers);
+        if (r < 0)
+                return r;
+        s = slot_new(n, block_bytes, n_layers);
+        if (!s)
+                return -ENOMEM;
+        r = place(a, s, n);
+        if (r == 0) {
+                s->host = calloc(n, block_bytes);
+                r = s->host ? 0 : -ENOMEM;
+        }
+        if (r < 0) {
+                free(s);
+                return r;
+        }
+        slot_link(a, s);
+        *ret_slot = s;
+        *ret_tier = s->tier;
+        return 0;
+}
+
+/* Where segment `layer` of the slot's block i lives now. */
+static uint64_t segment_addr(const struct aq *a, const struct aq_slot *s, size_t i, unsigned layer)
+{
+        size_t seg = s->block_bytes / s->n_layers;
+        if (s->host)
+                return (uint64_t)(uintptr_t)(s->host + i * s->block_bytes + layer * seg);
+        return ref_addr(a, &s->refs[i]) + layer * seg;
+}
+
+static int aq_write_layer(void *ctx, void *slot, unsigned layer, size_t first, void *const *src,
+                          size_t m)
+{
+        struct aq *a = ctx;
+        struct aq_slot *s = slot;
+        int r;
+
+        if (!s || s->n_layers == 0 || layer >= s->n_layers || first > s->n || m > s->n - first)
+                return -EINVAL;
+        size_t seg = s->block_bytes / s->n_layers;
+        for (size_t i = 0; i < m; i++) {
+                s->checksum += kv_segment_hash((first + i) * s->n_layers + layer, src[i], seg);
+                a->pieces[i] = (struct aqua_copy_piece){
+                    .dst = segment_addr(a, s, first + i, layer),
+                    .src = (uint64_t)(uintptr_t)src[i],
+                    .bytes = seg,
+                };
+        }
+        if (m == 0)
+                return 0;
+        /* Layer `layer` goes out while the engine computes the next; the one before must be
+         * done now, as its source is about to be reused. */
+        r = aqua_layers_offload(a->layers, layer, a->pieces, m, NULL);
+        if (r == 0 && layer > 0)
+                r = aqua_layers_wait(a->layers, layer - 1);
+        if (r < 0)
+                return log_error_errno(r, "aqua: offload of layer %u failed: %m", layer);
+        a->st.layer_offloads++;
+        a->st.copy_pieces += m;
+        return 0;
+}
+
+static int aq_seal(void *ctx, void *slot)
+{
+        struct aq *a = ctx;
+        int r;
+
+        if (!slot || !a->layers)
+                return -EINVAL;
+        for (unsigned l = 0; l < a->n_layers; l++) {
+                r = aqua_layers_wait(a->layers, l);
+                if (r < 0)
+                        return log_error_errno(r, "aqua: waiting for layer %u failed: %m", l);
+        }
+        return 0;
+}
+
+/* Prefetch before decode: layer by layer on the prefetch stream, then wait for all. */
+static int prefetch_layers(struct aq *a, struct aq_slot *s, void *const *blocks)
+{
+        size_t seg = s->block_bytes / s->n_layers;
+        int r;
+
+        for (unsigned l = 0; l < s->n_layers; l++) {
+                for (size_t i = 0; i < s->n; i++)
+                        a->pieces[i] = (struct aqua_copy_piece){
+                            .dst = (uint64_t)(uintptr_t)((uint8_t *)blocks[i] + l * seg),
+                            .src = segment_addr(a, s, i, l),
+                            .bytes = seg,
+                        };
+                r = aqua_layers_prefetch(a->layers, l, a->pieces, s->n, NULL);
+                if (r < 0)
+                        return log_error_errno(r, "aqua: prefetch of layer %u failed: %m", l);
+                a->st.layer_prefetches++;
+                a->st.copy_pieces += s->n;
+                /* The pieces array is reused for the next layer: libaqua copied it. */
+        }
+        for (unsigned l = 0; l < s->n_layers; l++) {
+                r = aqua_layers_wait(a->layers, l);
+                if (r < 0)
+                        return r;
+        }
         return 0;
 }
 
@@ -392,6 +545,8 @@ static int aq_swap_in(void *ctx, void *slot, void *const *blocks, size_t n, size
         if (s->host)
                 for (size_t i = 0; i < n; i++)
                         memcpy(blocks[i], s->host + i * block_bytes, block_bytes);
+        else if (s->n_layers)
+                r = prefetch_layers(a, s, blocks);
         else {
                 for (size_t i = 0; i < n; i++)
                         a->pieces[i] = (struct aqua_copy_piece){
@@ -402,7 +557,9 @@ static int aq_swap_in(void *ctx, void *slot, void *const *blocks, size_t n, size
                 r = copy_batch(a, n);
         }
         /* The copy that arrived is what the engine reads: check that one. */
-        bool ok = r == 0 && kv_checksum(blocks, n, block_bytes) == s->checksum;
+        uint64_t got = s->n_layers ? kv_layered_checksum(blocks, n, block_bytes, s->n_layers)
+                                   : kv_checksum(blocks, n, block_bytes);
+        bool ok = r == 0 && got == s->checksum;
         tier = s->tier;
         slot_drop(a, s);
         if (r < 0)
@@ -548,6 +705,7 @@ static void aq_free(void *ctx)
                 return;
         while (a->slots)
                 slot_drop(a, a->slots);
+        aqua_layers_free(a->layers);
         aqua_tensor_free(a->ctx, a->tensor);
         for (size_t i = 0; i < a->n_leases; i++)
                 aqua_return(a->ctx, a->leases[i]);
@@ -570,6 +728,9 @@ static const struct kv_swap_ops aqua_ops = {
     .tier_of = aq_tier_of,
     .poll = aq_poll,
     .free = aq_free,
+    .reserve = aq_reserve,
+    .write_layer = aq_write_layer,
+    .seal = aq_seal,
 };
 
 int kv_swap_aqua_new(const struct kv_swap_aqua_config *c, struct kv_swap *ret)

@@ -78,6 +78,25 @@ uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes)
         return h ^ (h >> 29);
 }
 
+uint64_t kv_segment_hash(uint64_t index, const void *segment, size_t bytes)
+{
+        void *const p[1] = {(void *)segment};
+        uint64_t h = mix(kv_checksum(p, 1, bytes), index + 1);
+        return h ^ (h >> 31);
+}
+
+uint64_t kv_layered_checksum(void *const *blocks, size_t n, size_t block_bytes, unsigned n_layers)
+{
+        size_t seg = block_bytes / n_layers;
+        uint64_t sum = 0;
+
+        for (size_t i = 0; i < n; i++)
+                for (unsigned l = 0; l < n_layers; l++)
+                        sum += kv_segment_hash((uint64_t)i * n_layers + l,
+                                               (const uint8_t *)blocks[i] + l * seg, seg);
+        return sum;
+}
+
 void kv_swap_free(struct kv_swap *s)
 {
         if (s && s->ops) {
@@ -88,6 +107,7 @@ void kv_swap_free(struct kv_swap *s)
 
 struct host_slot {
         size_t n, block_bytes;
+        unsigned n_layers; /* 0: written whole by swap_out; else by write_layer() */
         uint64_t checksum;
         uint8_t data[];
 };
@@ -115,6 +135,7 @@ static int host_swap_out(void *ctx, void *const *blocks, size_t n, size_t block_
                 return -ENOMEM;
         s->n = n;
         s->block_bytes = block_bytes;
+        s->n_layers = 0;
         for (size_t i = 0; i < n; i++)
                 memcpy(s->data + i * block_bytes, blocks[i], block_bytes);
         s->checksum = kv_checksum(blocks, n, block_bytes);
@@ -143,7 +164,9 @@ static int host_swap_in(void *ctx, void *slot, void *const *blocks, size_t n, si
         for (size_t i = 0; i < n; i++)
                 memcpy(blocks[i], s->data + i * block_bytes, block_bytes);
         /* Check the copy that arrived, not the one kept: that is what the engine will read. */
-        bool ok = kv_checksum(blocks, n, block_bytes) == s->checksum;
+        uint64_t got = s->n_layers ? kv_layered_checksum(blocks, n, block_bytes, s->n_layers)
+                                   : kv_checksum(blocks, n, block_bytes);
+        bool ok = got == s->checksum;
         host_release(h, s);
         if (!ok) {
                 h->stats.checksum_failures++;
@@ -163,6 +186,51 @@ static enum kv_tier host_tier_of(void *ctx, void *slot)
         return ((struct host_ctx *)ctx)->tier;
 }
 
+static int host_reserve(void *ctx, size_t n, size_t block_bytes, unsigned n_layers, void **ret_slot,
+                        enum kv_tier *ret_tier)
+{
+        struct host_ctx *h = ctx;
+        size_t bytes, total;
+
+        if (n == 0 || n_layers == 0 || block_bytes == 0 || block_bytes % n_layers != 0 ||
+            size_mul_overflows(n, block_bytes, &bytes) ||
+            size_add_overflows(bytes, sizeof(struct host_slot), &total))
+                return -EINVAL;
+        if (h->capacity > 0 && h->stats.bytes + bytes > h->capacity)
+                return -ENOSPC;
+        struct host_slot *s = calloc(1, total);
+        if (!s)
+                return -ENOMEM;
+        s->n = n;
+        s->block_bytes = block_bytes;
+        s->n_layers = n_layers;
+        h->stats.slots++;
+        h->stats.bytes += bytes;
+        *ret_slot = s;
+        *ret_tier = h->tier;
+        return 0;
+}
+
+static int host_write_layer(void *ctx, void *slot, unsigned layer, size_t first, void *const *src,
+                            size_t m)
+{
+        struct host_slot *s = slot;
+
+        if (!s || s->n_layers == 0 || layer >= s->n_layers || first > s->n || m > s->n - first)
+                return -EINVAL;
+        size_t seg = s->block_bytes / s->n_layers;
+        for (size_t i = 0; i < m; i++) {
+                memcpy(s->data + (first + i) * s->block_bytes + layer * seg, src[i], seg);
+                s->checksum += kv_segment_hash((first + i) * s->n_layers + layer, src[i], seg);
+        }
+        return 0;
+}
+
+static int host_seal(void *ctx, void *slot)
+{
+        return slot ? 0 : -EINVAL;
+}
+
 static void host_free(void *ctx)
 {
         free(ctx);
@@ -176,6 +244,9 @@ static const struct kv_swap_ops host_ops = {
     .tier_of = host_tier_of,
     .poll = NULL,
     .free = host_free,
+    .reserve = host_reserve,
+    .write_layer = host_write_layer,
+    .seal = host_seal,
 };
 
 int kv_swap_host_new(enum kv_tier tier, uint64_t capacity_bytes, struct kv_swap *ret)

@@ -36,6 +36,15 @@ uint64_t kv_tier_cost_ns(const struct kv_tier_cost *c, uint64_t bytes);
 uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes);
 
 /*
+ * The checksum of a slot written layer by layer: each block is n_layers segments of
+ * block_bytes / n_layers (layer-major), and the slot's hash is the sum of each segment's hash
+ * keyed by its position (block * n_layers + layer), so layers may be written in any order.
+ * kv_segment_hash() is one term; kv_layered_checksum() the whole over n blocks.
+ */
+uint64_t kv_segment_hash(uint64_t index, const void *segment, size_t bytes);
+uint64_t kv_layered_checksum(void *const *blocks, size_t n, size_t block_bytes, unsigned n_layers);
+
+/*
  * A swap backend. ctx is the backend's own state. The engine hands it the
  * local memory of a request's blocks as an array of pointers, so one call
  * moves all of them (a batched copy), never one call per block.
@@ -53,6 +62,17 @@ uint64_t kv_checksum(void *const *blocks, size_t n, size_t block_bytes);
  * poll: the engine calls it once per iteration at a safe point (no copy of
  *   its own in flight). Returns >= 0 or a negative errno. May be NULL.
  * free: release the backend; every slot must have been swapped in or discarded.
+ *
+ * Layer-wise slots (LayerKV: a prefill's KV goes out layer by layer as each layer is computed),
+ * optional (NULL in a backend without them):
+ * reserve: a slot for n blocks of block_bytes, each n_layers segments of block_bytes / n_layers
+ *   (layer-major), nothing written yet; *ret_tier as for swap_out. -ENOSPC when full.
+ * write_layer: copy segment `layer` of the slot's blocks [first, first + m) from src[0..m) (each
+ *   src[i] points at one segment). The copy may still run when it returns: src may be reused
+ *   once the next write_layer() or seal() has returned (one layer in flight, as an offload
+ *   stream overlapping the next layer's compute).
+ * seal: every layer written; waits for copies in flight. The slot then behaves as one from
+ *   swap_out (swap_in checks the layered checksum of what arrives).
  */
 struct kv_swap_ops {
         const char *name;
@@ -63,6 +83,11 @@ struct kv_swap_ops {
         enum kv_tier (*tier_of)(void *ctx, void *slot);
         int (*poll)(void *ctx);
         void (*free)(void *ctx);
+        int (*reserve)(void *ctx, size_t n, size_t block_bytes, unsigned n_layers, void **ret_slot,
+                       enum kv_tier *ret_tier);
+        int (*write_layer)(void *ctx, void *slot, unsigned layer, size_t first, void *const *src,
+                           size_t m);
+        int (*seal)(void *ctx, void *slot);
 };
 
 struct kv_swap {
@@ -132,8 +157,10 @@ struct kv_swap_aqua_stats {
         uint64_t peak_bytes_peer, peak_bytes_dram;
         uint64_t verified_swap_ins[_KV_TIER_MAX]; /* swap-ins whose checksum matched, by tier */
         uint64_t checksum_failures;
-        uint64_t copies;      /* batched copies issued (one per swap-out or swap-in) */
-        uint64_t copy_pieces; /* contiguous pieces in them */
+        uint64_t copies;           /* batched copies issued (one per swap-out or swap-in) */
+        uint64_t copy_pieces;      /* contiguous pieces in them */
+        uint64_t layer_offloads;   /* aqua_layers_offload() calls (LayerKV prefill) */
+        uint64_t layer_prefetches; /* aqua_layers_prefetch() calls (before decode) */
 };
 int kv_swap_aqua_stats(const struct kv_swap *s, struct kv_swap_aqua_stats *ret);
 

@@ -1,10 +1,12 @@
 /* aqua-engine: replay a request trace through the simulated serving loop, FCFS and fair side by
- * side. */
+ * side, or the four-way comparison of what operators run today against aqua and LayerKV. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "log.h"
@@ -12,11 +14,24 @@
 #include "time-util.h"
 #include "util.h"
 
+/* What one run is: a scheduler, where swapped KV goes, when prefills are admitted. */
+struct run_spec {
+        const char *label; /* "a".."d" in the four-way comparison, else NULL */
+        enum sched_kind sched;
+        const char *tier; /* a kv_tier's name, or "aqua" */
+        enum engine_admission admission;
+        uint32_t admit_layers;
+};
+
+#define MAX_RUNS 16
+
 struct run_summary {
+        struct run_spec spec;
         enum sched_kind sched;
         const char *tier;         /* a kv_tier's name, or "aqua" */
         uint64_t ttft[3], tbt[3]; /* p50, p90, p99 */
         double tokens_per_s, requests_per_s;
+        double attainment, goodput; /* share of requests meeting the SLA; those per second */
         struct engine_result r;
         uint64_t wall_ns;
 };
@@ -47,6 +62,27 @@ static void help(void)
                "Runs:\n"
                "  --sched LIST            fcfs,fair (default both)\n"
                "  --tier LIST             peer,dram (default both)\n"
+               "  --admission MODE        request: a prefill starts when KV for its whole prompt\n"
+               "                          fits (vLLM; default); layer[:K]: when K layers fit\n"
+               "                          (LayerKV, K=4), finished layers offloaded as the next\n"
+               "                          computes and prefetched before decode; chunk: when the\n"
+               "                          first prefill chunk fits\n"
+               "  --layer-full offload|wait  layer: when a layer does not fit, swap out lower-\n"
+               "                          ranked requests (offload, default) or wait\n"
+               "  --layers N              the model's layers (32)\n"
+               "  --four-way              (a) fcfs, DRAM swap, whole-prompt admission; (b) fair,\n"
+               "                          DRAM swap; (c) fair, aqua (peer HBM; with --swap host\n"
+               "                          the peer tier's model); (d) (c) with --admission layer\n"
+               "  --sweep RATES           the four-way runs over generated traces, one per burst\n"
+               "                          arrival rate (e.g. 10,20,40,80): CSV and a PNG of TTFT\n"
+               "                          p99 and goodput against rate (gnuplot)\n"
+               "  --sweep-out PREFIX      files of --sweep: PREFIX.csv, .gp, .png (aqua-sweep)\n"
+               "SLA:\n"
+               "  --sla-ttft DUR          attainment: TTFT at most DUR (1s)\n"
+               "  --sla-tbt DUR           ...and the request's own TBT p99 at most DUR (100ms)\n"
+               "  --tbt-budget DUR        fair: a running decode never waits longer than this if\n"
+               "                          it can be helped (default: --sla-tbt; 0: off, the\n"
+               "                          plain time-sliced scheduler)\n"
                "  --swap host|aqua        where swapped KV goes (host): 'host' copies to host\n"
                "                          memory and models the tier's time; 'aqua' borrows peer\n"
                "                          GPU memory through aquad (libaqua, $AQUA_ENDPOINT) and\n"
@@ -112,6 +148,15 @@ enum {
         ARG_HOLD_AT,
         ARG_HOLD_TIMEOUT,
         ARG_PROGRESS,
+        ARG_ADMISSION,
+        ARG_LAYER_FULL,
+        ARG_LAYERS,
+        ARG_FOUR_WAY,
+        ARG_SWEEP,
+        ARG_SWEEP_OUT,
+        ARG_SLA_TTFT,
+        ARG_SLA_TBT,
+        ARG_TBT_BUDGET,
 };
 
 static const struct option options[] = {
@@ -147,6 +192,15 @@ static const struct option options[] = {
     {"hold-at", required_argument, NULL, ARG_HOLD_AT},
     {"hold-timeout", required_argument, NULL, ARG_HOLD_TIMEOUT},
     {"progress", required_argument, NULL, ARG_PROGRESS},
+    {"admission", required_argument, NULL, ARG_ADMISSION},
+    {"layer-full", required_argument, NULL, ARG_LAYER_FULL},
+    {"layers", required_argument, NULL, ARG_LAYERS},
+    {"four-way", no_argument, NULL, ARG_FOUR_WAY},
+    {"sweep", required_argument, NULL, ARG_SWEEP},
+    {"sweep-out", required_argument, NULL, ARG_SWEEP_OUT},
+    {"sla-ttft", required_argument, NULL, ARG_SLA_TTFT},
+    {"sla-tbt", required_argument, NULL, ARG_SLA_TBT},
+    {"tbt-budget", required_argument, NULL, ARG_TBT_BUDGET},
     {"help", no_argument, NULL, 'h'},
     {},
 };
@@ -163,6 +217,9 @@ struct args {
         bool hold;
         uint64_t hold_at_ns, hold_timeout_ns;
         uint64_t progress_ns; /* 0: none */
+        bool four_way;
+        bool tbt_budget_set;
+        const char *sweep, *sweep_out;
 };
 
 static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret)
@@ -238,12 +295,13 @@ static int parse_args(int argc, char **argv, struct args *a)
         engine_config_defaults(&a->cfg);
         kv_swap_aqua_config_defaults(&a->aqua_cfg);
         a->hold_timeout_ns = 60 * NSEC_PER_SEC;
+        a->cfg.admission = ADMIT_REQUEST;
         a->sched[SCHED_FCFS] = a->sched[SCHED_FAIR] = true;
         a->tier[KV_TIER_PEER] = a->tier[KV_TIER_DRAM] = true;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 const char *name =
-                    c >= ARG_TRACE && c <= ARG_PROGRESS ? options[c - ARG_TRACE].name : "";
+                    c >= ARG_TRACE && c <= ARG_TBT_BUDGET ? options[c - ARG_TRACE].name : "";
                 switch (c) {
                 case 'h':
                         help();
@@ -363,6 +421,43 @@ static int parse_args(int argc, char **argv, struct args *a)
                 case ARG_PROGRESS:
                         r = parse_dur(name, optarg, &a->progress_ns);
                         break;
+                case ARG_ADMISSION:
+                        if (engine_admission_from_string(optarg, &a->cfg.admission,
+                                                         &a->cfg.admit_layers) < 0)
+                                r = log_error_errno(EINVAL,
+                                                    "--admission: expected request, layer, "
+                                                    "layer:K (K >= 2) or chunk, got \"%s\"",
+                                                    optarg);
+                        break;
+                case ARG_LAYER_FULL:
+                        a->cfg.layer_full = engine_layer_full_from_string(optarg);
+                        if (a->cfg.layer_full < 0)
+                                r = log_error_errno(
+                                    EINVAL, "--layer-full: expected offload or wait, got \"%s\"",
+                                    optarg);
+                        break;
+                case ARG_LAYERS:
+                        r = parse_u32(name, optarg, 1, &a->cfg.n_layers);
+                        break;
+                case ARG_FOUR_WAY:
+                        a->four_way = true;
+                        break;
+                case ARG_SWEEP:
+                        a->sweep = optarg;
+                        break;
+                case ARG_SWEEP_OUT:
+                        a->sweep_out = optarg;
+                        break;
+                case ARG_SLA_TTFT:
+                        r = parse_dur(name, optarg, &a->cfg.sla_ttft_ns);
+                        break;
+                case ARG_SLA_TBT:
+                        r = parse_dur(name, optarg, &a->cfg.sla_tbt_ns);
+                        break;
+                case ARG_TBT_BUDGET:
+                        r = parse_dur(name, optarg, &a->cfg.tbt_budget_ns);
+                        a->tbt_budget_set = true;
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -374,6 +469,13 @@ static int parse_args(int argc, char **argv, struct args *a)
                                        argv[optind]);
         if (a->hold && !a->aqua)
                 return log_error_errno(EINVAL, "--hold-at needs --swap aqua");
+        if (a->sweep && a->aqua)
+                return log_error_errno(EINVAL, "--sweep runs on the host backend: no --swap aqua");
+        if (!a->tbt_budget_set)
+                a->cfg.tbt_budget_ns = a->cfg.sla_tbt_ns;
+        if (a->cfg.admit_layers > a->cfg.n_layers)
+                return log_error_errno(EINVAL, "--admission layer:%u: the model has %u layers",
+                                       a->cfg.admit_layers, a->cfg.n_layers);
         uint64_t block = a->cfg.bytes_per_token * a->cfg.block_tokens;
         if (a->cfg.hbm_bytes / block == 0) {
                 char b[32];
@@ -391,6 +493,7 @@ static double ms(uint64_t ns)
 
 /* One engine replaying the trace: a scheduler with its swap backend. */
 struct run {
+        struct run_spec spec;
         enum sched_kind sched;
         const char *tier;
         struct kv_swap own; /* the host backend of this run; unused with aqua */
@@ -407,6 +510,8 @@ static int run_setup(const struct args *a, const struct trace *t, struct run *ru
         int r;
 
         cfg.sched = run->sched;
+        cfg.admission = run->spec.admission;
+        cfg.admit_layers = run->spec.admit_layers;
         run->swap = shared;
         if (!shared) {
                 r = kv_swap_host_new(kv_tier_from_string(run->tier), 0, &run->own);
@@ -432,7 +537,7 @@ static void run_clear(struct run *run)
 
 static void run_summarize(struct run *run, uint64_t start, struct run_summary *ret)
 {
-        struct run_summary s = {.sched = run->sched, .tier = run->tier};
+        struct run_summary s = {.spec = run->spec, .sched = run->sched, .tier = run->tier};
 
         engine_take_result(run->e, &s.r);
         for (int i = 0; i < 3; i++) {
@@ -445,7 +550,10 @@ static void run_summarize(struct run *run, uint64_t start, struct run_summary *r
         if (span > 0) {
                 s.tokens_per_s = (double)s.r.output_tokens * NSEC_PER_SEC / span;
                 s.requests_per_s = (double)s.r.requests_done * NSEC_PER_SEC / span;
+                s.goodput = (double)s.r.sla_met * NSEC_PER_SEC / span;
         }
+        if (s.r.requests > 0)
+                s.attainment = (double)s.r.sla_met / s.r.requests;
         s.wall_ns = run->done_wall_ns - start;
         *ret = s;
 }
@@ -568,6 +676,22 @@ static uint64_t sum_tiers(const uint64_t v[_KV_TIER_MAX])
         return s;
 }
 
+/* Bytes over a tier's link, both directions, whole-request swaps and layer-wise transfers. */
+static uint64_t link_bytes(const struct engine_result *r, enum kv_tier t)
+{
+        return r->swap_out_bytes[t] + r->swap_in_bytes[t] + r->layer_out_bytes[t] +
+               r->layer_in_bytes[t];
+}
+
+static const char *admission_name(const struct run_spec *s, char *buf, size_t n)
+{
+        if (s->admission == ADMIT_LAYER)
+                snprintf(buf, n, "layer:%u", s->admit_layers);
+        else
+                snprintf(buf, n, "%s", engine_admission_to_string(s->admission));
+        return buf;
+}
+
 static void print_human(const struct run_summary *s)
 {
         char out[32], in[32];
@@ -581,23 +705,90 @@ static void print_human(const struct run_summary *s)
                ms(sum_tiers(s->r.swap_ns)));
 }
 
+static const char *const four_way_what[4] = {
+    "what operators run: FCFS, whole-prompt admission, KV swapped to DRAM over PCIe",
+    "the fair scheduler (SLA-aware), KV swapped to DRAM over PCIe",
+    "the fair scheduler, KV swapped to peer HBM lent through aqua (DRAM after a reclaim)",
+    "(c) with LayerKV admission: K layers must fit, layers offloaded as computed",
+};
+
+static void print_ratio(const char *what, double a, double b, bool lower_better)
+{
+        if (a > 0 && b > 0)
+                printf("  %-34s %6.1fx\n", what, lower_better ? a / b : b / a);
+        else
+                printf("  %-34s %7s\n", what, "-");
+}
+
+static void print_four_way(const struct args *a, const struct run_summary *s, size_t n)
+{
+        char nv[32], pc[32], adm[32];
+
+        printf(
+            "Four configurations on one trace. Compute and link times are modelled\n"
+            "(H100-class: %.0f us per prefill token, %.0f us per decode, %.0f ms per iteration;\n"
+            "NVLink %.0f GB/s, PCIe %.0f GB/s, %.0f us per copy call); the KV bytes are real:\n"
+            "a %u-byte sample of every token is really copied and checksummed (the byte\n"
+            "columns count the full %s per token the model stands for).\n"
+            "SLA: TTFT <= %.0f ms and the request's own TBT p99 <= %.0f ms.\n\n",
+            (double)a->cfg.prefill_token_ns / NSEC_PER_USEC,
+            (double)a->cfg.decode_seq_ns / NSEC_PER_USEC, ms(a->cfg.iter_ns),
+            a->cfg.cost[KV_TIER_PEER].gbytes_per_s, a->cfg.cost[KV_TIER_DRAM].gbytes_per_s,
+            (double)a->cfg.cost[KV_TIER_PEER].call_ns / NSEC_PER_USEC, a->cfg.kv_sample_bytes,
+            format_size(nv, sizeof(nv), a->cfg.bytes_per_token), ms(a->cfg.sla_ttft_ns),
+            ms(a->cfg.sla_tbt_ns));
+        for (size_t i = 0; i < n && i < 4; i++)
+                printf("  (%s) %s\n", s[i].spec.label, four_way_what[i]);
+        printf("\n     sched swap  admission  done/all  TTFT p50  TTFT p99   TBT p99  SLA met"
+               "  goodput     NVLink       PCIe\n");
+        for (size_t i = 0; i < n; i++)
+                printf("FOUR (%s) %-4s %-5s %-9s %4" PRIu64 "/%-4" PRIu64
+                       " %7.0fms %7.0fms %7.1fms %7.1f%% %5.2f r/s %10s %10s\n",
+                       s[i].spec.label, sched_to_string(s[i].sched), s[i].tier,
+                       admission_name(&s[i].spec, adm, sizeof(adm)), s[i].r.requests_done,
+                       s[i].r.requests, ms(s[i].ttft[0]), ms(s[i].ttft[2]), ms(s[i].tbt[2]),
+                       100 * s[i].attainment, s[i].goodput,
+                       format_size(nv, sizeof(nv), link_bytes(&s[i].r, KV_TIER_PEER)),
+                       format_size(pc, sizeof(pc), link_bytes(&s[i].r, KV_TIER_DRAM)));
+        if (n < 4)
+                return;
+        printf("\nAgainst (a):\n");
+        print_ratio("TTFT p99, (c) aqua", ms(s[0].ttft[2]), ms(s[2].ttft[2]), true);
+        print_ratio("TTFT p99, (d) aqua + LayerKV", ms(s[0].ttft[2]), ms(s[3].ttft[2]), true);
+        print_ratio("goodput, (c) aqua", s[0].goodput, s[2].goodput, false);
+        print_ratio("goodput, (d) aqua + LayerKV", s[0].goodput, s[3].goodput, false);
+        print_ratio("throughput (req/s), (d) vs (a)", s[0].requests_per_s, s[3].requests_per_s,
+                    false);
+        printf("\n");
+}
+
 static void print_summary(const struct run_summary *s)
 {
-        printf("SUMMARY sched=%s tier=%s requests=%" PRIu64 " done=%" PRIu64 " rejected=%" PRIu64
-               " lost=%" PRIu64 " ttft_p50_ms=%.3f ttft_p90_ms=%.3f ttft_p99_ms=%.3f"
-               " tbt_p50_ms=%.3f tbt_p90_ms=%.3f tbt_p99_ms=%.3f tokens_per_s=%.1f"
-               " requests_per_s=%.3f output_tokens=%" PRIu64 " iterations=%" PRIu64
-               " preemptions=%" PRIu64 " swap_out_bytes=%" PRIu64 " swap_in_bytes=%" PRIu64
-               " swap_out_peer_bytes=%" PRIu64 " swap_out_dram_bytes=%" PRIu64
-               " swap_in_peer_bytes=%" PRIu64 " swap_in_dram_bytes=%" PRIu64
-               " swap_ms=%.3f integrity_errors=%" PRIu64 " wall_ms=%.1f\n",
-               sched_to_string(s->sched), s->tier, s->r.requests, s->r.requests_done, s->r.rejected,
-               s->r.requests - s->r.requests_done, ms(s->ttft[0]), ms(s->ttft[1]), ms(s->ttft[2]),
-               ms(s->tbt[0]), ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s, s->requests_per_s,
-               s->r.output_tokens, s->r.iterations, s->r.preemptions,
+        char adm[32];
+        printf("SUMMARY sched=%s tier=%s run=%s admission=%s requests=%" PRIu64 " done=%" PRIu64
+               " rejected=%" PRIu64 " lost=%" PRIu64 " ttft_p50_ms=%.3f ttft_p90_ms=%.3f"
+               " ttft_p99_ms=%.3f tbt_p50_ms=%.3f tbt_p90_ms=%.3f tbt_p99_ms=%.3f"
+               " tokens_per_s=%.1f requests_per_s=%.3f sla_met=%" PRIu64 " sla_ttft_met=%" PRIu64
+               " sla_tbt_met=%" PRIu64 " attainment=%.4f goodput_rps=%.3f output_tokens=%" PRIu64
+               " iterations=%" PRIu64 " preemptions=%" PRIu64 " swap_out_bytes=%" PRIu64
+               " swap_in_bytes=%" PRIu64 " swap_out_peer_bytes=%" PRIu64
+               " swap_out_dram_bytes=%" PRIu64 " swap_in_peer_bytes=%" PRIu64
+               " swap_in_dram_bytes=%" PRIu64 " layered_prefills=%" PRIu64
+               " layer_out_bytes=%" PRIu64 " layer_in_bytes=%" PRIu64 " nvlink_bytes=%" PRIu64
+               " pcie_bytes=%" PRIu64 " overlap_ms=%.3f hidden_ms=%.3f swap_ms=%.3f"
+               " integrity_errors=%" PRIu64 " wall_ms=%.1f\n",
+               sched_to_string(s->sched), s->tier, s->spec.label ?: "-",
+               admission_name(&s->spec, adm, sizeof(adm)), s->r.requests, s->r.requests_done,
+               s->r.rejected, s->r.requests - s->r.requests_done, ms(s->ttft[0]), ms(s->ttft[1]),
+               ms(s->ttft[2]), ms(s->tbt[0]), ms(s->tbt[1]), ms(s->tbt[2]), s->tokens_per_s,
+               s->requests_per_s, s->r.sla_met, s->r.sla_ttft_met, s->r.sla_tbt_met, s->attainment,
+               s->goodput, s->r.output_tokens, s->r.iterations, s->r.preemptions,
                sum_tiers(s->r.swap_out_bytes), sum_tiers(s->r.swap_in_bytes),
                s->r.swap_out_bytes[KV_TIER_PEER], s->r.swap_out_bytes[KV_TIER_DRAM],
                s->r.swap_in_bytes[KV_TIER_PEER], s->r.swap_in_bytes[KV_TIER_DRAM],
+               s->r.layered_prefills, sum_tiers(s->r.layer_out_bytes),
+               sum_tiers(s->r.layer_in_bytes), link_bytes(&s->r, KV_TIER_PEER),
+               link_bytes(&s->r, KV_TIER_DRAM), ms(s->r.overlap_ns), ms(s->r.hidden_ns),
                ms(sum_tiers(s->r.swap_ns)), s->r.integrity_errors, ms(s->wall_ns));
 }
 
@@ -609,20 +800,196 @@ static void print_aqua_summary(const struct kv_swap_aqua_stats *st)
                " slots_promoted=%" PRIu64 " dram_budget=%" PRIu64 " peak_kv_peer_bytes=%" PRIu64
                " peak_kv_dram_bytes=%" PRIu64 " verified_swap_ins_peer=%" PRIu64
                " verified_swap_ins_dram=%" PRIu64 " checksum_failures=%" PRIu64 " copies=%" PRIu64
-               " copy_pieces=%" PRIu64 "\n",
+               " copy_pieces=%" PRIu64 " layer_offloads=%" PRIu64 " layer_prefetches=%" PRIu64 "\n",
                st->leases, st->lent_bytes, st->peer_bytes, st->migrated_bytes, st->slots_migrated,
                st->slot_bytes_migrated, st->slots_promoted, st->dram_budget, st->peak_bytes_peer,
                st->peak_bytes_dram, st->verified_swap_ins[KV_TIER_PEER],
                st->verified_swap_ins[KV_TIER_DRAM], st->checksum_failures, st->copies,
-               st->copy_pieces);
+               st->copy_pieces, st->layer_offloads, st->layer_prefetches);
+}
+
+/* The runs asked for: the four-way comparison, or each scheduler on each tier. */
+static size_t run_specs(const struct args *a, struct run_spec *v)
+{
+        size_t n = 0;
+
+        if (a->four_way) {
+                const char *fast = a->aqua ? "aqua" : "peer";
+                v[n++] = (struct run_spec){"a", SCHED_FCFS, "dram", ADMIT_REQUEST, 0};
+                v[n++] = (struct run_spec){"b", SCHED_FAIR, "dram", ADMIT_REQUEST, 0};
+                v[n++] = (struct run_spec){"c", SCHED_FAIR, fast, ADMIT_REQUEST, 0};
+                v[n++] =
+                    (struct run_spec){"d", SCHED_FAIR, fast, ADMIT_LAYER,
+                                      a->cfg.admission == ADMIT_LAYER ? a->cfg.admit_layers : 4};
+                return n;
+        }
+        for (int s = 0; s < _SCHED_MAX; s++)
+                for (int k = 0; k < _KV_TIER_MAX; k++) {
+                        if (!a->sched[s] || (!a->aqua && !a->tier[k]) || (a->aqua && k > 0))
+                                continue;
+                        v[n++] = (struct run_spec){NULL, s, a->aqua ? "aqua" : kv_tier_to_string(k),
+                                                   a->cfg.admission, a->cfg.admit_layers};
+                }
+        return n;
+}
+
+static void summaries_clear(struct run_summary *s, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                stats_clear(&s[i].r.ttft);
+                stats_clear(&s[i].r.tbt);
+        }
+}
+
+/* Set up and run the specs on trace t (host backends, or the shared aqua one). */
+static int run_specs_on(const struct args *a, const struct trace *t, const struct run_spec *spec,
+                        size_t n, struct kv_swap *shared, struct run_summary *ret)
+{
+        struct run rs[MAX_RUNS] = {};
+        int r = 0;
+
+        for (size_t i = 0; i < n && r >= 0; i++) {
+                rs[i].spec = spec[i];
+                rs[i].sched = spec[i].sched;
+                rs[i].tier = spec[i].tier;
+                bool aq = strcmp(spec[i].tier, "aqua") == 0;
+                r = run_setup(a, t, &rs[i], aq ? shared : NULL);
+        }
+        if (r >= 0)
+                r = run_all(a, rs, n, shared, ret);
+        for (size_t i = 0; i < n; i++)
+                run_clear(&rs[i]);
+        return r;
+}
+
+static int run_gnuplot(const char *script)
+{
+        pid_t pid = fork();
+        int status;
+
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                execlp("gnuplot", "gnuplot", script, (char *)NULL);
+                _exit(127);
+        }
+        while (waitpid(pid, &status, 0) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+                return -ENOENT;
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}
+
+static int write_plot_script(const char *path, const char *csv, const char *png)
+{
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return -errno;
+        fprintf(f,
+                "# TTFT p99 and goodput against the burst arrival rate, from aqua-engine --sweep\n"
+                "set terminal pngcairo size 1100,460\n"
+                "set output '%s'\n"
+                "set datafile separator ','\n"
+                "set key top left\nset grid\n"
+                "set xlabel 'burst arrival rate (requests/s)'\n"
+                "set multiplot layout 1,2 title 'Simulated burst serving (compute and links "
+                "modelled, H100-class)'\n"
+                "run(r, col) = strcol(2) eq r ? column(col) : NaN\n"
+                "set logscale y\nset ylabel 'TTFT p99 (s)'\n"
+                "plot for [r in 'a b c d'] '%s' using 1:(run(r, 4)) with linespoints "
+                "title '('.r.') '.(r eq 'a' ? 'fcfs+DRAM' : r eq 'b' ? 'fair+DRAM' : r eq 'c' "
+                "? 'fair+aqua' : 'fair+aqua+LayerKV')\n"
+                "unset logscale y\nset ylabel 'goodput (requests/s meeting the SLA)'\n"
+                "set yrange [0:*]\n"
+                "plot for [r in 'a b c d'] '%s' using 1:(run(r, 7)) with linespoints "
+                "title '('.r.') '.(r eq 'a' ? 'fcfs+DRAM' : r eq 'b' ? 'fair+DRAM' : r eq 'c' "
+                "? 'fair+aqua' : 'fair+aqua+LayerKV')\n"
+                "unset multiplot\n",
+                png, csv, csv);
+        return fclose(f) == 0 ? 0 : -errno;
+}
+
+/* --sweep: the four-way runs over one generated trace per rate; CSV, script, PNG. */
+static int sweep(struct args *a)
+{
+        const char *prefix = a->sweep_out ?: "aqua-sweep";
+        _cleanup_free_ char *csv = NULL, *gp = NULL, *png = NULL, *list = strdup(a->sweep);
+        struct run_spec spec[MAX_RUNS];
+        FILE *f;
+        int r = 0;
+
+        a->four_way = true;
+        size_t n = run_specs(a, spec);
+        if (!list || asprintf(&csv, "%s.csv", prefix) < 0 || asprintf(&gp, "%s.gp", prefix) < 0 ||
+            asprintf(&png, "%s.png", prefix) < 0)
+                return log_error_errno(ENOMEM, "Out of memory");
+        f = fopen(csv, "we");
+        if (!f)
+                return log_error_errno(errno, "Failed to open %s: %m", csv);
+        fprintf(f, "rate,run,ttft_p50_s,ttft_p99_s,tbt_p99_ms,attainment,goodput_rps,"
+                   "requests_per_s,nvlink_bytes,pcie_bytes,requests,done,integrity_errors\n");
+        if (!a->quiet)
+                printf("rate  run  TTFT p99   TBT p99  SLA met  goodput\n");
+        for (char *save = NULL, *w = strtok_r(list, ",", &save); w && r >= 0;
+             w = strtok_r(NULL, ",", &save)) {
+                struct trace t = {};
+                struct run_summary s[MAX_RUNS] = {};
+                double rate;
+                if (parse_double(w, &rate) < 0 || !(rate > 0)) {
+                        r = log_error_errno(EINVAL, "--sweep: not a rate: \"%s\"", w);
+                        break;
+                }
+                a->gen.rate_on = rate;
+                r = trace_generate(&a->gen, &t);
+                if (r >= 0)
+                        r = run_specs_on(a, &t, spec, n, NULL, s);
+                for (size_t i = 0; i < n && r >= 0; i++) {
+                        fprintf(
+                            f,
+                            "%g,%s,%.4f,%.4f,%.3f,%.4f,%.4f,%.4f,%" PRIu64 ",%" PRIu64 ",%" PRIu64
+                            ",%" PRIu64 ",%" PRIu64 "\n",
+                            rate, s[i].spec.label, ms(s[i].ttft[0]) / 1000, ms(s[i].ttft[2]) / 1000,
+                            ms(s[i].tbt[2]), s[i].attainment, s[i].goodput, s[i].requests_per_s,
+                            link_bytes(&s[i].r, KV_TIER_PEER), link_bytes(&s[i].r, KV_TIER_DRAM),
+                            s[i].r.requests, s[i].r.requests_done, s[i].r.integrity_errors);
+                        if (!a->quiet)
+                                printf("%4g  (%s) %7.0fms %7.1fms %7.1f%% %5.2f r/s\n", rate,
+                                       s[i].spec.label, ms(s[i].ttft[2]), ms(s[i].tbt[2]),
+                                       100 * s[i].attainment, s[i].goodput);
+                        if (s[i].r.integrity_errors > 0 || s[i].r.requests_done != s[i].r.requests)
+                                r = log_error_errno(EIO,
+                                                    "Run (%s) at rate %g lost requests or "
+                                                    "failed an integrity check",
+                                                    s[i].spec.label, rate);
+                }
+                summaries_clear(s, n);
+                trace_clear(&t);
+        }
+        if (fclose(f) != 0 && r >= 0)
+                r = log_error_errno(errno, "Failed to write %s: %m", csv);
+        if (r < 0)
+                return r;
+        r = write_plot_script(gp, csv, png);
+        if (r < 0)
+                return log_error_errno(r, "Failed to write %s: %m", gp);
+        r = run_gnuplot(gp);
+        if (r == -ENOENT)
+                log_warning("gnuplot is not installed: no plot drawn (install gnuplot-nox and "
+                            "run: gnuplot %s)",
+                            gp);
+        else if (r < 0)
+                log_warning("gnuplot failed on %s (run gnuplot %s to see why)", gp, gp);
+        printf("SWEEP csv=%s script=%s plot=%s\n", csv, gp, r == 0 ? png : "-");
+        return 0;
 }
 
 int main(int argc, char **argv)
 {
         struct args a = {};
         struct trace t = {};
-        struct run_summary runs[_SCHED_MAX * _KV_TIER_MAX] = {};
-        struct run rs[_SCHED_MAX * _KV_TIER_MAX] = {};
+        struct run_summary runs[MAX_RUNS] = {};
+        struct run_spec spec[MAX_RUNS];
         struct kv_swap shared = {};
         struct kv_swap_aqua_stats aqua_stats = {};
         size_t n_runs = 0;
@@ -632,6 +999,8 @@ int main(int argc, char **argv)
         r = parse_args(argc, argv, &a);
         if (r != 0)
                 return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        if (a.sweep)
+                return sweep(&a) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 
         if (a.trace) {
                 _cleanup_free_ char *error = NULL;
@@ -682,11 +1051,12 @@ int main(int argc, char **argv)
                        a.trace ?: "generated, on/off bursts", (double)prompt / t.n,
                        (double)output / t.n);
                 printf("KV: %s local = %" PRIu64
-                       " blocks of %u tokens x %s/token; %u decode slots, "
+                       " blocks of %u tokens x %s/token (%u layers); %u decode slots, "
                        "%u tokens per iteration, slice %u iterations\n",
                        format_size(hbm, sizeof(hbm), a.cfg.hbm_bytes), a.cfg.hbm_bytes / block,
                        a.cfg.block_tokens, format_size(bpt, sizeof(bpt), a.cfg.bytes_per_token),
-                       a.cfg.decode_slots, a.cfg.max_batch_tokens, a.cfg.slice_iters);
+                       a.cfg.n_layers, a.cfg.decode_slots, a.cfg.max_batch_tokens,
+                       a.cfg.slice_iters);
                 if (a.aqua)
                         printf(
                             "Swap: aqua (peer GPU memory borrowed through aquad, DRAM when none; "
@@ -714,30 +1084,24 @@ int main(int argc, char **argv)
                         goto out;
                 }
         }
-        for (int s = 0; s < _SCHED_MAX; s++)
-                for (int k = 0; k < _KV_TIER_MAX; k++) {
-                        if (!a.sched[s] || (!a.aqua && !a.tier[k]) || (a.aqua && k > 0))
-                                continue;
-                        struct run *run = &rs[n_runs++];
-                        run->sched = s;
-                        run->tier = a.aqua ? "aqua" : kv_tier_to_string(k);
-                        r = run_setup(&a, &t, run, a.aqua ? &shared : NULL);
-                        if (r < 0)
-                                goto out;
-                }
-        r = run_all(&a, rs, n_runs, a.aqua ? &shared : NULL, runs);
+        n_runs = run_specs(&a, spec);
+        r = run_specs_on(&a, &t, spec, n_runs, a.aqua ? &shared : NULL, runs);
         if (r < 0)
                 goto out;
         if (a.aqua)
                 kv_swap_aqua_stats(&shared, &aqua_stats);
 
         if (!a.quiet) {
-                printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: p50    "
-                       "p90    p99"
-                       "    tok/s preempt  swapped-out  swapped-in  swap-ms\n");
-                for (size_t i = 0; i < n_runs; i++)
-                        print_human(&runs[i]);
-                printf("\n");
+                if (a.four_way)
+                        print_four_way(&a, runs, n_runs);
+                else {
+                        printf("sched tier   done/all   TTFT ms: p50      p90      p99   TBT ms: "
+                               "p50    p90    p99    tok/s preempt  swapped-out  swapped-in  "
+                               "swap-ms\n");
+                        for (size_t i = 0; i < n_runs; i++)
+                                print_human(&runs[i]);
+                        printf("\n");
+                }
         }
         for (size_t i = 0; i < n_runs; i++)
                 print_summary(&runs[i]);
@@ -752,11 +1116,7 @@ int main(int argc, char **argv)
                 log_error(
                     "Some runs lost requests or failed an integrity check (see SUMMARY lines)");
 out:
-        for (size_t i = 0; i < n_runs; i++) {
-                run_clear(&rs[i]);
-                stats_clear(&runs[i].r.ttft);
-                stats_clear(&runs[i].r.tbt);
-        }
+        summaries_clear(runs, n_runs);
         kv_swap_free(&shared);
         trace_clear(&t);
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -37,6 +37,15 @@ static int by_arrival(const struct request *a, const struct request *b)
 int sched_compare(enum sched_kind k, const struct request *a, const struct request *b)
 {
         if (k == SCHED_FAIR) {
+                /* SLA-aware: decodes about to miss their TBT budget, earliest deadline first. */
+                if (a->urgent != b->urgent)
+                        return a->urgent ? -1 : 1;
+                if (a->urgent) {
+                        int c = CMP(a->last_token_ns, b->last_token_ns);
+                        if (c)
+                                return c;
+                        return by_arrival(a, b);
+                }
                 bool da = request_in_decode(a), db = request_in_decode(b);
                 /* Decode slots are filled first. */
                 if (da != db)

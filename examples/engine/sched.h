@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvswap.h"
+#include "stats.h"
 
 enum sched_kind {
         SCHED_FCFS,
@@ -38,7 +39,16 @@ struct request {
         void *swap_slot;
         uint32_t swapped_blocks;
 
+        /* LayerKV: the prompt's KV goes layer by layer into swap_slot while prefilling
+         * (layering); layered: swap_slot was written that way (its swap-in is a prefetch). */
+        bool layering, layered;
+        uint32_t layered_blocks; /* blocks of swap_slot */
+
+        /* This request's own TBT samples, for its SLA check at completion. */
+        struct stats gaps;
+
         /* Scheduling state. */
+        bool urgent;   /* fair, SLA-aware: a decode that must run now to meet its TBT budget */
         size_t rank;   /* position in this iteration's order */
         bool selected; /* a member of the running set (its time slice is running) */
         bool in_batch; /* planned into the current iteration */
