@@ -685,9 +685,9 @@ static int plan_sla(struct engine *e)
                         if (!any || c->generated < any->generated ||
                             (c->generated == any->generated && c->arrival_ns > any->arrival_ns))
                                 any = c;
-                        if (c->preemptions == 0 && (!fresh || c->generated < fresh->generated ||
-                                                    (c->generated == fresh->generated &&
-                                                     c->arrival_ns > fresh->arrival_ns)))
+                        if (!c->parked && (!fresh || c->generated < fresh->generated ||
+                                           (c->generated == fresh->generated &&
+                                            c->arrival_ns > fresh->arrival_ns)))
                                 fresh = c;
                 }
                 bool hard = n > e->cfg.decode_slots || used + n > e->n_blocks;
@@ -699,6 +699,7 @@ static int plan_sla(struct engine *e)
                 if (r < 0)
                         return r;
                 v->urgent = false;
+                v->parked = true;
         }
 
         e->n_batch = 0;
@@ -936,6 +937,7 @@ static int layered_chunk(struct engine *e, struct request *c, size_t item)
                 /* Prefilled: its whole prompt's KV waits in the slot for the decode. */
                 c->layering = false;
                 c->layered = true;
+                c->parked = true; /* its one wait: for the prefetch before its decode */
                 c->swapped_blocks = c->layered_blocks;
         }
         return 0;

@@ -881,8 +881,34 @@ static int run_gnuplot(const char *script)
         return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
-static int write_plot_script(const char *path, const char *csv, const char *png)
+/* One point of the plot: a run's TTFT p99 (s) and goodput at one rate. */
+struct sweep_point {
+        double rate, ttft_p99_s, goodput;
+};
+
+/* The plot's data, one block per run (gnuplot's index), so that each run is one line. */
+static int write_plot_data(const char *path, const struct sweep_point *p, size_t n_rates,
+                           size_t n_runs)
 {
+        FILE *f = fopen(path, "we");
+        if (!f)
+                return -errno;
+        for (size_t k = 0; k < n_runs; k++) {
+                fprintf(f, "# run %c: rate ttft_p99_s goodput_rps\n", (char)('a' + k));
+                for (size_t i = 0; i < n_rates; i++) {
+                        const struct sweep_point *q = &p[i * n_runs + k];
+                        fprintf(f, "%g %.4f %.4f\n", q->rate, q->ttft_p99_s, q->goodput);
+                }
+                fprintf(f, "\n\n");
+        }
+        return fclose(f) == 0 ? 0 : -errno;
+}
+
+static int write_plot_script(const char *path, const char *dat, const char *png)
+{
+        static const char *const titles =
+            "array T[4] = ['(a) fcfs + DRAM swap', '(b) fair + DRAM swap', '(c) fair + aqua', "
+            "'(d) fair + aqua + LayerKV']\n";
         FILE *f = fopen(path, "we");
         if (!f)
                 return -errno;
@@ -890,23 +916,18 @@ static int write_plot_script(const char *path, const char *csv, const char *png)
                 "# TTFT p99 and goodput against the burst arrival rate, from aqua-engine --sweep\n"
                 "set terminal pngcairo size 1100,460\n"
                 "set output '%s'\n"
-                "set datafile separator ','\n"
-                "set key top left\nset grid\n"
+                "set key top left\nset grid\nset offsets graph 0.03, graph 0.03, 0, 0\n"
                 "set xlabel 'burst arrival rate (requests/s)'\n"
-                "set multiplot layout 1,2 title 'Simulated burst serving (compute and links "
-                "modelled, H100-class)'\n"
-                "run(r, col) = strcol(2) eq r ? column(col) : NaN\n"
+                "set multiplot layout 1,2 title 'Simulated burst serving: compute and links "
+                "modelled (H100-class), KV bytes real'\n"
+                "%s"
                 "set logscale y\nset ylabel 'TTFT p99 (s)'\n"
-                "plot for [r in 'a b c d'] '%s' using 1:(run(r, 4)) with linespoints "
-                "title '('.r.') '.(r eq 'a' ? 'fcfs+DRAM' : r eq 'b' ? 'fair+DRAM' : r eq 'c' "
-                "? 'fair+aqua' : 'fair+aqua+LayerKV')\n"
+                "plot for [i=0:3] '%s' index i using 1:2 with linespoints title T[i+1]\n"
                 "unset logscale y\nset ylabel 'goodput (requests/s meeting the SLA)'\n"
-                "set yrange [0:*]\n"
-                "plot for [r in 'a b c d'] '%s' using 1:(run(r, 7)) with linespoints "
-                "title '('.r.') '.(r eq 'a' ? 'fcfs+DRAM' : r eq 'b' ? 'fair+DRAM' : r eq 'c' "
-                "? 'fair+aqua' : 'fair+aqua+LayerKV')\n"
+                "set yrange [0:*]\nset key bottom left\n"
+                "plot for [i=0:3] '%s' index i using 1:3 with linespoints title T[i+1]\n"
                 "unset multiplot\n",
-                png, csv, csv);
+                png, titles, dat, dat);
         return fclose(f) == 0 ? 0 : -errno;
 }
 
@@ -914,7 +935,10 @@ static int write_plot_script(const char *path, const char *csv, const char *png)
 static int sweep(struct args *a)
 {
         const char *prefix = a->sweep_out ?: "aqua-sweep";
-        _cleanup_free_ char *csv = NULL, *gp = NULL, *png = NULL, *list = strdup(a->sweep);
+        _cleanup_free_ char *csv = NULL, *gp = NULL, *png = NULL, *dat = NULL,
+                            *list = strdup(a->sweep);
+        _cleanup_free_ struct sweep_point *pts = NULL;
+        size_t n_rates = 0;
         struct run_spec spec[MAX_RUNS];
         FILE *f;
         int r = 0;
@@ -922,7 +946,7 @@ static int sweep(struct args *a)
         a->four_way = true;
         size_t n = run_specs(a, spec);
         if (!list || asprintf(&csv, "%s.csv", prefix) < 0 || asprintf(&gp, "%s.gp", prefix) < 0 ||
-            asprintf(&png, "%s.png", prefix) < 0)
+            asprintf(&png, "%s.png", prefix) < 0 || asprintf(&dat, "%s.dat", prefix) < 0)
                 return log_error_errno(ENOMEM, "Out of memory");
         f = fopen(csv, "we");
         if (!f)
@@ -944,7 +968,14 @@ static int sweep(struct args *a)
                 r = trace_generate(&a->gen, &t);
                 if (r >= 0)
                         r = run_specs_on(a, &t, spec, n, NULL, s);
+                struct sweep_point *np = reallocarray(pts, (n_rates + 1) * n, sizeof(*np));
+                if (!np)
+                        r = log_error_errno(ENOMEM, "Out of memory");
+                else
+                        pts = np;
                 for (size_t i = 0; i < n && r >= 0; i++) {
+                        pts[n_rates * n + i] =
+                            (struct sweep_point){rate, ms(s[i].ttft[2]) / 1000, s[i].goodput};
                         fprintf(
                             f,
                             "%g,%s,%.4f,%.4f,%.3f,%.4f,%.4f,%.4f,%" PRIu64 ",%" PRIu64 ",%" PRIu64
@@ -965,12 +996,15 @@ static int sweep(struct args *a)
                 }
                 summaries_clear(s, n);
                 trace_clear(&t);
+                n_rates++;
         }
         if (fclose(f) != 0 && r >= 0)
                 r = log_error_errno(errno, "Failed to write %s: %m", csv);
         if (r < 0)
                 return r;
-        r = write_plot_script(gp, csv, png);
+        r = write_plot_data(dat, pts, n_rates, n);
+        if (r >= 0)
+                r = write_plot_script(gp, dat, png);
         if (r < 0)
                 return log_error_errno(r, "Failed to write %s: %m", gp);
         r = run_gnuplot(gp);

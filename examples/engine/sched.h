@@ -48,7 +48,8 @@ struct request {
         struct stats gaps;
 
         /* Scheduling state. */
-        bool urgent;   /* fair, SLA-aware: a decode that must run now to meet its TBT budget */
+        bool urgent;   /* fair, SLA-aware: a streaming decode (its KV resident) */
+        bool parked;   /* SLA-aware: it waited out of memory once already (one long gap) */
         size_t rank;   /* position in this iteration's order */
         bool selected; /* a member of the running set (its time slice is running) */
         bool in_batch; /* planned into the current iteration */
