@@ -36,7 +36,8 @@ int main(int argc, char **argv)
         struct aqua_copy_piece p[N_BLOCKS];
         struct aqua_grant g;
         aqua_ctx *ctx;
-        int r, moved = 0, fd;
+        uint64_t moved = 0;
+        int r, fd;
 
         r = aqua_open(device, AQUA_ROLE_CONSUMER, NULL, &ctx);
         if (r < 0)
@@ -62,10 +63,8 @@ int main(int argc, char **argv)
         fflush(stdout);
 
         /* The engine's loop: poll at a safe point whenever the context's fd wakes us. */
-        struct aqua_lease_info li;
-        aqua_lease_get_info(ctx, g.lease, &li);
         aqua_fd(ctx, &fd);
-        for (time_t end = time(NULL) + seconds; moved < (int)li.n_chunks && time(NULL) < end;) {
+        for (time_t end = time(NULL) + seconds; moved < g.bytes && time(NULL) < end;) {
                 struct aqua_event ev[8];
                 size_t n = 0;
                 poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 100);
@@ -73,14 +72,16 @@ int main(int argc, char **argv)
                 if (r < 0)
                         return fail("aqua_poll", r);
                 for (size_t i = 0; i < n; i++)
-                        moved += ev[i].type == AQUA_EVENT_MIGRATED;
+                        moved += ev[i].type == AQUA_EVENT_MIGRATED ? ev[i].bytes : 0;
         }
-        printf("%d of %zu chunks moved to DRAM\n", moved, li.n_chunks);
+        printf("%llu MiB moved to DRAM\n", (unsigned long long)(moved >> 20));
 
         /* Read back where each block lives now: the same device address, or a host copy. */
         for (int i = 0; i < N_BLOCKS; i++) {
+                struct aqua_lease_info li;
                 struct aqua_chunk_info ci;
                 uint64_t off = i * step;
+                aqua_lease_get_info(ctx, g.lease, &li);
                 aqua_lease_get_chunk(ctx, g.lease, off / li.chunk_bytes, &ci);
                 uint64_t at = ci.host ? (uintptr_t)ci.host + (off - ci.offset) : g.dptr + off;
                 p[i] = (struct aqua_copy_piece){(uintptr_t)back[i], at, BLOCK};
