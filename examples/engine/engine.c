@@ -840,7 +840,9 @@ static int plan(struct engine *e)
                 r = plan_one(e, c, boundary, &budget, &decodes);
                 if (r < 0)
                         return r;
-                if (r == PLAN_NO_MEMORY && !fair)
+                /* A LayerKV prefill needs only a window for the iteration: it may pass a
+                 * decode waiting for memory to prefetch its layers into. */
+                if (r == PLAN_NO_MEMORY && !fair && !c->layered)
                         break;
         }
 
