@@ -567,8 +567,13 @@ static void print_progress(const struct args *a, const struct run *runs, size_t 
         k += snprintf(line + k, sizeof(line) - k, "progress t=%6.1fs", (double)now / NSEC_PER_SEC);
         for (size_t i = 0; i < n && k < sizeof(line); i++) {
                 const struct engine_result *res = engine_result(runs[i].e);
-                k += snprintf(line + k, sizeof(line) - k, "  %s %" PRIu64 "/%" PRIu64 " done",
-                              sched_to_string(runs[i].sched), res->requests_done, res->requests);
+                char name[16];
+                if (runs[i].spec.label)
+                        snprintf(name, sizeof(name), "(%s)", runs[i].spec.label);
+                else
+                        snprintf(name, sizeof(name), "%s", sched_to_string(runs[i].sched));
+                k += snprintf(line + k, sizeof(line) - k, "  %s %" PRIu64 "/%" PRIu64 " done", name,
+                              res->requests_done, res->requests);
         }
         struct kv_swap_aqua_stats st;
         if (shared && kv_swap_aqua_stats(shared, &st) == 0 && k < sizeof(line)) {
@@ -759,6 +764,10 @@ static void print_four_way(const struct args *a, const struct run_summary *s, si
         print_ratio("goodput, (d) aqua + LayerKV", s[0].goodput, s[3].goodput, false);
         print_ratio("throughput (req/s), (d) vs (a)", s[0].requests_per_s, s[3].requests_per_s,
                     false);
+        printf("What the link adds, (c) against (b) (same scheduler, DRAM swap):\n");
+        print_ratio("TTFT p99", ms(s[1].ttft[2]), ms(s[2].ttft[2]), true);
+        print_ratio("TBT p99", ms(s[1].tbt[2]), ms(s[2].tbt[2]), true);
+        print_ratio("goodput", s[1].goodput, s[2].goodput, false);
         printf("\n");
 }
 
