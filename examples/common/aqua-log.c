@@ -1,7 +1,7 @@
-/* libaqua's log lines in the examples' own log (common/log.h), warnings and errors only. */
+/* libaqua's log lines in the examples' own log (example-log.h), warnings and errors only. */
 #include "aqua-log.h"
 #include "aqua/aqua.h"
-#include "log.h"
+#include "example-log.h"
 
 static void aqua_log(enum aqua_log_level level, const char *message, void *userdata)
 {

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "util.h"
+#include "example-util.h"
 
 /* Store a heap message in *ret_error (when not NULL) and return r. */
 int csv_fail(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "engine.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-util.h"
+#include "example-util.h"
 
 enum plan_outcome {
         PLAN_NO_ROOM = 0, /* no budget or slot left in this iteration */

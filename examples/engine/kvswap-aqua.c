@@ -10,10 +10,10 @@
 #include "aqua-log.h"
 #include "aqua/aqua.h"
 #include "kvswap.h"
-#include "log.h"
-#include "parse-util.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-log.h"
+#include "example-parse.h"
+#include "example-util.h"
+#include "example-util.h"
 
 /* The tensor's address range: only what is used gets mapped, so it can be generous. */
 #define TENSOR_MAX_BYTES (UINT64_C(64) << 30)

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "kvswap.h"
-#include "util.h"
+#include "example-util.h"
 
 static const char *const tier_names[_KV_TIER_MAX] = {
     [KV_TIER_PEER] = "peer",

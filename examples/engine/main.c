@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "log.h"
-#include "parse-util.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-log.h"
+#include "example-parse.h"
+#include "example-util.h"
+#include "example-util.h"
 
 /* What one run is: a scheduler, where swapped KV goes, when prefills are admitted. */
 struct run_spec {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "stats.h"
-#include "util.h"
+#include "example-util.h"
 
 int stats_add(struct stats *s, uint64_t ns)
 {

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "util.h"
+#include "example-util.h"
 
 /* Blocks of 16 tokens at 1 KiB per token, 4 layers of 8 sample bytes each. */
 struct fixture {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "kvswap.h"
-#include "util.h"
+#include "example-util.h"
 
 #define N  32
 #define BB 512

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "util.h"
+#include "example-util.h"
 
 static struct request req(uint32_t id, uint64_t arrival, uint32_t prompt, uint32_t prefilled,
                           uint32_t generated)

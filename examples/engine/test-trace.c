@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "time-util.h"
+#include "example-util.h"
 #include "trace.h"
-#include "util.h"
+#include "example-util.h"
 
 static struct trace t;
 

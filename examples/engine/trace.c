@@ -8,13 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
 #include "csv.h"
-#include "parse-util.h"
+#include "example-parse.h"
+#include "example-util.h"
 #include "rng.h"
-#include "time-util.h"
 #include "trace.h"
-#include "util.h"
+#include "yaml-list.h"
 
 void trace_clear(struct trace *t)
 {
@@ -114,54 +113,31 @@ out:
         return r;
 }
 
-struct yaml_request {
-        uint64_t arrival;
-        int64_t prompt;
-        int64_t output;
+static const struct yaml_field yaml_request_fields[] = {
+    {"arrival", YAML_DURATION, 0, 1e18},
+    {"prompt", YAML_UINT, 1, TRACE_MAX_TOKENS},
+    {"output", YAML_UINT, 1, TRACE_MAX_TOKENS},
 };
-
-struct yaml_trace {
-        struct yaml_request *requests;
-        size_t n_requests;
-};
-
-static const struct conf_field yaml_request_fields[] = {
-    CONF_FIELD_DURATION(struct yaml_request, arrival, "arrival", 0,
-                        INT64_C(1000000000) * 1000000000, CONF_REQUIRED),
-    CONF_FIELD_INT(struct yaml_request, prompt, "prompt", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
-    CONF_FIELD_INT(struct yaml_request, output, "output", 1, TRACE_MAX_TOKENS, CONF_REQUIRED),
-    CONF_FIELD_END,
-};
-static const struct conf_schema yaml_request_schema = {"request", yaml_request_fields};
-
-static const struct conf_field yaml_trace_fields[] = {
-    CONF_FIELD_LIST(struct yaml_trace, requests, n_requests, "requests",
-                    CONF_ELEM_STRUCT(&yaml_request_schema), CONF_MAX_ITEMS, CONF_REQUIRED),
-    CONF_FIELD_END,
-};
-static const struct conf_schema yaml_trace_schema = {"trace", yaml_trace_fields};
 
 int trace_parse_yaml(const char *name, const char *data, size_t size, struct trace *ret,
                      char **ret_error)
 {
-        struct yaml_trace y = {};
+        _cleanup_free_ struct yaml_value *v = NULL;
         struct trace t = {};
-        size_t allocated = 0;
+        size_t allocated = 0, n;
         int r;
 
-        r = conf_load_buffer(&yaml_trace_schema, name, data, size, &y, ret_error);
+        r = yaml_read_list(name, data, size, "requests", yaml_request_fields,
+                           ARRAY_SIZE(yaml_request_fields), &v, &n, ret_error);
         if (r < 0)
-                goto out;
-        if (y.n_requests == 0) {
-                r = csv_fail(ret_error, -EINVAL, "%s: requests: no requests", name);
-                goto out;
-        }
-        for (size_t i = 0; i < y.n_requests; i++) {
-                const struct yaml_request *q = &y.requests[i];
+                return r;
+        if (n == 0)
+                return csv_fail(ret_error, -EINVAL, "%s: requests: no requests", name);
+        for (size_t i = 0; i < n; i++) {
                 struct trace_request req = {
-                    .arrival_ns = q->arrival,
-                    .prompt_tokens = (uint32_t)q->prompt,
-                    .output_tokens = (uint32_t)q->output,
+                    .arrival_ns = v[3 * i].u,
+                    .prompt_tokens = (uint32_t)v[3 * i + 1].u,
+                    .output_tokens = (uint32_t)v[3 * i + 2].u,
                 };
                 if (t.n > 0 && req.arrival_ns < t.req[t.n - 1].arrival_ns) {
                         r = csv_fail(
@@ -169,18 +145,18 @@ int trace_parse_yaml(const char *name, const char *data, size_t size, struct tra
                             "%s: requests[%zu].arrival: earlier than the previous request's; "
                             "arrivals must not decrease",
                             name, i);
-                        goto out;
+                        break;
                 }
                 r = trace_push(&t, &allocated, &req);
                 if (r < 0)
-                        goto out;
+                        break;
+        }
+        if (r < 0) {
+                trace_clear(&t);
+                return r;
         }
         *ret = t;
-        t = (struct trace){};
-out:
-        trace_clear(&t);
-        conf_free(&yaml_trace_schema, &y);
-        return r;
+        return 0;
 }
 
 int trace_load(const char *path, struct trace *ret, char **ret_error)

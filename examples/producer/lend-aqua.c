@@ -5,10 +5,10 @@
 #include "aqua-log.h"
 #include "aqua/aqua.h"
 #include "lend.h"
-#include "log.h"
-#include "parse-util.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-log.h"
+#include "example-parse.h"
+#include "example-util.h"
+#include "example-util.h"
 
 struct lend_aqua {
         struct lend_aqua_config cfg;

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "lend.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-util.h"
+#include "example-util.h"
 
 void lend_config_defaults(struct lend_config *c)
 {

@@ -5,12 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
 #include "csv.h"
+#include "example-parse.h"
+#include "example-util.h"
 #include "load.h"
-#include "parse-util.h"
-#include "time-util.h"
-#include "util.h"
+#include "yaml-list.h"
 
 void load_trace_clear(struct load_trace *t)
 {
@@ -86,65 +85,44 @@ out:
         return r;
 }
 
-struct yaml_point {
-        uint64_t time;
-        double load;
+static const struct yaml_field yaml_point_fields[] = {
+    {"time", YAML_DURATION, 0, 1e18},
+    {"load", YAML_DOUBLE, 0.0, 1.0},
 };
-
-struct yaml_load {
-        struct yaml_point *points;
-        size_t n_points;
-};
-
-static const struct conf_field yaml_point_fields[] = {
-    CONF_FIELD_DURATION(struct yaml_point, time, "time", 0, INT64_C(1000000000) * 1000000000,
-                        CONF_REQUIRED),
-    CONF_FIELD_DOUBLE(struct yaml_point, load, "load", 0.0, 1.0, CONF_REQUIRED),
-    CONF_FIELD_END,
-};
-static const struct conf_schema yaml_point_schema = {"point", yaml_point_fields};
-
-static const struct conf_field yaml_load_fields[] = {
-    CONF_FIELD_LIST(struct yaml_load, points, n_points, "load",
-                    CONF_ELEM_STRUCT(&yaml_point_schema), CONF_MAX_ITEMS, CONF_REQUIRED),
-    CONF_FIELD_END,
-};
-static const struct conf_schema yaml_load_schema = {"load-trace", yaml_load_fields};
 
 int load_parse_yaml(const char *name, const char *data, size_t size, struct load_trace *ret,
                     char **ret_error)
 {
-        struct yaml_load y = {};
+        _cleanup_free_ struct yaml_value *v = NULL;
         struct load_trace t = {};
-        size_t allocated = 0;
+        size_t allocated = 0, n;
         int r;
 
-        r = conf_load_buffer(&yaml_load_schema, name, data, size, &y, ret_error);
+        r = yaml_read_list(name, data, size, "load", yaml_point_fields,
+                           ARRAY_SIZE(yaml_point_fields), &v, &n, ret_error);
         if (r < 0)
-                goto out;
-        if (y.n_points == 0) {
-                r = csv_fail(ret_error, -EINVAL, "%s: load: no load points", name);
-                goto out;
-        }
-        for (size_t i = 0; i < y.n_points; i++) {
-                struct load_point p = {y.points[i].time, y.points[i].load};
+                return r;
+        if (n == 0)
+                return csv_fail(ret_error, -EINVAL, "%s: load: no load points", name);
+        for (size_t i = 0; i < n; i++) {
+                struct load_point p = {v[2 * i].u, v[2 * i + 1].d};
                 if (t.n > 0 && p.time_ns < t.p[t.n - 1].time_ns) {
                         r = csv_fail(ret_error, -EINVAL,
                                      "%s: load[%zu].time: earlier than the previous point's; "
                                      "times must not decrease",
                                      name, i);
-                        goto out;
+                        break;
                 }
                 r = push(&t, &allocated, &p);
                 if (r < 0)
-                        goto out;
+                        break;
+        }
+        if (r < 0) {
+                load_trace_clear(&t);
+                return r;
         }
         *ret = t;
-        t = (struct load_trace){};
-out:
-        load_trace_clear(&t);
-        conf_free(&yaml_load_schema, &y);
-        return r;
+        return 0;
 }
 
 int load_trace_load(const char *path, struct load_trace *ret, char **ret_error)

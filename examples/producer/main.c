@@ -8,10 +8,10 @@
 
 #include "lend.h"
 #include "load.h"
-#include "log.h"
-#include "parse-util.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-log.h"
+#include "example-parse.h"
+#include "example-util.h"
+#include "example-util.h"
 
 static void help(void)
 {

@@ -2,8 +2,8 @@
 #include <criterion/criterion.h>
 
 #include "lend.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-util.h"
+#include "example-util.h"
 
 #define GiB (UINT64_C(1) << 30)
 #define MiB (UINT64_C(1) << 20)

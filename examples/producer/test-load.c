@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "load.h"
-#include "time-util.h"
-#include "util.h"
+#include "example-util.h"
+#include "example-util.h"
 
 static struct load_trace t;
 
