@@ -117,6 +117,9 @@ def run_prefix_scenario(e: Engine, producer: Any, between: Any) -> None:
     hits = [e.log.external_hits[str(i)] for i in range(3, 6)]
     assert hits == [8 * CHUNK_TOKENS] * 3, hits
     assert model.checked_blocks == 3 * 8 * CHUNK_TOKENS // BS
+    # What the worker moved reaches vLLM's connector metrics.
+    assert e.counters["vllm:kv_offload_store_bytes"] == st.bytes_stored
+    assert e.counters["vllm:kv_offload_load_bytes"] == st.bytes_loaded
 
 
 def reclaim_all(e: Engine, producer: Any) -> None:

@@ -125,6 +125,8 @@ class Engine:
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
         self.next_id = 0
         self.log = StepLog()
+        #: vLLM's offloading counters (vllm:kv_offload_store_bytes, ...) summed over the steps.
+        self.counters: dict[str, float] = {}
         self.finished: list[str] = []
         self.prompts: dict[str, list[int]] = {}
 
@@ -204,6 +206,12 @@ class Engine:
                 kv_connector_worker_meta=worker_meta),
         )
         for outputs in self.scheduler.update_from_output(out, output).values():
+            stats = outputs.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:  # vLLM's connector metrics
+                kinds = stats.kv_connector_stats.get("types", {})
+                for name, series in stats.kv_connector_stats.get("data", {}).items():
+                    if kinds.get(name) == "counter":
+                        self.counters[name] = self.counters.get(name, 0) + sum(series.values())
             for o in outputs.outputs:
                 if o.finished:
                     self.finished.append(o.request_id)
