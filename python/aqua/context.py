@@ -61,7 +61,12 @@ def _u64(value: int, what: str) -> int:
 
 
 def _pieces(pieces: Iterable[Any]) -> tuple[Any, int]:
-    """A ctypes array of struct aqua_copy_piece from (dst, src, nbytes) triples."""
+    """A ctypes array of struct aqua_copy_piece from (dst, src, nbytes) triples, or such an
+    array as it is (made from a buffer of uint64 triples, for batches built with numpy)."""
+    if isinstance(pieces, ctypes.Array) and pieces._type_ is _ffi.CopyPiece:
+        if not len(pieces):
+            raise ValueError("a copy batch needs at least one piece")
+        return pieces, len(pieces)
     items = [p if isinstance(p, CopyPiece) else CopyPiece(*p) for p in pieces]
     if not items:
         raise ValueError("a copy batch needs at least one piece")
@@ -115,6 +120,9 @@ class Context:
         self._tensors: dict[int, Tensor] = {}
         self._layers: dict[int, Layers] = {}
         self._fd: Optional[int] = None
+        # poll()'s buffers, made once: an engine polls every iteration.
+        self._poll_events = (_ffi.Event * _POLL_BATCH)()
+        self._poll_n = ctypes.c_size_t()
         self._lib = _ffi.load(library) if library is not None else _ffi.lib()
         self.device = int(device)
         self._opts = _ffi.Options(
@@ -249,8 +257,7 @@ class Context:
 
     def _drain(self) -> list[Event]:
         out: list[Event] = []
-        arr = (_ffi.Event * _POLL_BATCH)()
-        n = ctypes.c_size_t()
+        arr, n = self._poll_events, self._poll_n
         with self._lock:
             while True:
                 self._check("aqua_poll", arr, _POLL_BATCH, ctypes.byref(n))

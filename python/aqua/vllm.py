@@ -1,0 +1,517 @@
+"""vLLM's KV cache offloading into aqua: an offloading spec for vLLM's OffloadingConnector.
+
+Written against vllm==0.33.0 (python/requirements-vllm.txt). Configure it with
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "AquaOffloadingSpec",
+        "spec_module_path": "aqua.vllm", "capacity_bytes": "8GiB"}}'
+
+Scheduler side: vLLM's own CPUOffloadingManager decides which blocks are offloaded, into which
+slot, and what is evicted (LRU or ARC, as for vLLM's CPU tier), over slots that are laid out and
+counted as vLLM's CPU tier counts its chunks, so that the same capacity makes the same
+decisions. Worker side: AquaOffloadingWorker keeps every slot in one aqua tensor per worker GPU
+(peer HBM from aquad leases, then DRAM within the granted budget) whose device addresses are fixed
+for its life, moves each job as one aqua copy batch and polls aqua at vLLM's per-step point
+(get_finished), where reclaims move the tensor's chunks between tiers without the manager
+noticing. What each aqua event does is in python/README.md ("vLLM").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from vllm.utils.math_utils import cdiv, round_up
+from vllm.v1.kv_offload.base import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingManager,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+import aqua
+from aqua import _ffi
+
+__all__ = ["AquaOffloadingSpec", "AquaOffloadingWorker", "AquaSettings", "AquaStats"]
+
+logger = logging.getLogger("aqua.vllm")
+
+#: The spec's own keys of kv_connector_extra_config.
+AQUA_KEYS = ("capacity_bytes", "chunk_bytes", "endpoint", "side_path", "device", "allow_dram",
+             "client_name", "timeout")
+#: Keys vLLM 0.33's OffloadingConnector, OffloadingSpec and CPUOffloadingManager read.
+VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
+             "canonical_layout", "sync_load_budget_bytes", "self_describing_kv_events",
+             "offload_prompt_only", "eviction_policy", "cache_policy_module_path",
+             "store_threshold", "max_tracker_size")
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def _bytes(key: str, value: Any) -> int:
+    """A size in bytes: an int, or a string such as "8GiB" or "512 MB"."""
+    if isinstance(value, bool):
+        raise ValueError(f"aqua.vllm: '{key}' must be a size in bytes, not {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"aqua.vllm: '{key}' must be a size such as 8GiB, not {value!r}")
+        n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    else:
+        raise ValueError(f"aqua.vllm: '{key}' must be a size in bytes, not {value!r}")
+    if n < 0:
+        raise ValueError(f"aqua.vllm: '{key}' must not be negative")
+    return n
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"aqua.vllm: '{key}' must be true or false, not {value!r}")
+
+
+@dataclass(frozen=True)
+class AquaSettings:
+    """The spec's keys of kv_connector_extra_config, checked."""
+
+    #: Bytes of offloaded KV over all workers, as vLLM's cpu_bytes_to_use counts them.
+    capacity_bytes: int
+    #: The aqua tensor's chunk size (0: the lease's, else libaqua's default, 32 MiB).
+    chunk_bytes: int = 0
+    #: aquad's endpoint and side channel (None: $AQUA_ENDPOINT / $AQUA_SIDE_PATH or libaqua's
+    #: defaults).
+    endpoint: Optional[str] = None
+    side_path: Optional[str] = None
+    #: The CUDA device ordinal the worker registers (None: torch's current device, else 0).
+    device: Optional[int] = None
+    #: Whether DRAM budget may make up what peer GPUs cannot lend.
+    allow_dram: bool = True
+    client_name: Optional[str] = None
+    #: Seconds for connecting to aquad and for each request to it (None: libaqua's default).
+    timeout: Optional[float] = None
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any]) -> "AquaSettings":
+        """Check every key; an unknown or bad one raises ValueError naming it."""
+        for key in extra:
+            if key == "cpu_bytes_to_use":
+                raise ValueError("aqua.vllm: 'cpu_bytes_to_use' is the CPU spec's key; "
+                                 "AquaOffloadingSpec takes 'capacity_bytes'")
+            if key not in AQUA_KEYS and key not in VLLM_KEYS:
+                raise ValueError(f"aqua.vllm: unknown key '{key}' in kv_connector_extra_config "
+                                 f"(the spec's keys: {', '.join(AQUA_KEYS)})")
+        if _bool("canonical_layout", extra.get("canonical_layout", False)):
+            raise ValueError("aqua.vllm: 'canonical_layout' is not supported by "
+                             "AquaOffloadingSpec")
+        if "capacity_bytes" not in extra:
+            raise ValueError("aqua.vllm: 'capacity_bytes' is required in "
+                             "kv_connector_extra_config")
+        capacity = _bytes("capacity_bytes", extra["capacity_bytes"])
+        if capacity == 0:
+            raise ValueError("aqua.vllm: 'capacity_bytes' must be more than 0")
+        strings: dict[str, Optional[str]] = {}
+        for key in ("endpoint", "side_path", "client_name"):
+            value = extra.get(key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"aqua.vllm: '{key}' must be a non-empty string")
+            strings[key] = value
+        device = extra.get("device")
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)
+                                   or device < 0):
+            raise ValueError(f"aqua.vllm: 'device' must be a CUDA device ordinal, not {device!r}")
+        timeout = extra.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"aqua.vllm: 'timeout' must be seconds > 0, not {timeout!r}")
+        return cls(capacity_bytes=capacity,
+                   chunk_bytes=_bytes("chunk_bytes", extra.get("chunk_bytes", 0)),
+                   endpoint=strings["endpoint"], side_path=strings["side_path"],
+                   device=device, allow_dram=_bool("allow_dram", extra.get("allow_dram", True)),
+                   client_name=strings["client_name"],
+                   timeout=None if timeout is None else float(timeout))
+
+
+@dataclass
+class AquaStats:
+    """What one worker's aqua tensor did (AquaOffloadingWorker.stats())."""
+
+    stores: int = 0
+    loads: int = 0
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
+    #: Chunks' tier changes seen at the per-step poll (a reclaim, a lost lease), and their bytes.
+    migrations: int = 0
+    bytes_migrated: int = 0
+    leases_lost: int = 0
+    reclaims_failed: int = 0
+    disconnects: int = 0
+    reconnects: int = 0
+    #: The tensor's bytes per tier now.
+    peer_bytes: int = 0
+    dram_bytes: int = 0
+    local_bytes: int = 0
+    #: Slots and the bytes of one slot on this worker.
+    slots: int = 0
+    slot_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class AquaOffloadingSpec(OffloadingSpec):
+    """vLLM OffloadingSpec whose offloaded blocks live in aqua tensors."""
+
+    #: Slots are counted as vLLM's CPU tier counts chunks (padded to this many bytes over all
+    #: workers), so that the same capacity holds the same number of chunks.
+    BLOCK_SIZE_ALIGNMENT = CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]
+                                 ) -> dict[str, OffloadingMetricMetadata]:
+        # The scheduler side is vLLM's CPUOffloadingManager: the same metrics.
+        return CPUOffloadingSpec.build_metric_definitions(extra_config)
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        return CPUOffloadingInfo.config_info_keys()
+
+    def __init__(self, config: OffloadingConfig):
+        super().__init__(config)
+        self.settings = AquaSettings.from_extra_config(self.extra_config)
+        world_size = config.parallel.world_size
+        self.num_slots = 0
+        self.kv_bytes_per_chunk = 0
+        if config.worker_kv_bytes_per_block > 0 and world_size > 0:
+            all_workers = config.worker_kv_bytes_per_block * world_size * self.blocks_per_chunk
+            self.kv_bytes_per_chunk = round_up(all_workers, self.BLOCK_SIZE_ALIGNMENT)
+            self.num_slots = self.settings.capacity_bytes // self.kv_bytes_per_chunk
+            if self.num_slots == 0:
+                raise ValueError(
+                    f"aqua.vllm: 'capacity_bytes' ({self.settings.capacity_bytes}) is less than "
+                    f"one offloaded chunk ({self.kv_bytes_per_chunk} bytes)")
+        self.info = CPUOffloadingInfo.from_config(config, self.num_slots,
+                                                  self.kv_bytes_per_chunk)
+        self._manager: Optional[OffloadingManager] = None
+        self._worker: Optional[AquaOffloadingWorker] = None
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            extra = self.extra_config
+            self._manager = CPUOffloadingManager(
+                num_chunks=self.num_slots,
+                cache_policy=extra.get("eviction_policy", "lru"),
+                cache_policy_module_path=extra.get("cache_policy_module_path"),
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                store_threshold=int(extra.get("store_threshold", 0)),
+                max_tracker_size=int(extra.get("max_tracker_size", 64_000)),
+                info=self.info,
+            )
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            rank = self.config.parallel.rank
+            s = self.settings
+            name = s.client_name or f"vllm-{self.config.engine_id[:8]}-rank{rank}"
+            self._worker = AquaOffloadingWorker(
+                kv_caches, blocks_per_chunk=self.blocks_per_chunk, num_slots=self.num_slots,
+                settings=s if s.client_name else _replace_name(s, name))
+        return self._worker
+
+
+def _replace_name(s: AquaSettings, name: str) -> AquaSettings:
+    from dataclasses import replace
+    return replace(s, client_name=name)
+
+
+@dataclass
+class _Job:
+    job_id: int
+    ticket: Optional[aqua.Ticket]  #: None: a job with nothing to copy
+    nbytes: int
+    store: bool
+    start: float
+
+
+@dataclass
+class _Region:
+    """One canonical KV tensor: its blocks on the GPU, its slot pages in the aqua tensor."""
+
+    gpu_base: int
+    gpu_row_stride: int
+    page_bytes: int
+    offset: int  #: of its first slot page in the aqua tensor
+    slot_stride: int  #: blocks_per_chunk * page_bytes
+    refs_bytes: list[int] = field(default_factory=list)
+
+
+class AquaOffloadingWorker(OffloadingWorker):
+    """The worker side: GPU blocks <-> slots of one aqua tensor, one copy batch per job."""
+
+    def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, num_slots: int,
+                 settings: AquaSettings, consumer: Optional[aqua.Consumer] = None):
+        self.blocks_per_chunk = blocks_per_chunk
+        self.num_slots = num_slots
+        self.settings = settings
+        self._stats = AquaStats(slots=num_slots)
+        self.regions: list[_Region] = []
+        offset = 0
+        for t in kv_caches.tensors:
+            page = t.page_size_bytes
+            view = t.tensor.view(torch.int8).view((-1, page))
+            self.regions.append(_Region(gpu_base=view.data_ptr(),
+                                        gpu_row_stride=view.stride(0), page_bytes=page,
+                                        offset=offset, slot_stride=page * blocks_per_chunk))
+            offset += num_slots * page * blocks_per_chunk
+        self.groups = [[(r.tensor_idx, r.page_size_bytes) for r in refs]
+                       for refs in kv_caches.group_data_refs]
+        self._stats.slot_bytes = sum(r.slot_stride for r in self.regions)
+        self.nbytes = offset
+        self._jobs: deque[_Job] = deque()
+        self._tickets: dict[int, _Job] = {}
+        # Runs of the tensor that a reclaim moved to host memory the device address range does
+        # not map (drivers that cannot map host memory): offset -> (nbytes, host address).
+        self._moved: dict[int, tuple[int, int]] = {}
+        self._cuda = torch.cuda.is_available()
+        device = settings.device
+        if device is None:
+            device = torch.cuda.current_device() if self._cuda else 0
+        self._own_ctx = consumer is None
+        self.ctx = consumer or aqua.Consumer(device, endpoint=settings.endpoint,
+                                             side_path=settings.side_path,
+                                             client_name=settings.client_name,
+                                             timeout=settings.timeout)
+        try:
+            self._open_tensor()
+        except BaseException:
+            if self._own_ctx:
+                self.ctx.close()
+            raise
+        # aqua_fd() is readable when aqua_poll() has work: a step whose last poll found
+        # nothing and whose fd is quiet skips the call (aqua.h's aqua_poll() and aqua_fd()).
+        self._fd_poll = select.poll()
+        self._fd_poll.register(self.ctx.fileno(), select.POLLIN)
+        self._poll_due = True
+        # A stream of the worker's: each job waits for the engine's compute stream first.
+        self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream() if self._cuda else None
+
+    def _open_tensor(self) -> None:
+        s = self.settings
+        want = max(self.nbytes, 1)
+        self.tensor = self.ctx.tensor(want, chunk_bytes=s.chunk_bytes)
+        size = self.tensor.info().max_bytes
+        try:
+            self.grant = self.ctx.borrow(size, allow_dram=s.allow_dram, tensors=True)
+            self.tensor.grow(size)
+        except aqua.NoMemoryError as e:
+            raise RuntimeError(
+                f"aqua.vllm: aquad could not back {size} bytes of offloaded KV on device "
+                f"{self.ctx.device} ('capacity_bytes' {s.capacity_bytes}, "
+                f"'allow_dram' {s.allow_dram}); lower capacity_bytes or raise aquad's "
+                "dram-budget") from e
+        self.dptr = self.tensor.dptr
+        self._refresh_tiers()
+        logger.info("aqua.vllm: %d slots of %d bytes in an aqua tensor of %d bytes at %#x "
+                    "(peer %d, DRAM %d)", self.num_slots, self._stats.slot_bytes, size, self.dptr,
+                    self._stats.peer_bytes, self._stats.dram_bytes)
+
+    # -------------------------------------------------------------------------- addresses
+
+    def _pieces(self, gpu_spec: GPULoadStoreSpec, slots: BlockIDsLoadStoreSpec,
+                store: bool) -> tuple[np.ndarray, int]:
+        """(dst, src, nbytes) rows for a job, as vLLM's CPU worker pairs blocks and slots:
+        the first slot of each group may start part-way (block_indices)."""
+        gpu_ids = gpu_spec.block_ids.astype(np.uint64)
+        slot_ids = slots.block_ids.astype(np.uint64)
+        bpc = self.blocks_per_chunk
+        parts: list[np.ndarray] = []
+        nbytes = 0
+        gpu_off = slot_off = 0
+        for g, (size, first) in enumerate(zip(gpu_spec.group_sizes, gpu_spec.block_indices)):
+            if size == 0:
+                continue
+            skip = first % bpc
+            count = cdiv(size + skip, bpc)
+            g_blocks = gpu_ids[gpu_off:gpu_off + size]
+            g_slots = slot_ids[slot_off:slot_off + count]
+            gpu_off += size
+            slot_off += count
+            sub = (g_slots[:, None] * bpc + np.arange(bpc, dtype=np.uint64)[None, :]).ravel()
+            sub = sub[skip:skip + size]
+            for t_idx, ref_bytes in self.groups[g]:
+                r = self.regions[t_idx]
+                gpu = np.uint64(r.gpu_base) + g_blocks * np.uint64(r.gpu_row_stride)
+                slot = np.uint64(self.dptr + r.offset) + sub * np.uint64(r.page_bytes)
+                rows = np.empty((size, 3), dtype=np.uint64)
+                rows[:, 0], rows[:, 1] = (slot, gpu) if store else (gpu, slot)
+                rows[:, 2] = ref_bytes
+                parts.append(rows)
+                nbytes += size * ref_bytes
+        if gpu_off != len(gpu_ids) or slot_off != len(slot_ids):
+            raise ValueError(f"aqua.vllm: a job of {len(gpu_ids)} GPU blocks and "
+                             f"{len(slot_ids)} slots does not match its groups")
+        rows = np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.uint64)
+        if self._moved:
+            self._relocate(rows[:, 0 if store else 1])
+        return rows, nbytes
+
+    def _relocate(self, col: np.ndarray) -> None:
+        """Point slot addresses in runs moved to unmapped host memory at that memory."""
+        for off, (n, host) in self._moved.items():
+            lo, hi = self.dptr + off, self.dptr + off + n
+            hit = (col >= lo) & (col < hi)
+            col[hit] = col[hit] - np.uint64(lo) + np.uint64(host)
+
+    # --------------------------------------------------------------------------- transfers
+
+    def _submit(self, job_id: int, gpu_spec: LoadStoreSpec, slots: LoadStoreSpec,
+                store: bool) -> bool:
+        assert isinstance(gpu_spec, GPULoadStoreSpec)
+        assert isinstance(slots, BlockIDsLoadStoreSpec)
+        rows, nbytes = self._pieces(gpu_spec, slots, store)
+        start = time.perf_counter()
+        ticket: Optional[aqua.Ticket] = None
+        if len(rows):
+            rows = np.ascontiguousarray(rows)
+            arr = (_ffi.CopyPiece * len(rows)).from_buffer(rows.data)
+            wait = None
+            if self._cuda:
+                # Stores read what the compute stream wrote; loads must not overtake its
+                # writes (zeroing) to their destination blocks.
+                wait = torch.cuda.Event()
+                wait.record(torch.cuda.current_stream())
+            ticket = self.ctx.copy(arr, stream=self._stream, wait_event=wait)
+        job = _Job(job_id, ticket, nbytes, store, start)
+        self._jobs.append(job)
+        self._tickets[job_id] = job
+        return True
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec,
+                     dst_spec: LoadStoreSpec) -> bool:
+        return self._submit(job_id, src_spec, dst_spec, store=True)
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        return self._submit(job_id, dst_spec, src_spec, store=False)
+
+    def _finish(self, job: _Job) -> TransferResult:
+        del self._tickets[job.job_id]
+        s = self._stats
+        if job.store:
+            s.stores += 1
+            s.bytes_stored += job.nbytes
+        else:
+            s.loads += 1
+            s.bytes_loaded += job.nbytes
+        return TransferResult(job_id=job.job_id, success=True, transfer_size=job.nbytes,
+                              transfer_time=time.perf_counter() - job.start)
+
+    def get_finished(self) -> list[TransferResult]:
+        """vLLM calls this once per step: the safe point where aqua is polled."""
+        self.poll()
+        done: list[TransferResult] = []
+        # One stream: jobs complete in the order they were submitted.
+        while self._jobs and (self._jobs[0].ticket is None or self._jobs[0].ticket.done()):
+            done.append(self._finish(self._jobs.popleft()))
+        return done
+
+    def wait(self, job_ids: set[int]) -> None:
+        for job_id in job_ids:
+            job = self._tickets.get(job_id)
+            if job is not None and job.ticket is not None:
+                job.ticket.wait()
+
+    # ------------------------------------------------------------------------------- aqua
+
+    def poll(self) -> list[aqua.Event]:
+        """Handle what aquad sent: reclaims move the tensor's chunks here (libaqua waits for
+        copy batches in flight first). Skipped while aqua's fd is quiet after an empty poll."""
+        if not self._poll_due and not self._fd_poll.poll(0):
+            return []
+        events = self.ctx.poll(0)
+        self._poll_due = bool(events)  # until a poll finds nothing, as the fd is edge-like
+        if not events:
+            return events
+        s = self._stats
+        for e in events:
+            if isinstance(e, aqua.TensorMigrated) and e.tensor is self.tensor:
+                s.migrations += 1
+                s.bytes_migrated += e.nbytes
+                if e.host is not None:
+                    self._moved[e.offset] = (e.nbytes, e.host)
+                else:
+                    self._moved.pop(e.offset, None)
+            elif isinstance(e, aqua.LeaseLost):
+                s.leases_lost += 1
+                try:  # its chunks are in host memory now; the lease itself is of no more use
+                    e.lease.give_back()
+                except aqua.AquaError as err:
+                    logger.info("aqua.vllm: a lost lease stays until its chunks are free: %s",
+                                err)
+            elif isinstance(e, aqua.ReclaimFailed):
+                s.reclaims_failed += 1
+                logger.warning("aqua.vllm: a reclaim could not be honoured (%s); the offloaded "
+                               "blocks stay where they are", os.strerror(e.errno))
+            elif isinstance(e, aqua.Disconnected):
+                s.disconnects += 1
+                logger.warning("aqua.vllm: aquad is gone; offloaded blocks stay mapped")
+            elif isinstance(e, aqua.Reconnected):
+                s.reconnects += 1
+                logger.info("aqua.vllm: reconnected to aquad")
+        self._refresh_tiers()
+        logger.info("aqua.vllm: %s", self._stats)
+        return events
+
+    def _refresh_tiers(self) -> None:
+        info = self.tensor.info()
+        self._stats.peer_bytes = info.peer_bytes
+        self._stats.dram_bytes = info.dram_bytes
+        self._stats.local_bytes = info.local_bytes
+
+    def stats(self) -> AquaStats:
+        """A copy of the counters, with the tensor's bytes per tier now."""
+        self._refresh_tiers()
+        return AquaStats(**asdict(self._stats))
+
+    def read_slot(self, slot: int) -> bytes:
+        """The bytes of one slot, region after region (for tests and debugging)."""
+        out = bytearray()
+        for r in self.regions:
+            out += self.tensor.read(r.offset + slot * r.slot_stride, r.slot_stride)
+        return bytes(out)
+
+    def shutdown(self) -> None:
+        for job in self._jobs:
+            if job.ticket is not None:
+                job.ticket.wait()
+        self._jobs.clear()
+        self._tickets.clear()
+        if not self.tensor.closed:
+            self.tensor.free()
+        if self._own_ctx and not self.ctx.closed:
+            self.ctx.close()
+

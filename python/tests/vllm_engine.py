@@ -1,0 +1,240 @@
+"""vLLM's scheduler and KV connector driven without a model, the way vLLM's own tests of its
+offloading connector drive them: vLLM's Scheduler (with the OffloadingConnector in the scheduler
+role) schedules real Requests; an OffloadingConnector in the worker role runs each step's
+transfers over KV caches that are host tensors (on simcuda device memory is host memory, so the
+copies between them and the aqua tensor are real); model outputs are made up, one token a step.
+Used by test_vllm.py and bench/vllm.py. Nothing here imitates a vLLM interface: every call is
+to vLLM's classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+    OffloadingConnector,
+)
+from vllm.forward_context import ForwardContext
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+EOS = 2
+#: A model config vLLM can read without a hub: a tiny OPT (no weights are ever loaded).
+MODEL_CONFIG = {
+    "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 64,
+    "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 128, "vocab_size": 1000,
+    "max_position_embeddings": 4096, "word_embed_proj_dim": 64, "do_layer_norm_before": True,
+    "torch_dtype": "float16", "bos_token_id": EOS, "eos_token_id": EOS, "pad_token_id": 1,
+}
+
+
+def model_dir() -> str:
+    d = os.path.join(tempfile.gettempdir(), f"aqua-vllm-model-{os.getuid()}")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "config.json")
+    text = json.dumps(MODEL_CONFIG)
+    if not os.path.exists(path) or open(path).read() != text:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return d
+
+
+@dataclass
+class StepLog:
+    """What the scheduler decided, step by step: per request, the tokens it took from the
+    offloaded cache (vLLM's external hits) and the jobs it asked the worker for."""
+
+    external_hits: dict[str, int] = field(default_factory=dict)
+    stores: int = 0
+    loads: int = 0
+
+
+class Engine:
+    """One engine: scheduler and worker of vLLM with the OffloadingConnector."""
+
+    def __init__(self, extra_config: Optional[dict[str, Any]], *, num_gpu_blocks: int = 128,
+                 block_size: int = 16, layers: int = 2, kv_heads: int = 4, head_size: int = 64,
+                 max_num_batched_tokens: int = 1024, worker_extra: Optional[dict[str, Any]] = None):
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.vllm_config = self._config(extra_config, block_size, max_num_batched_tokens)
+        self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads,
+                                 head_size=head_size, dtype=torch.float16)
+        self.page_bytes = spec.page_size_bytes
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=num_gpu_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(self.layer_names, spec)])
+        self.vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        with set_current_vllm_config(self.vllm_config):
+            self.scheduler = Scheduler(
+                vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
+                log_stats=True, structured_output_manager=StructuredOutputManager(
+                    self.vllm_config), block_size=block_size)
+        self.connector: Optional[OffloadingConnector] = None
+        self.worker: Optional[OffloadingConnector] = None
+        if extra_config is not None:
+            assert isinstance(self.scheduler.connector, OffloadingConnector)
+            self.connector = self.scheduler.connector
+            worker_config = self.vllm_config
+            if worker_extra is not None:  # another spec on the worker side (see test_vllm.py)
+                worker_config = self._config(worker_extra, block_size, max_num_batched_tokens)
+                worker_config.kv_transfer_config.engine_id = (  # type: ignore[union-attr]
+                    self.vllm_config.kv_transfer_config.engine_id)  # type: ignore[union-attr]
+                worker_config.cache_config.num_gpu_blocks = num_gpu_blocks
+            with set_current_vllm_config(worker_config):
+                self.worker = OffloadingConnector(worker_config, KVConnectorRole.WORKER,
+                                                  self.kv_cache_config)
+        # The KV caches: one host tensor per layer, (blocks, K/V, tokens, heads, head size).
+        self.kv_caches = {
+            name: torch.zeros((num_gpu_blocks, 2, block_size, kv_heads, head_size),
+                              dtype=torch.float16)
+            for name in self.layer_names}
+        if self.worker is not None:
+            with set_current_vllm_config(self.vllm_config):
+                self.worker.register_kv_caches(self.kv_caches)
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(block_size, sha256)
+        self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+        self.next_id = 0
+        self.log = StepLog()
+        #: vLLM's offloading counters (vllm:kv_offload_store_bytes, ...) summed over the steps.
+        self.counters: dict[str, float] = {}
+        self.finished: list[str] = []
+        self.prompts: dict[str, list[int]] = {}
+
+    @staticmethod
+    def _config(extra: Optional[dict[str, Any]], block_size: int,
+                max_num_batched_tokens: int) -> VllmConfig:
+        scheduler = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_num_batched_tokens,
+                                    max_model_len=4096, enable_chunked_prefill=True,
+                                    is_encoder_decoder=False)
+        model = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float16",
+                            seed=42, max_model_len=4096)
+        cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9,
+                            cache_dtype="auto", enable_prefix_caching=True)
+        transfer = None
+        if extra is not None:
+            transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                        kv_connector_extra_config=dict(extra))
+        return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
+                          kv_transfer_config=transfer, device_config=DeviceConfig("cpu"))
+
+    # --------------------------------------------------------------------------- requests
+
+    def add(self, tokens: list[int], max_tokens: int = 1) -> str:
+        rid = str(self.next_id)
+        self.next_id += 1
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params.update_from_generation_config({}, EOS)
+        req = Request(request_id=rid, prompt_token_ids=tokens, sampling_params=params,
+                      pooling_params=None, block_hasher=self.hasher)
+        self.prompts[rid] = tokens
+        self.scheduler.add_request(req)
+        return rid
+
+    def block_ids(self, rid: str) -> list[int]:
+        """The GPU blocks of a running request (group 0)."""
+        blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)
+        return list(blocks[0])
+
+    # ------------------------------------------------------------------------------ steps
+
+    def step(self, compute: Any = None) -> Any:
+        """One engine step: schedule, the worker's transfers around a forward pass
+        (compute(scheduler_output) stands for the model writing KV), then the outputs."""
+        out = self.scheduler.schedule()
+        for req in out.scheduled_new_reqs:
+            self.log.external_hits[req.req_id] = req.num_computed_tokens
+        meta = out.kv_connector_metadata
+        if self.worker is not None:
+            assert isinstance(meta, OffloadingConnectorMetadata)
+            self.log.stores += len(meta.store_jobs)
+            self.log.loads += len(meta.load_jobs)
+            self.worker.handle_preemptions(meta)
+            self.worker.bind_connector_metadata(meta)
+            self.worker.start_load_kv(self.ctx)
+        if compute is not None:
+            compute(out)
+        finished_sending: set[str] = set()
+        finished_recving: set[str] = set()
+        worker_meta = None
+        if self.worker is not None:
+            if out.total_num_scheduled_tokens > 0:
+                self.worker.wait_for_save()
+            finished_sending, finished_recving = self.worker.get_finished(out.finished_req_ids)
+            worker_meta = self.worker.build_connector_worker_meta()
+            self.worker.clear_connector_metadata()
+        running = [r for r in self.scheduler.running if r.request_id in out.num_scheduled_tokens]
+        req_ids = [r.request_id for r in running]
+        # A token for each request whose prompt is computed; none for a partial prefill.
+        sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in running]
+        output = ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled, logprobs=None,
+            prompt_logprobs_dict={}, pooler_output=None,
+            kv_connector_output=KVConnectorOutput(
+                finished_sending=finished_sending or None,
+                finished_recving=finished_recving or None,
+                kv_connector_worker_meta=worker_meta),
+        )
+        for outputs in self.scheduler.update_from_output(out, output).values():
+            stats = outputs.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:  # vLLM's connector metrics
+                kinds = stats.kv_connector_stats.get("types", {})
+                for name, series in stats.kv_connector_stats.get("data", {}).items():
+                    if kinds.get(name) == "counter":
+                        self.counters[name] = self.counters.get(name, 0) + sum(series.values())
+            for o in outputs.outputs:
+                if o.finished:
+                    self.finished.append(o.request_id)
+        return out
+
+    def run(self, compute: Any = None, max_steps: int = 1000) -> None:
+        """Steps until every request has finished and the connector has nothing in flight."""
+        for _ in range(max_steps):
+            if not self.scheduler.has_requests() and not self._busy():
+                return
+            self.step(compute)
+            time.sleep(0)
+        raise AssertionError("the engine did not finish its requests")
+
+    def _busy(self) -> bool:
+        if self.worker is None or self.worker.connector_worker is None:
+            return False
+        w = self.worker.connector_worker.worker
+        jobs = getattr(w, "_jobs", None)
+        return bool(jobs)
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+        if self.connector is not None:
+            self.connector.shutdown()
