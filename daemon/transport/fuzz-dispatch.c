@@ -11,7 +11,7 @@
  *   (header >> 2) & 3: 0 an Envelope, 1 a SideFrame with (header >> 4) memfds, 2 the client
  *                      dies (and connects again, not registered), 3 time passes (the first
  *                      payload byte, in 100 ms steps)
- * fuzz-dispatch-seeds.c writes the seed corpus (tests/fuzz/dispatch/); AQUA_FUZZ_VERBOSE=1
+ * tests/fuzz/dispatch-seeds.c writes the seed corpus (tests/fuzz/dispatch/); AQUA_FUZZ_VERBOSE=1
  * logs what the daemon does with an input.
  */
 #include <dirent.h>
