@@ -12,7 +12,7 @@
 #include "pool-private.h"
 #include "time-util.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define E(name) POOL_E_##name
 
 static const char *fmt_size(char *buf, uint64_t bytes)
 {
@@ -458,7 +458,7 @@ int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, c
 {
         int r;
 
-        if (producer->role != AQUA__ROLE__ROLE_PRODUCER)
+        if (producer->role != GPU_ROLE_PRODUCER)
                 return pool_fail(err, E(WRONG_ROLE), "drain: GPU %s is not a producer",
                                  producer->uuid);
         if (!producer->draining) {
@@ -686,7 +686,7 @@ void pool_tick(struct pool *p, uint64_t now_ns)
                                    "what it held",
                                    g->uuid, g->held_alive ? " and its process is gone" : "");
                         p->stats.leases_lost +=
-                            g->role == AQUA__ROLE__ROLE_CONSUMER ? list_length(&g->leases) : 0;
+                            g->role == GPU_ROLE_CONSUMER ? list_length(&g->leases) : 0;
                         pool_gpu_gone(p, g);
                         /* pool_gpu_gone may free GPUs other than g: start over. */
                         tmp = p->gpus.next;

@@ -305,7 +305,7 @@ const char *pool_degraded(const struct pool *p, char *buf, size_t size)
 
 /* ------------------------------------------------------------------------------ replay */
 
-static struct gpu *restored_gpu(struct pool *p, const char *uuid, Aqua__Role role)
+static struct gpu *restored_gpu(struct pool *p, const char *uuid, enum gpu_role role)
 {
         struct gpu *g;
 
@@ -316,7 +316,7 @@ static struct gpu *restored_gpu(struct pool *p, const char *uuid, Aqua__Role rol
                 return NULL;
         if (!g->owner)
                 g->restored = true;
-        if (g->role == AQUA__ROLE__ROLE_UNSPECIFIED)
+        if (g->role == GPU_ROLE_UNSPECIFIED)
                 g->role = role;
         return g;
 }
@@ -327,8 +327,8 @@ static int apply_lease(struct pool *p, const Aquaj__JLease *j)
         struct gpu *consumer, *producer;
 
         if (!l) {
-                consumer = restored_gpu(p, j->consumer, AQUA__ROLE__ROLE_CONSUMER);
-                producer = restored_gpu(p, j->producer, AQUA__ROLE__ROLE_PRODUCER);
+                consumer = restored_gpu(p, j->consumer, GPU_ROLE_CONSUMER);
+                producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
                 if (!consumer || !producer || j->id == 0)
                         return -EBADMSG;
                 l = lease_new(p, j->id, consumer, producer);
@@ -348,7 +348,7 @@ static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
         uint64_t now_ms = now_real_ns() / NSEC_PER_MSEC;
 
         if (!c) {
-                struct gpu *producer = restored_gpu(p, j->producer, AQUA__ROLE__ROLE_PRODUCER);
+                struct gpu *producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
                 if (!producer || j->id == 0)
                         return -EBADMSG;
                 c = chunk_new(p, producer, j->id, j->size, j->client_ref, -1);
@@ -383,7 +383,7 @@ static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
 
 static int apply_gpu(struct pool *p, const Aquaj__JGpu *j)
 {
-        struct gpu *g = restored_gpu(p, j->uuid, AQUA__ROLE__ROLE_UNSPECIFIED);
+        struct gpu *g = restored_gpu(p, j->uuid, GPU_ROLE_UNSPECIFIED);
 
         if (!g)
                 return -EBADMSG;

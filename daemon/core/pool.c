@@ -51,6 +51,14 @@ const char *lease_state_to_string(enum lease_state s)
         return s < _LEASE_STATE_MAX ? names[s] : "invalid";
 }
 
+const char *gpu_role_to_string(enum gpu_role r)
+{
+        static const char *const names[_GPU_ROLE_MAX] = {"unspecified", "producer", "consumer",
+                                                         "neutral"};
+
+        return r < _GPU_ROLE_MAX ? names[r] : "invalid";
+}
+
 void pool_note_deadline(struct pool *p, uint64_t deadline_ns)
 {
         if (deadline_ns && (!p->next_deadline_ns || deadline_ns < p->next_deadline_ns))
@@ -172,7 +180,7 @@ struct gpu *gpu_ensure(struct pool *p, const char *uuid)
                 free(g);
                 return NULL;
         }
-        g->role = AQUA__ROLE__ROLE_UNSPECIFIED;
+        g->role = GPU_ROLE_UNSPECIFIED;
         list_init(&g->chunks);
         list_init(&g->free_chunks);
         list_init(&g->leases);

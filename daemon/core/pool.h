@@ -4,8 +4,9 @@
  * queue journal operations (written by pool_commit() before any reply) and notices for clients
  * (taken by the caller after the commit), so every flow can be tested without sockets.
  *
- * Outcomes: 0, a negative errno, or a positive Aqua__ErrorCode with a message in err that names
- * the problem; the caller answers the client with it.
+ * Outcomes: 0, a negative errno, or a positive enum pool_error with a message in err that names
+ * the problem; the caller answers the client with it. The pool speaks no wire protocol and holds
+ * no sockets: its types are its own, and the transport translates (transport/translate.h).
  */
 #pragma once
 
@@ -14,7 +15,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "aqua.pb-c.h"
 #include "events.h"
 #include "journal.h"
 #include "journal.pb-c.h"
@@ -22,6 +22,31 @@
 #include "proc.h"
 
 #define POOL_ERR_MAX 256
+
+/* Outcomes a caller must handle, each with a message that names the problem. */
+enum pool_error {
+        POOL_E_INVALID = 1, /* a value out of range or inconsistent */
+        POOL_E_UNKNOWN_GPU,
+        POOL_E_UNKNOWN_LEASE,
+        POOL_E_UNKNOWN_CHUNK,
+        POOL_E_LIMIT,      /* a configured limit (chunks, leases) reached */
+        POOL_E_WRONG_ROLE, /* e.g. draining a consumer */
+        POOL_E_NO_MEMORY,  /* nothing at all could be granted */
+        POOL_E_BARRED,     /* a consumer that missed a reclaim deadline */
+        POOL_E_BUSY,       /* the GPU is registered by another live client */
+        _POOL_E_MAX,
+};
+
+enum gpu_role {
+        GPU_ROLE_UNSPECIFIED, /* known from the journal only, before its client registers */
+        GPU_ROLE_PRODUCER,    /* lends its memory */
+        GPU_ROLE_CONSUMER,    /* borrows */
+        GPU_ROLE_NEUTRAL,     /* registered, neither lends nor borrows */
+        _GPU_ROLE_MAX,
+};
+
+/* The transport's connection a GPU is registered by; the pool never looks inside. */
+struct client;
 /* How often a silent holder's process is looked at after a restart. */
 #define POOL_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
 
@@ -54,9 +79,9 @@ struct gpu {
         uint32_t ordinal;
         uint64_t capacity;
         uint64_t granularity;
-        Aqua__Role role;
-        void *owner;     /* the connected client (opaque here), NULL when none */
-        uint64_t serial; /* of this registration, never reused; 0 while none is connected */
+        enum gpu_role role;
+        struct client *owner; /* the connected client, NULL when none */
+        uint64_t serial;      /* of this registration, never reused; 0 while none is connected */
         char *client_name;
         pid_t pid;
         struct proc_id process; /* of the registering client, journaled; pid 0: none known */
@@ -251,29 +276,44 @@ struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
 struct chunk *pool_find_chunk(struct pool *p, uint64_t id);
 struct lease *pool_find_lease(struct pool *p, uint64_t id);
 
-/* snprintf into a POOL_ERR_MAX buffer and return code (a positive Aqua__ErrorCode). */
+/* snprintf into a POOL_ERR_MAX buffer and return code: here a positive enum pool_error; the
+ * transport uses it for its own (wire) codes too. */
 int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
 
 /* pool-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
 int pool_check(struct pool *p, char *err);
 
 const char *chunk_state_to_string(enum chunk_state s);
+const char *gpu_role_to_string(enum gpu_role r);
 const char *lease_state_to_string(enum lease_state s);
 
 /* ----------------------------------------------------- register.c: hello, reconcile, pairing */
 
+/* A link the registering GPU reports to another GPU. */
+struct pool_link {
+        const char *uuid;
+        double bandwidth; /* GB/s; 0 when unknown */
+};
+
+/* A chunk a re-registering client says it still holds. */
+struct pool_held {
+        uint64_t chunk_id;
+        uint64_t size;
+        uint64_t lease_id; /* 0: held unleased (a producer's chunk in the pool) */
+};
+
 struct pool_hello {
         const char *uuid;
-        Aqua__Role role;
+        enum gpu_role role;
         uint32_t ordinal;
         uint64_t capacity;
         uint64_t granularity;
         const char *client_name;
         pid_t pid;
         const struct proc_id *process; /* NULL: not known (not on this host) */
-        Aqua__PeerLink *const *links;
+        const struct pool_link *links;
         size_t n_links;
-        Aqua__HeldChunk *const *held;
+        const struct pool_held *held;
         size_t n_held;
         int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
 };
@@ -285,8 +325,8 @@ struct pool_welcome {
 };
 
 /* Register a client's GPU (owner: the client), reconciling what it says it holds. */
-int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struct pool_welcome *ret,
-                  char *err);
+int pool_register(struct pool *p, const struct pool_hello *h, struct client *owner,
+                  struct pool_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
 void pool_gpu_gone(struct pool *p, struct gpu *g);
 /* Operator: g's client did not come back after a restart and is known to be gone. */
@@ -347,6 +387,16 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
 int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, char *err);
+
+/* ------------------------------------------------- admin.c: operators' requests (aquactl) */
+
+/* The GPU is named by uuid or ordinal; POOL_E_UNKNOWN_GPU when there is none. Reclaim and
+ * drain take a producer (POOL_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
+ * leased memory back, leaving free chunks in the pool. */
+int pool_admin_reclaim(struct pool *p, const char *gpu, uint64_t bytes, struct pool_reclaim *ret,
+                       char *err);
+int pool_admin_drain(struct pool *p, const char *gpu, struct pool_reclaim *ret, char *err);
+int pool_admin_release(struct pool *p, const char *gpu, char *err);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
 

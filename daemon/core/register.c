@@ -13,7 +13,7 @@
 #include "time-util.h"
 #include "topology.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define E(name) POOL_E_##name
 
 static int lost_add(struct pool_welcome *w, uint64_t id)
 {
@@ -30,15 +30,15 @@ static int lost_add(struct pool_welcome *w, uint64_t id)
         return 0;
 }
 
-static int set_links(struct gpu *g, Aqua__PeerLink *const *links, size_t n)
+static int set_links(struct gpu *g, const struct pool_link *links, size_t n)
 {
         struct gpu_link *a = calloc(n ? n : 1, sizeof(*a));
 
         if (!a)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                a[i].uuid = strdup(links[i]->gpu_uuid ? links[i]->gpu_uuid : "");
-                a[i].bandwidth = links[i]->bandwidth_gbps;
+                a[i].uuid = strdup(links[i].uuid ? links[i].uuid : "");
+                a[i].bandwidth = links[i].bandwidth;
                 if (!a[i].uuid) {
                         while (i-- > 0)
                                 free(a[i].uuid);
@@ -71,7 +71,7 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
         if (!unknown)
                 return -ENOMEM;
         for (size_t i = 0; i < h->n_held; i++) {
-                const Aqua__HeldChunk *hc = h->held[i];
+                const struct pool_held *hc = &h->held[i];
                 struct chunk *c = pool_find_chunk(p, hc->chunk_id);
 
                 if (c && c->producer == g && !c->orphan && c->size == hc->size && c->fd < 0) {
@@ -191,7 +191,7 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                 list_entry(pos, struct lease, consumer_node)->confirmed = false;
         }
         for (size_t i = 0; i < h->n_held; i++) {
-                const Aqua__HeldChunk *hc = h->held[i];
+                const struct pool_held *hc = &h->held[i];
                 struct lease *l = hc->lease_id ? pool_find_lease(p, hc->lease_id) : NULL;
 
                 if (!hc->lease_id)
@@ -229,7 +229,7 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
 
                         for (size_t i = 0; l->confirmed && i < h->n_held && !listed; i++)
                                 listed =
-                                    h->held[i]->chunk_id == c->id && h->held[i]->lease_id == l->id;
+                                    h->held[i].chunk_id == c->id && h->held[i].lease_id == l->id;
                         if (listed)
                                 continue;
                         if (c->orphan || c->state == CHUNK_RECLAIMING) {
@@ -253,20 +253,20 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
         return renotice(p, g);
 }
 
-int pool_register(struct pool *p, const struct pool_hello *h, void *owner, struct pool_welcome *ret,
-                  char *err)
+int pool_register(struct pool *p, const struct pool_hello *h, struct client *owner,
+                  struct pool_welcome *ret, char *err)
 {
         struct pool_welcome w = {0};
         struct gpu *g = NULL;
-        bool producer = h->role == AQUA__ROLE__ROLE_PRODUCER;
-        bool consumer = h->role == AQUA__ROLE__ROLE_CONSUMER;
+        bool producer = h->role == GPU_ROLE_PRODUCER;
+        bool consumer = h->role == GPU_ROLE_CONSUMER;
         size_t chunks = 0;
         char name[256];
         int r;
 
         if (!h->uuid || !h->uuid[0])
                 return pool_fail(err, E(INVALID), "hello: gpu_uuid is empty");
-        if (!producer && !consumer && h->role != AQUA__ROLE__ROLE_NEUTRAL)
+        if (!producer && !consumer && h->role != GPU_ROLE_NEUTRAL)
                 return pool_fail(err, E(INVALID),
                                  "hello: role %d is not producer, consumer or "
                                  "neutral",
@@ -403,10 +403,10 @@ int pool_repair(struct pool *p)
         for (size_t i = 0; i < n; i++) {
                 struct gpu *g = gpus[i];
                 bool live = g->owner || g->restored;
-                roles[i] = !live                                  ? PAIRING_OTHER
-                           : g->role == AQUA__ROLE__ROLE_PRODUCER ? PAIRING_PRODUCER
-                           : g->role == AQUA__ROLE__ROLE_CONSUMER ? PAIRING_CONSUMER
-                                                                  : PAIRING_OTHER;
+                roles[i] = !live                          ? PAIRING_OTHER
+                           : g->role == GPU_ROLE_PRODUCER ? PAIRING_PRODUCER
+                           : g->role == GPU_ROLE_CONSUMER ? PAIRING_CONSUMER
+                                                          : PAIRING_OTHER;
         }
         for (size_t k = 0; k < p->n_pins; k++) {
                 size_t a = index_of(gpus, n, p->pins[k].producer);
@@ -418,8 +418,7 @@ int pool_repair(struct pool *p)
                 }
                 if (a == SIZE_MAX || b == SIZE_MAX)
                         continue;
-                if (gpus[a]->role != AQUA__ROLE__ROLE_PRODUCER ||
-                    gpus[b]->role != AQUA__ROLE__ROLE_CONSUMER)
+                if (gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
                         continue;
                 roles[a] = PAIRING_PRODUCER;
                 roles[b] = PAIRING_CONSUMER;
@@ -491,7 +490,7 @@ int pool_pin(struct pool *p, const char *producer, const char *consumer, char *e
         if (!a || !b)
                 return pool_fail(err, E(UNKNOWN_GPU), "pair: no GPU %s",
                                  !a ? (producer ? producer : "") : consumer);
-        if (a->role != AQUA__ROLE__ROLE_PRODUCER || b->role != AQUA__ROLE__ROLE_CONSUMER)
+        if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
                 return pool_fail(err, E(WRONG_ROLE),
                                  "pair: %s must be a producer and %s a consumer", a->uuid, b->uuid);
         r = pool_pins_add(p, a->uuid, b->uuid, "aquactl");

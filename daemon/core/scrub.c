@@ -30,7 +30,7 @@ void scrub_check(struct pool *p, struct gpu *producer)
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0, alloc = 0;
 
-        if (!producer->owner || producer->draining || producer->role != AQUA__ROLE__ROLE_PRODUCER)
+        if (!producer->owner || producer->draining || producer->role != GPU_ROLE_PRODUCER)
                 return;
         for (struct list_node *k = producer->chunks.next; k != &producer->chunks; k = k->next) {
                 struct chunk *c = list_entry(k, struct chunk, producer_node);

@@ -9,11 +9,15 @@
 #include "topology.h"
 
 #define MiB     (UINT64_C(1) << 20)
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define E(name) POOL_E_##name
 
 static struct pool *pool;
 static struct gpu *producer, *consumer;
-static int producer_client, consumer_client; /* stand-ins for client objects */
+/* The pool never looks inside the transport's clients: any object stands in for one. */
+struct client {
+        int unused;
+};
+static struct client producer_client, consumer_client;
 static char err[POOL_ERR_MAX];
 static char dir[64], journal_path[128];
 
@@ -27,10 +31,11 @@ static const struct pool_settings settings = {
     .auto_pairing = true,
 };
 
-static struct gpu *hello(const char *uuid, Aqua__Role role, const char *peer, void *owner,
-                         Aqua__HeldChunk **held, size_t n_held, int *fds, struct pool_welcome *ret)
+static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
+                         struct client *owner, const struct pool_held *held, size_t n_held,
+                         int *fds, struct pool_welcome *ret)
 {
-        Aqua__PeerLink link = AQUA__PEER_LINK__INIT, *links[] = {&link};
+        struct pool_link links[] = {{.uuid = peer, .bandwidth = 400}};
         struct pool_hello h = {.uuid = uuid,
                                .role = role,
                                .granularity = 2 * MiB,
@@ -42,8 +47,6 @@ static struct gpu *hello(const char *uuid, Aqua__Role role, const char *peer, vo
                                .client_name = uuid};
         struct pool_welcome w = {0};
 
-        link.gpu_uuid = (char *)peer;
-        link.bandwidth_gbps = 400;
         cr_assert_eq(pool_register(pool, &h, owner, &w, err), 0, "%s", err);
         if (ret)
                 *ret = w;
@@ -55,10 +58,10 @@ static struct gpu *hello(const char *uuid, Aqua__Role role, const char *peer, vo
 static void setup(void)
 {
         cr_assert_eq(pool_new(&settings, &pool), 0);
-        producer = hello("GPU-P", AQUA__ROLE__ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0,
-                         NULL, NULL);
-        consumer = hello("GPU-C", AQUA__ROLE__ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0,
-                         NULL, NULL);
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
+        consumer =
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL, NULL);
         cr_assert_eq(consumer->paired, producer);
         dir[0] = '\0';
 }
@@ -437,7 +440,7 @@ static void with_journal(void)
 
 Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_lost)
 {
-        Aqua__HeldChunk held[4], *held_p[4];
+        struct pool_held held[4];
         struct pool_welcome w;
         struct pool_grant g;
         uint64_t chunk_ids[3], lease_id;
@@ -457,33 +460,28 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
 
         /* The consumer holds its lease and claims one the daemon never granted. */
         for (int i = 0; i < 2; i++) {
-                held[i] = (Aqua__HeldChunk)AQUA__HELD_CHUNK__INIT;
+                held[i] = (struct pool_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = lease_id;
-                held_p[i] = &held[i];
         }
-        held[2] = (Aqua__HeldChunk)AQUA__HELD_CHUNK__INIT;
+        held[2] = (struct pool_held){0};
         held[2].chunk_id = 77;
         held[2].lease_id = 4242;
-        held_p[2] = &held[2];
-        consumer = hello("GPU-C", AQUA__ROLE__ROLE_CONSUMER, "GPU-P", &consumer_client, held_p, 3,
-                         NULL, &w);
+        consumer = hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 3, NULL, &w);
         cr_assert_eq(w.n_lost_leases, 1);
         cr_assert_eq(w.lost_leases[0], 4242);
         free(w.lost_leases);
 
         /* The producer re-registers its three chunks with their handles. */
         for (int i = 0; i < 3; i++) {
-                held[i] = (Aqua__HeldChunk)AQUA__HELD_CHUNK__INIT;
+                held[i] = (struct pool_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = i < 2 ? lease_id : 0;
-                held_p[i] = &held[i];
                 fds[i] = memfd_create("chunk", MFD_CLOEXEC);
         }
-        producer = hello("GPU-P", AQUA__ROLE__ROLE_PRODUCER, "GPU-C", &producer_client, held_p, 3,
-                         fds, &w);
+        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, held, 3, fds, &w);
         cr_assert_eq(w.n_lost_leases, 0);
         free(w.lost_leases);
         for (int i = 0; i < 3; i++)
@@ -514,8 +512,8 @@ Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_
         pool = pool_free(pool);
 
         pool = restart();
-        producer = hello("GPU-P", AQUA__ROLE__ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0,
-                         NULL, NULL);
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         /* It re-registered holding nothing: everything of it is dropped, the lease orphaned. */
         cr_assert_eq(pool->n_leases, 1);
         pool->settings.liveness = liveness;
@@ -559,7 +557,7 @@ Test(lease, a_snapshot_replays_to_the_same_state)
 
 Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_reclaimed)
 {
-        Aqua__HeldChunk held[2], *held_p[2];
+        struct pool_held held[2];
         struct pool_reclaim r;
         struct pool_grant g;
         uint64_t chunk_ids[2], lease_id, ids[4];
@@ -578,14 +576,13 @@ Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_rec
 
         pool = restart();
         for (int i = 0; i < 2; i++) {
-                held[i] = (Aqua__HeldChunk)AQUA__HELD_CHUNK__INIT;
+                held[i] = (struct pool_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = lease_id;
-                held_p[i] = &held[i];
         }
-        consumer = hello("GPU-C", AQUA__ROLE__ROLE_CONSUMER, "GPU-P", &consumer_client, held_p, 2,
-                         NULL, NULL);
+        consumer =
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 2, NULL, NULL);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
         cr_assert_eq(n, 1);
         cr_assert_str_eq(reason, "producer load");
@@ -596,26 +593,23 @@ Test(pins, pair_gpus_named_by_ordinal)
 {
         static const char *const prod[] = {"2", "3"}, *const cons[] = {"1", "0"};
         const char *uuids[] = {"GPU-A", "GPU-B", "GPU-C", "GPU-D"};
-        Aqua__Role roles[] = {AQUA__ROLE__ROLE_CONSUMER, AQUA__ROLE__ROLE_CONSUMER,
-                              AQUA__ROLE__ROLE_PRODUCER, AQUA__ROLE__ROLE_PRODUCER};
-        Aqua__PeerLink links[4], *plinks[4];
+        enum gpu_role roles[] = {GPU_ROLE_CONSUMER, GPU_ROLE_CONSUMER, GPU_ROLE_PRODUCER,
+                                 GPU_ROLE_PRODUCER};
+        struct pool_link links[4];
         struct gpu *g[4];
-        int owners[4];
+        struct client owners[4];
 
         cr_assert_eq(pool_new(&settings, &pool), 0);
         cr_assert_eq(pool_set_config_pins(pool, prod, cons, 2), 0);
         for (int i = 0; i < 4; i++) {
-                aqua__peer_link__init(&links[i]);
-                links[i].gpu_uuid = (char *)uuids[i];
-                links[i].bandwidth_gbps = 400;
-                plinks[i] = &links[i];
+                links[i] = (struct pool_link){.uuid = uuids[i], .bandwidth = 400};
         }
         for (uint32_t i = 0; i < 4; i++) {
                 struct pool_hello h = {.uuid = uuids[i],
                                        .ordinal = i,
                                        .role = roles[i],
                                        .granularity = 2 * MiB,
-                                       .links = plinks,
+                                       .links = links,
                                        .n_links = 4,
                                        .client_name = uuids[i]};
                 struct pool_welcome w = {0};
@@ -640,25 +634,22 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
         struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
         struct pool_settings with_links = settings;
         const char *uuids[] = {"GPU-SLOW", "GPU-FAST", "GPU-C"};
-        Aqua__Role roles[] = {AQUA__ROLE__ROLE_PRODUCER, AQUA__ROLE__ROLE_PRODUCER,
-                              AQUA__ROLE__ROLE_CONSUMER};
-        Aqua__PeerLink links[3], *plinks[3];
+        enum gpu_role roles[] = {GPU_ROLE_PRODUCER, GPU_ROLE_PRODUCER, GPU_ROLE_CONSUMER};
+        struct pool_link links[3];
         struct gpu *g[3];
-        int owners[3];
+        struct client owners[3];
 
         with_links.links = &topo;
         cr_assert_eq(pool_new(&with_links, &pool), 0);
         for (int i = 0; i < 3; i++) {
-                aqua__peer_link__init(&links[i]);
-                links[i].gpu_uuid = (char *)uuids[i];
-                plinks[i] = &links[i];
+                links[i] = (struct pool_link){.uuid = uuids[i]};
         }
         for (uint32_t i = 0; i < 3; i++) {
                 struct pool_hello h = {.uuid = uuids[i],
                                        .ordinal = i,
                                        .role = roles[i],
                                        .granularity = 2 * MiB,
-                                       .links = plinks,
+                                       .links = links,
                                        .n_links = 3,
                                        .client_name = uuids[i]};
                 struct pool_welcome w = {0};

@@ -28,22 +28,6 @@ static void observe_reclaim(void *userdata, uint64_t latency_ns)
         prom_histogram_observe(&m->reclaim, (double)latency_ns / 1e9);
 }
 
-static const char *role_name(Aqua__Role r)
-{
-        switch (r) {
-        case AQUA__ROLE__ROLE_PRODUCER:
-                return "producer";
-        case AQUA__ROLE__ROLE_CONSUMER:
-                return "consumer";
-        case AQUA__ROLE__ROLE_NEUTRAL:
-                return "neutral";
-        case AQUA__ROLE__ROLE_ADMIN:
-                return "admin";
-        default:
-                return "unspecified";
-        }
-}
-
 static void gauge(struct prom_text *t, const char *name, const char *help, uint64_t v)
 {
         prom_family(t, name, "gauge", help);
@@ -93,8 +77,8 @@ static void render_pool(struct prom_text *t, struct pool *p)
         for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
                 struct gpu *g = list_entry(x, struct gpu, node);
 
-                if (g->role >= AQUA__ROLE__ROLE_PRODUCER && g->role <= AQUA__ROLE__ROLE_NEUTRAL)
-                        by_role[g->role - AQUA__ROLE__ROLE_PRODUCER]++;
+                if (g->role >= GPU_ROLE_PRODUCER && g->role <= GPU_ROLE_NEUTRAL)
+                        by_role[g->role - GPU_ROLE_PRODUCER]++;
                 for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         struct chunk *c = list_entry(k, struct chunk, producer_node);
 
@@ -216,7 +200,7 @@ static void render_gpus(struct prom_text *t, struct pool *p)
                 const struct prom_label labels[] = {
                     {"gpu", ordinal},
                     {"uuid", g->uuid},
-                    {"role", role_name(g->role)},
+                    {"role", gpu_role_to_string(g->role)},
                     {"client", g->client_name ? g->client_name : ""},
                     {"paired_with", g->paired ? g->paired->uuid : ""},
                     {"connected", g->owner ? "true" : "false"},
@@ -240,14 +224,14 @@ static void render_gpus(struct prom_text *t, struct pool *p)
                 for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
                         struct gpu *g = list_entry(x, struct gpu, node);
                         const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
-                        bool producer = g->role == AQUA__ROLE__ROLE_PRODUCER;
+                        bool producer = g->role == GPU_ROLE_PRODUCER;
 
                         /* A series only where it can mean something: lending for producers,
                          * borrowing for consumers, client reports for both. */
                         if (((f == GPU_OFFERED || f == GPU_LENT) && !producer) ||
                             ((f == GPU_BORROWED || f == GPU_DRAM || f == GPU_DRAM_IN_USE ||
                               f == GPU_BARRED) &&
-                             g->role != AQUA__ROLE__ROLE_CONSUMER))
+                             g->role != GPU_ROLE_CONSUMER))
                                 continue;
                         snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
                         prom_sample_u64(t, gpu_families[f].name, labels, 2, gpu_value(g, f));

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "server.h"
 #include "time-util.h"
+#include "translate.h"
 
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
@@ -37,7 +38,7 @@ static void fill_status(struct server *s, Aqua__StatusInfo *st)
 
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
-                pairs += g->paired && g->role == AQUA__ROLE__ROLE_PRODUCER;
+                pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
         }
         st->daemon_version = AQUA_PROTOCOL_VERSION;
         st->uptime_ms = (now_mono_ns() - s->start_ns) / NSEC_PER_MSEC;
@@ -70,7 +71,7 @@ static size_t fill_gpus(struct pool *p, struct reply_mem *m, size_t max)
                 aqua__gpu_info__init(i);
                 i->uuid = g->uuid;
                 i->ordinal = g->ordinal;
-                i->role = g->role;
+                i->role = translate_role_to_wire(g->role);
                 i->capacity = g->capacity;
                 i->client_id = c ? c->id : 0;
                 i->client_name = g->client_name ? g->client_name : "";
@@ -99,7 +100,7 @@ static size_t fill_pairs(struct pool *p, struct reply_mem *m, size_t max)
                 struct gpu *g = list_entry(x, struct gpu, node);
                 Aqua__PairInfo *i = &m->pairs[n];
 
-                if (!g->paired || g->role != AQUA__ROLE__ROLE_PRODUCER)
+                if (!g->paired || g->role != GPU_ROLE_PRODUCER)
                         continue;
                 aqua__pair_info__init(i);
                 i->producer_uuid = g->uuid;
@@ -275,22 +276,10 @@ static void ack(struct server *s, struct client *c, uint64_t request_id)
         server_flush_notices(s);
 }
 
-static int need_gpu(struct server *s, const char *key, const char *what, struct gpu **ret,
-                    char *err)
-{
-        struct gpu *g = s->pool->n_gpus ? pool_find_gpu(s->pool, key) : NULL;
-
-        if (!g)
-                return pool_fail(err, E(UNKNOWN_GPU), "%s: no GPU \"%s\"", what, key ? key : "");
-        *ret = g;
-        return 0;
-}
-
 void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         _cleanup_(pool_reclaim_clear) struct pool_reclaim res = {0};
         char err[POOL_ERR_MAX];
-        struct gpu *g = NULL;
         int code = 0;
 
         if (e->body_case == AQUA__ENVELOPE__BODY_ADMIN_QUERY) {
@@ -305,30 +294,21 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         }
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:
-                code = need_gpu(s, e->admin_reclaim->gpu, "admin-reclaim", &g, err);
-                if (code == 0 && g->role != AQUA__ROLE__ROLE_PRODUCER)
-                        code = pool_fail(err, E(WRONG_ROLE), "admin-reclaim: %s is not a producer",
-                                         g->uuid);
-                if (code == 0)
-                        code = pool_reclaim(s->pool, g, e->admin_reclaim->bytes,
-                                            e->admin_reclaim->bytes == 0, true, "aquactl reclaim",
-                                            &res, err);
+                code = translate_outcome(pool_admin_reclaim(s->pool, e->admin_reclaim->gpu,
+                                                            e->admin_reclaim->bytes, &res, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_DRAIN:
-                code = need_gpu(s, e->admin_drain->gpu, "admin-drain", &g, err);
-                if (code == 0)
-                        code = pool_drain(s->pool, g, &res, err);
+                code = translate_outcome(pool_admin_drain(s->pool, e->admin_drain->gpu, &res, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
-                code = pool_pin(s->pool, e->admin_pair->producer, e->admin_pair->consumer, err);
+                code = translate_outcome(
+                    pool_pin(s->pool, e->admin_pair->producer, e->admin_pair->consumer, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
-                code = pool_unpin(s->pool, e->admin_unpair->gpu, err);
+                code = translate_outcome(pool_unpin(s->pool, e->admin_unpair->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
-                code = need_gpu(s, e->admin_release->gpu, "admin-release", &g, err);
-                if (code == 0)
-                        code = pool_release(s->pool, g, err);
+                code = translate_outcome(pool_admin_release(s->pool, e->admin_release->gpu, err));
                 break;
         default:
                 code = pool_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));

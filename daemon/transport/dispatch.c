@@ -13,6 +13,7 @@
 #include "parse-util.h"
 #include "server.h"
 #include "time-util.h"
+#include "translate.h"
 
 #define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
@@ -37,6 +38,15 @@ static int reply_error(struct server *s, struct client *c, uint64_t request_id, 
 {
         return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
                                  what ? what : "", what ? ": " : "", err);
+}
+
+/* A request the core (or the transport) refused: code is a wire code or a negative errno. */
+static int reply_failure(struct server *s, struct client *c, uint64_t request_id, int code,
+                         const char *what, const char *err)
+{
+        if (code < 0)
+                return reply_error(s, c, request_id, E(INTERNAL), what, "out of memory");
+        return reply_error(s, c, request_id, code, NULL, err);
 }
 
 static void reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
@@ -148,60 +158,87 @@ static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
 /* ------------------------------------------------------------------------------ hello */
 
 /*
- * What a re-registering client holds: the HelloHeld parts that came first, then the Hello's own.
- * ret_all points into c->held and h; NULL with 0 held when there is nothing.
+ * What a re-registering client holds: the HelloHeld parts that came first, then the Hello's own,
+ * in the pool's terms.
  */
-static int held_all(struct client *c, const Aqua__Hello *h, Aqua__HeldChunk ***ret_all,
+static int held_all(struct client *c, const Aqua__Hello *h, struct pool_held **ret_all,
                     size_t *ret_n)
 {
         size_t n = c->n_held + h->n_held;
-        Aqua__HeldChunk **all;
+        struct pool_held *all = calloc(n + 1, sizeof(*all));
 
-        if (!c->n_held) {
-                *ret_all = h->held;
-                *ret_n = h->n_held;
-                return 0;
-        }
-        all = calloc(n, sizeof(*all));
         if (!all)
                 return -ENOMEM;
-        for (size_t i = 0; i < c->n_held; i++)
-                all[i] = &c->held[i];
-        memcpy(all + c->n_held, h->held, h->n_held * sizeof(*all));
+        if (c->n_held)
+                memcpy(all, c->held, c->n_held * sizeof(*all));
+        for (size_t i = 0; i < h->n_held; i++)
+                all[c->n_held + i] = (struct pool_held){.chunk_id = h->held[i]->chunk_id,
+                                                        .size = h->held[i]->size,
+                                                        .lease_id = h->held[i]->lease_id};
         *ret_all = all;
         *ret_n = n;
         return 0;
+}
+
+/* The links a GPU reports, in the pool's terms (strings point into h). */
+static struct pool_link *links_of(const Aqua__Hello *h)
+{
+        struct pool_link *links = calloc(h->n_links + 1, sizeof(*links));
+
+        if (!links)
+                return NULL;
+        for (size_t i = 0; i < h->n_links; i++)
+                links[i] = (struct pool_link){.uuid = h->links[i]->gpu_uuid,
+                                              .bandwidth = h->links[i]->bandwidth_gbps};
+        return links;
+}
+
+/* Welcome a registered client; gpu NULL for an admin. */
+static void reply_welcome(struct server *s, struct client *c, uint64_t request_id,
+                          const struct gpu *gpu, uint64_t *lost_leases, size_t n_lost_leases)
+{
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__Welcome w = AQUA__WELCOME__INIT;
+
+        w.client_id = c->id;
+        w.daemon_version = AQUA_PROTOCOL_VERSION;
+        if (gpu) {
+                w.paired_with = gpu->paired ? gpu->paired->device : "";
+                w.dram_budget = gpu->dram_bytes;
+        }
+        w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        w.lost_leases = lost_leases;
+        w.n_lost_leases = n_lost_leases;
+        r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
+        r.welcome = &w;
+        reply(s, c, request_id, &r);
 }
 
 static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
                          size_t n_fds)
 {
         const Aqua__Hello *h = e->hello;
-        _cleanup_free_ Aqua__HeldChunk **all_alloc = NULL;
-        Aqua__HeldChunk **all = NULL;
+        _cleanup_free_ struct pool_held *all = NULL;
+        _cleanup_free_ struct pool_link *links = links_of(h);
         size_t n_all = 0;
-        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
-        Aqua__Welcome w = AQUA__WELCOME__INIT;
         struct pool_welcome pw = {0};
         char err[POOL_ERR_MAX];
         struct pool_hello ph = {
             .uuid = h->gpu_uuid,
-            .role = h->role,
+            .role = translate_role_from_wire(h->role),
             .ordinal = h->gpu_ordinal,
             .capacity = h->gpu_capacity,
             .granularity = h->granularity,
             .client_name = h->client_name,
             .pid = c->cred.pid,
             .process = c->process.pid ? &c->process : NULL,
-            .links = h->links,
+            .links = links,
             .n_links = h->n_links,
             .held_fds = fds,
         };
         int code;
 
-        code = held_all(c, h, &all, &n_all);
-        if (code == 0 && all != h->held)
-                all_alloc = all;
+        code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
         if (code == 0 && h->held_total && h->held_total != n_all)
                 code = pool_fail(err, E(INVALID),
                                  "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
@@ -211,8 +248,12 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
                                  n_fds, n_all);
         ph.held = all;
         ph.n_held = n_all;
+        /* A role the pool has no name for; the core checks the uuid first, and so here. */
+        if (code == 0 && ph.role == _GPU_ROLE_MAX && h->gpu_uuid && h->gpu_uuid[0])
+                code = pool_fail(err, E(INVALID),
+                                 "hello: role %d is not producer, consumer or neutral", h->role);
         if (code == 0)
-                code = pool_register(s->pool, &ph, c, &pw, err);
+                code = translate_outcome(pool_register(s->pool, &ph, c, &pw, err));
         /* Whatever the outcome, the parts are spent: a new attempt sends them again. */
         free(c->held);
         c->held = NULL;
@@ -235,16 +276,7 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
                  (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, role_name(h->role),
                  pw.n_lost_leases ? " (with lost leases)" : "");
-        w.client_id = c->id;
-        w.daemon_version = AQUA_PROTOCOL_VERSION;
-        w.paired_with = pw.gpu->paired ? pw.gpu->paired->device : "";
-        w.dram_budget = pw.gpu->dram_bytes;
-        w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
-        w.lost_leases = pw.lost_leases;
-        w.n_lost_leases = pw.n_lost_leases;
-        r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
-        r.welcome = &w;
-        reply(s, c, e->request_id, &r);
+        reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases);
         free(pw.lost_leases);
 }
 
@@ -301,17 +333,9 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
         c->routing_id_len = rlen;
 
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
-                Aqua__Envelope r = AQUA__ENVELOPE__INIT;
-                Aqua__Welcome w = AQUA__WELCOME__INIT;
-
                 c->registered = true;
                 c->role = h->role;
-                w.client_id = c->id;
-                w.daemon_version = AQUA_PROTOCOL_VERSION;
-                w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
-                r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
-                r.welcome = &w;
-                reply(s, c, e->request_id, &r);
+                reply_welcome(s, c, e->request_id, NULL, NULL, 0);
                 goto done;
         }
         need = h->role == AQUA__ROLE__ROLE_PRODUCER ? fds_needed(e) : 0;
@@ -358,7 +382,7 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
 {
         const Aqua__HelloHeld *hh = e->hello_held;
         struct client *c = token_owner(s, rid, rlen, e, &hh->token);
-        Aqua__HeldChunk *a;
+        struct pool_held *a;
 
         if (!c)
                 return;
@@ -377,13 +401,10 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
                 return;
         }
         c->held = a;
-        for (size_t i = 0; i < hh->n_held; i++) {
-                aqua__held_chunk__init(&a[c->n_held]);
-                a[c->n_held].chunk_id = hh->held[i]->chunk_id;
-                a[c->n_held].size = hh->held[i]->size;
-                a[c->n_held].lease_id = hh->held[i]->lease_id;
-                c->n_held++;
-        }
+        for (size_t i = 0; i < hh->n_held; i++)
+                a[c->n_held++] = (struct pool_held){.chunk_id = hh->held[i]->chunk_id,
+                                                    .size = hh->held[i]->size,
+                                                    .lease_id = hh->held[i]->lease_id};
 }
 
 /* ------------------------------------------------------------------------------ offer */
@@ -407,10 +428,9 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
                 sizes[i] = e->offer->chunks[i]->size;
                 refs[i] = e->offer->chunks[i]->client_ref;
         }
-        code = pool_offer(s->pool, c->gpu, sizes, refs, fds, n, ids, err);
+        code = translate_outcome(pool_offer(s->pool, c->gpu, sizes, refs, fds, n, ids, err));
         if (code != 0) {
-                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
-                            code < 0 ? "offer: out of memory" : err);
+                reply_failure(s, c, e->request_id, code, "offer", err);
                 return;
         }
         if (!commit_or_refuse(s, c, e->request_id, "offer")) {
@@ -606,10 +626,10 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         size_t i = 0;
         int code;
 
-        code = pool_borrow(s->pool, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err);
+        code = translate_outcome(
+            pool_borrow(s->pool, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err));
         if (code != 0) {
-                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
-                            code < 0 ? "borrow: out of memory" : err);
+                reply_failure(s, c, e->request_id, code, "borrow", err);
                 return;
         }
         if (!commit_or_refuse(s, c, e->request_id, "borrow")) {
@@ -671,10 +691,10 @@ static void handle_return(struct server *s, struct client *c, const Aqua__Envelo
         if (code == 0)
                 code = pool_return(s->pool, c->gpu, rt->lease_id, rt->chunk_ids, rt->n_chunk_ids,
                                    rt->dram_bytes, &returned, err);
+        code = translate_outcome(code);
         if (code != 0) {
                 server_flush_notices(s);
-                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
-                            code < 0 ? "return: out of memory" : err);
+                reply_failure(s, c, e->request_id, code, "return", err);
                 return;
         }
         rr.lease_id = rt->lease_id;
@@ -693,10 +713,10 @@ static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envel
         char err[POOL_ERR_MAX];
         int code;
 
-        code = pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res, err);
+        code = translate_outcome(
+            pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res, err));
         if (code != 0) {
-                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
-                            code < 0 ? "reclaim: out of memory" : err);
+                reply_failure(s, c, e->request_id, code, "reclaim", err);
                 return;
         }
         rr.chunk_ids = res.free_ids;
@@ -730,11 +750,11 @@ static void handle_scrub_done(struct server *s, struct client *c, const Aqua__En
         uint32_t done = 0;
         int code;
 
-        code = pool_scrub_done(s->pool, c->gpu, d->chunk_ids, d->n_chunk_ids, d->failed_chunk_ids,
-                               d->n_failed_chunk_ids, &done, err);
+        code = translate_outcome(pool_scrub_done(s->pool, c->gpu, d->chunk_ids, d->n_chunk_ids,
+                                                 d->failed_chunk_ids, d->n_failed_chunk_ids, &done,
+                                                 err));
         if (code != 0) {
-                reply_error(s, c, e->request_id, code < 0 ? E(INTERNAL) : code, NULL,
-                            code < 0 ? "scrub_done: out of memory" : err);
+                reply_failure(s, c, e->request_id, code, "scrub_done", err);
                 return;
         }
         log_debug("GPU %s scrubbed %" PRIu32 " chunks (%zu failed)", c->gpu->uuid, done,

@@ -50,7 +50,7 @@ struct client {
         uint64_t accepted_ns;
         struct list_node pending;
         size_t n_pending;
-        Aqua__HeldChunk *held; /* from HelloHeld before its Hello: the first of what it holds */
+        struct pool_held *held; /* from HelloHeld before its Hello: the first of what it holds */
         size_t n_held;
         struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
         size_t n_outbox;
