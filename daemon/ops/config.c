@@ -76,11 +76,6 @@ static const struct conf_field config_fields[] = {
 };
 static const struct conf_schema config_schema = {"aquad", config_fields};
 
-const char *config_pairing_to_string(int p)
-{
-        return p >= 0 && p < _CONFIG_PAIRING_MAX ? pairing_names[p] : NULL;
-}
-
 static void *mfree(void *p)
 {
         free(p);

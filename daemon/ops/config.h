@@ -93,4 +93,3 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct config *, config_free);
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);
 
-const char *config_pairing_to_string(int p);

@@ -362,8 +362,3 @@ void metrics_dispatch(struct metrics *m)
         if (prom_server_dispatch(m->http) < 0)
                 log_warning("Metrics endpoint failed to run");
 }
-
-int metrics_render(struct metrics *m, char **ret, size_t *ret_len)
-{
-        return prom_render_string(render, m, ret, ret_len);
-}

@@ -34,5 +34,3 @@ int metrics_timeout_ms(const struct metrics *m);
 /* Answer what scrapers sent; never blocks. */
 void metrics_dispatch(struct metrics *m);
 
-/* The exposition a scrape would get now (tests, debugging). */
-int metrics_render(struct metrics *m, char **ret, size_t *ret_len);
