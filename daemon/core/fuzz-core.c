@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "broker.h"
 #include "log.h"
-#include "pool.h"
 #include "time-util.h"
 
 #define MiB        (UINT64_C(1) << 20)
@@ -32,7 +32,7 @@ struct client {
 };
 
 struct fuzz {
-        struct pool *pool;
+        struct broker *broker;
         struct client clients[GPUS];
         struct gpu *gpus[GPUS]; /* registered, NULL when its client is gone */
         uint64_t scrubs[GPUS][MAX_SCRUBS];
@@ -43,7 +43,7 @@ struct fuzz {
 static const char *const names[GPUS] = {"GPU-P0", "GPU-P1", "GPU-C0", "GPU-C1"};
 static int memfd = -1;
 
-static const struct pool_settings settings = {
+static const struct broker_settings settings = {
     .dram_budget = 16 * MiB,
     .reclaim_deadline_ns = NSEC_PER_SEC,
     .reconcile_timeout_ns = NSEC_PER_SEC,
@@ -102,14 +102,14 @@ static void deliver_notices(struct fuzz *f)
 {
         struct list_node taken = LIST_HEAD_INIT(taken), *pos, *tmp;
 
-        pool_take_notices(f->pool, &taken);
+        broker_take_notices(f->broker, &taken);
         list_for_each(pos, tmp, &taken)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
 
                 if (m->kind == NOTICE_RECLAIM && m->gpu->owner)
-                        pool_reclaim_delivered(f->pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
-                                               m->deadline_ms);
+                        broker_reclaim_delivered(f->broker, m->lease_id, m->chunk_ids,
+                                                 m->n_chunk_ids, m->deadline_ms);
                 if (m->kind == NOTICE_SCRUB && m->gpu->owner) {
                         size_t k = (size_t)m->gpu->owner->index;
 
@@ -122,9 +122,9 @@ static void deliver_notices(struct fuzz *f)
 
 static void hello(struct fuzz *f, size_t k, uint8_t b)
 {
-        struct pool_link links[GPUS - 1];
-        struct pool_welcome w = {0};
-        struct pool_hello h = {
+        struct broker_link links[GPUS - 1];
+        struct broker_welcome w = {0};
+        struct broker_hello h = {
             .uuid = names[k],
             .role = is_producer(k) ? GPU_ROLE_PRODUCER : GPU_ROLE_CONSUMER,
             .ordinal = (uint32_t)k,
@@ -134,7 +134,7 @@ static void hello(struct fuzz *f, size_t k, uint8_t b)
             .pid = 1,
             .links = links,
         };
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
         if (f->gpus[k])
                 return;
@@ -143,8 +143,8 @@ static void hello(struct fuzz *f, size_t k, uint8_t b)
         for (size_t i = 0; i < GPUS; i++)
                 if (i != k)
                         links[h.n_links++] =
-                            (struct pool_link){.uuid = names[i], .bandwidth = (b & 2) ? 0 : 400};
-        if (pool_register(f->pool, &h, &f->clients[k], &w, err) == 0)
+                            (struct broker_link){.uuid = names[i], .bandwidth = (b & 2) ? 0 : 400};
+        if (broker_register(f->broker, &h, &f->clients[k], &w, err) == 0)
                 f->gpus[k] = w.gpu;
         free(w.lost_leases);
 }
@@ -153,7 +153,7 @@ static void gone(struct fuzz *f, size_t k)
 {
         if (!f->gpus[k])
                 return;
-        pool_gpu_gone(f->pool, f->gpus[k]);
+        broker_gpu_gone(f->broker, f->gpus[k]);
         f->gpus[k] = NULL;
         f->n_scrubs[k] = 0;
 }
@@ -163,7 +163,7 @@ static void offer(struct fuzz *f, size_t k, uint8_t b)
         size_t n = (b & 3) + 1;
         uint64_t sizes[4], refs[4], ids[4];
         int fds[4];
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
         if (!f->gpus[k])
                 return;
@@ -174,29 +174,30 @@ static void offer(struct fuzz *f, size_t k, uint8_t b)
                 if (fds[i] < 0)
                         die("offer", "cannot dup");
         }
-        if (pool_offer(f->pool, f->gpus[k], sizes, refs, fds, n, ids, err) != 0) {
+        if (broker_offer(f->broker, f->gpus[k], sizes, refs, fds, n, ids, err) != 0) {
                 for (size_t i = 0; i < n; i++)
                         close(fds[i]);
                 return;
         }
         /* The record could not be written: the transport takes the offer back. */
         if (b & 0x80)
-                pool_undo_offer(f->pool, ids, n);
+                broker_undo_offer(f->broker, ids, n);
 }
 
 static void borrow(struct fuzz *f, size_t k, uint8_t b)
 {
         uint64_t bytes = ((b & 7) + 1) * 2 * MiB;
-        struct pool_grant g;
-        char err[POOL_ERR_MAX];
+        struct broker_grant g;
+        char err[BROKER_ERR_MAX];
 
         if (!f->gpus[k])
                 return;
-        if (pool_borrow(f->pool, f->gpus[k], bytes, (b & 8) ? bytes : 0, b & 0x10, &g, err) != 0)
+        if (broker_borrow(f->broker, f->gpus[k], bytes, (b & 8) ? bytes : 0, b & 0x10, &g, err) !=
+            0)
                 return;
         /* The grant's record or descriptors could not go out: the transport undoes it. */
         if (b & 0x80)
-                pool_undo_grant(f->pool, f->gpus[k], &g);
+                broker_undo_grant(f->broker, f->gpus[k], &g);
 }
 
 static void give_back(struct fuzz *f, size_t k, uint8_t b, bool unusable)
@@ -205,7 +206,7 @@ static void give_back(struct fuzz *f, size_t k, uint8_t b, bool unusable)
         struct lease *l = nth_lease(g, b >> 4);
         uint64_t ids[2] = {0, 999};
         size_t n = 0;
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
         if (!g)
                 return;
@@ -215,33 +216,33 @@ static void give_back(struct fuzz *f, size_t k, uint8_t b, bool unusable)
                 n = 2; /* one id the lease does not have */
         if (unusable) {
                 if (l)
-                        (void)pool_return_unusable(f->pool, g, l->id, ids, n, err);
+                        (void)broker_return_unusable(f->broker, g, l->id, ids, n, err);
                 return;
         }
-        (void)pool_return(f->pool, g,
-                          l         ? l->id
-                          : (b & 4) ? 4242
-                                    : 0,
-                          ids, l ? n : 0, (b & 8) ? g->dram_bytes : 0, NULL, err);
+        (void)broker_return(f->broker, g,
+                            l         ? l->id
+                            : (b & 4) ? 4242
+                                      : 0,
+                            ids, l ? n : 0, (b & 8) ? g->dram_bytes : 0, NULL, err);
 }
 
 static void reclaim(struct fuzz *f, size_t k, uint8_t b)
 {
-        struct pool_reclaim r = {0};
-        char err[POOL_ERR_MAX];
+        struct broker_reclaim r = {0};
+        char err[BROKER_ERR_MAX];
 
         if (!f->gpus[k])
                 return;
-        (void)pool_reclaim(f->pool, f->gpus[k], (b & 7) * 2 * MiB, b & 8, b & 0x10, "producer load",
-                           &r, err);
-        pool_reclaim_clear(&r);
+        (void)broker_reclaim(f->broker, f->gpus[k], (b & 7) * 2 * MiB, b & 8, b & 0x10,
+                             "producer load", &r, err);
+        broker_reclaim_clear(&r);
 }
 
 static void scrub_done(struct fuzz *f, size_t k, uint8_t b)
 {
         uint64_t good[MAX_SCRUBS + 1], bad[MAX_SCRUBS];
         size_t n_good = 0, n_bad = 0;
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
         if (!f->gpus[k])
                 return;
@@ -252,36 +253,36 @@ static void scrub_done(struct fuzz *f, size_t k, uint8_t b)
                         good[n_good++] = f->scrubs[k][i];
         }
         good[n_good++] = 777; /* not asked for: ignored */
-        (void)pool_scrub_done(f->pool, f->gpus[k], good, n_good, bad, n_bad, NULL, err);
+        (void)broker_scrub_done(f->broker, f->gpus[k], good, n_good, bad, n_bad, NULL, err);
         f->n_scrubs[k] = 0;
 }
 
 static void admin(struct fuzz *f, size_t k, uint8_t b)
 {
-        struct pool_reclaim r = {0};
-        char err[POOL_ERR_MAX];
+        struct broker_reclaim r = {0};
+        char err[BROKER_ERR_MAX];
 
         switch (b % 6) {
         case 0:
-                (void)pool_admin_reclaim(f->pool, names[k], (b >> 3) * 2 * MiB, &r, err);
+                (void)broker_admin_reclaim(f->broker, names[k], (b >> 3) * 2 * MiB, &r, err);
                 break;
         case 1:
-                (void)pool_admin_drain(f->pool, names[k], &r, err);
+                (void)broker_admin_drain(f->broker, names[k], &r, err);
                 break;
         case 2:
-                (void)pool_admin_release(f->pool, names[k], err);
+                (void)broker_admin_release(f->broker, names[k], err);
                 break;
         case 3:
-                (void)pool_pin(f->pool, names[k & 1], names[2 + ((b >> 3) & 1)], err);
+                (void)broker_pin(f->broker, names[k & 1], names[2 + ((b >> 3) & 1)], err);
                 break;
         case 4:
-                (void)pool_unpin(f->pool, names[k], err);
+                (void)broker_unpin(f->broker, names[k], err);
                 break;
         default:
-                (void)pool_repair(f->pool);
+                (void)broker_repair(f->broker);
                 break;
         }
-        pool_reclaim_clear(&r);
+        broker_reclaim_clear(&r);
 }
 
 static void step(struct fuzz *f, uint8_t op, uint8_t a, uint8_t b)
@@ -312,7 +313,7 @@ static void step(struct fuzz *f, uint8_t op, uint8_t a, uint8_t b)
                 break;
         case 7:
                 f->now_ns += b * 100 * NSEC_PER_MSEC;
-                pool_tick(f->pool, f->now_ns);
+                broker_tick(f->broker, f->now_ns);
                 break;
         case 8:
                 scrub_done(f, k, b);
@@ -322,26 +323,26 @@ static void step(struct fuzz *f, uint8_t op, uint8_t a, uint8_t b)
                 break;
         }
         /* What the transport does before any reply: commit (here: nothing persists). */
-        (void)pool_commit(f->pool);
+        (void)broker_commit(f->broker);
         deliver_notices(f);
         log_debug("op %u GPU %zu arg 0x%02x: %zu GPUs, %zu chunks, %zu leases, %" PRIu64
                   " bytes of DRAM",
-                  op % 11, k, b, f->pool->n_gpus, f->pool->n_chunks, f->pool->n_leases,
-                  f->pool->dram_granted);
+                  op % 11, k, b, f->broker->n_gpus, f->broker->n_chunks, f->broker->n_leases,
+                  f->broker->dram_granted);
 }
 
 static void check(struct fuzz *f, const char *when)
 {
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
-        if (pool_check(f->pool, err) != 0)
+        if (broker_check(f->broker, err) != 0)
                 die(when, err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
         struct fuzz f = {.now_ns = now_mono_ns()};
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
         int n;
 
         if (memfd < 0) {
@@ -351,7 +352,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (memfd < 0)
                         die("setup", "cannot create a memfd");
         }
-        if (pool_new(&settings, &f.pool) < 0)
+        if (broker_new(&settings, &f.broker) < 0)
                 die("setup", "cannot create a pool");
         for (size_t i = 0; i < GPUS; i++)
                 f.clients[i].index = (int)i;
@@ -361,7 +362,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         /* Every deadline passes, then every client goes away. */
         f.now_ns += UINT64_C(3600) * NSEC_PER_SEC;
-        pool_tick(f.pool, f.now_ns);
+        broker_tick(f.broker, f.now_ns);
         deliver_notices(&f);
         check(&f, "after the deadlines");
         for (size_t i = 0; i < GPUS; i++) {
@@ -369,9 +370,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 deliver_notices(&f);
         }
         check(&f, "after every client left");
-        if (f.pool->n_chunks || f.pool->n_leases || f.pool->dram_granted) {
+        if (f.broker->n_chunks || f.broker->n_leases || f.broker->dram_granted) {
                 snprintf(err, sizeof(err), "%zu chunks, %zu leases, %" PRIu64 " bytes of DRAM",
-                         f.pool->n_chunks, f.pool->n_leases, f.pool->dram_granted);
+                         f.broker->n_chunks, f.broker->n_leases, f.broker->dram_granted);
                 die("the pool is not empty after every client left", err);
         }
         n = count_chunk_fds();
@@ -379,6 +380,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 snprintf(err, sizeof(err), "%d chunk handles open, none expected", n);
                 die("descriptors leaked", err);
         }
-        pool_free(f.pool);
+        broker_free(f.broker);
         return 0;
 }

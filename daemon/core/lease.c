@@ -7,39 +7,39 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker-private.h"
 #include "log.h"
 #include "parse-util.h"
-#include "pool-private.h"
 #include "time-util.h"
 
-#define E(name) POOL_E_##name
+#define E(name) BROKER_E_##name
 
 static const char *fmt_size(char *buf, uint64_t bytes)
 {
         return format_size(buf, 32, bytes);
 }
 
-int pool_offer(struct pool *p, struct gpu *producer, const uint64_t *sizes,
-               const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err)
+int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err)
 {
         size_t made = 0;
 
         if (producer->draining)
-                return pool_fail(err, E(INVALID), "offer: GPU %s is draining", producer->uuid);
+                return broker_fail(err, E(INVALID), "offer: GPU %s is draining", producer->uuid);
         if (n == 0)
-                return pool_fail(err, E(INVALID), "offer: no chunks");
+                return broker_fail(err, E(INVALID), "offer: no chunks");
         if (p->n_chunks + n > p->settings.max_chunks)
-                return pool_fail(err, E(LIMIT),
-                                 "offer: %zu more chunks would exceed the pool limit of %" PRIu64,
-                                 n, p->settings.max_chunks);
+                return broker_fail(err, E(LIMIT),
+                                   "offer: %zu more chunks would exceed the pool limit of %" PRIu64,
+                                   n, p->settings.max_chunks);
         for (size_t i = 0; i < n; i++) {
                 if (sizes[i] == 0)
-                        return pool_fail(err, E(INVALID), "offer: chunk %zu has size 0", i);
+                        return broker_fail(err, E(INVALID), "offer: chunk %zu has size 0", i);
                 if (producer->granularity && sizes[i] % producer->granularity)
-                        return pool_fail(err, E(INVALID),
-                                         "offer: chunk %zu of %" PRIu64
-                                         " bytes is not a multiple of the granularity %" PRIu64,
-                                         i, sizes[i], producer->granularity);
+                        return broker_fail(err, E(INVALID),
+                                           "offer: chunk %zu of %" PRIu64
+                                           " bytes is not a multiple of the granularity %" PRIu64,
+                                           i, sizes[i], producer->granularity);
         }
         for (; made < n; made++) {
                 struct chunk *c = chunk_new(p, producer, p->next_chunk_id, sizes[made],
@@ -49,7 +49,7 @@ int pool_offer(struct pool *p, struct gpu *producer, const uint64_t *sizes,
                 ret_ids[made] = c->id;
         }
         for (size_t i = 0; i < n; i++) {
-                journal_chunk(p, pool_find_chunk(p, ret_ids[i]));
+                journal_chunk(p, broker_find_chunk(p, ret_ids[i]));
                 fds[i] = -1;
         }
         p->stats.chunks_offered += n;
@@ -57,15 +57,15 @@ int pool_offer(struct pool *p, struct gpu *producer, const uint64_t *sizes,
 oom:
         /* Undo without closing: the caller still owns the descriptors on failure. */
         while (made-- > 0) {
-                struct chunk *c = pool_find_chunk(p, ret_ids[made]);
+                struct chunk *c = broker_find_chunk(p, ret_ids[made]);
                 c->fd = -1;
                 chunk_drop(p, c);
         }
         return -ENOMEM;
 }
 
-int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
-                bool allow_dram, struct pool_grant *ret, char *err)
+int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+                  bool allow_dram, struct broker_grant *ret, char *err)
 {
         struct gpu *producer = consumer->paired;
         struct list_node *pos, *tmp;
@@ -76,14 +76,15 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
         char a[32], b[32], c[32];
 
         if (bytes == 0)
-                return pool_fail(err, E(INVALID), "borrow: bytes is 0");
+                return broker_fail(err, E(INVALID), "borrow: bytes is 0");
         if (min_bytes > bytes)
-                return pool_fail(err, E(INVALID), "borrow: min_bytes %s > bytes %s",
-                                 fmt_size(a, min_bytes), fmt_size(b, bytes));
+                return broker_fail(err, E(INVALID), "borrow: min_bytes %s > bytes %s",
+                                   fmt_size(a, min_bytes), fmt_size(b, bytes));
         if (consumer->barred)
-                return pool_fail(err, E(BARRED),
-                                 "borrow: GPU %s missed a reclaim deadline and gets no new leases",
-                                 consumer->uuid);
+                return broker_fail(
+                    err, E(BARRED),
+                    "borrow: GPU %s missed a reclaim deadline and gets no new leases",
+                    consumer->uuid);
 
         /* Count what the paired producer can give before changing anything. */
         if (producer && producer->owner && !producer->draining && !lease_limit)
@@ -105,14 +106,15 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
         }
         if (got + dram == 0 || got + dram < min_bytes) {
                 if (lease_limit && !dram)
-                        return pool_fail(err, E(LIMIT),
-                                         "borrow: the limit of %" PRIu64 " leases is reached",
-                                         p->settings.max_leases);
-                return pool_fail(err, E(NO_MEMORY),
-                                 "borrow: %s from %s and %s of DRAM budget available, less than "
-                                 "the %s asked for",
-                                 fmt_size(a, got), producer ? producer->uuid : "no paired producer",
-                                 fmt_size(b, dram), fmt_size(c, min_bytes ? min_bytes : bytes));
+                        return broker_fail(err, E(LIMIT),
+                                           "borrow: the limit of %" PRIu64 " leases is reached",
+                                           p->settings.max_leases);
+                return broker_fail(err, E(NO_MEMORY),
+                                   "borrow: %s from %s and %s of DRAM budget available, less than "
+                                   "the %s asked for",
+                                   fmt_size(a, got),
+                                   producer ? producer->uuid : "no paired producer",
+                                   fmt_size(b, dram), fmt_size(c, min_bytes ? min_bytes : bytes));
         }
 
         if (n > 0) {
@@ -140,11 +142,11 @@ int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t m
                 p->dram_granted += dram;
                 journal_gpu(p, consumer);
         }
-        *ret = (struct pool_grant){.lease = l, .dram_bytes = dram, .partial = got + dram < bytes};
+        *ret = (struct broker_grant){.lease = l, .dram_bytes = dram, .partial = got + dram < bytes};
         return 0;
 }
 
-void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_grant *g)
+void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g)
 {
         if (g->lease) {
                 struct lease *l = g->lease;
@@ -164,10 +166,10 @@ void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_gra
         }
 }
 
-void pool_undo_offer(struct pool *p, const uint64_t *ids, size_t n)
+void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n)
 {
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = pool_find_chunk(p, ids[i]);
+                struct chunk *c = broker_find_chunk(p, ids[i]);
                 if (c && c->state == CHUNK_FREE)
                         chunk_drop(p, c);
         }
@@ -196,7 +198,7 @@ static void reclaimed_add(struct reclaimed *r, uint64_t id)
         r->ids[r->n++] = id;
 }
 
-static void reclaimed_flush(struct pool *p, struct reclaimed *r)
+static void reclaimed_flush(struct broker *p, struct reclaimed *r)
 {
         if (r->n > 0 && r->producer)
                 notice_queue(p, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
@@ -208,7 +210,7 @@ static void reclaimed_flush(struct pool *p, struct reclaimed *r)
  * A consumer no longer maps c (it returned it or died). Where it goes depends on why it was
  * leased: orphans are dropped, reclaimed chunks go back to their producer, others to the pool.
  */
-static void chunk_unmapped(struct pool *p, struct chunk *c, struct reclaimed *back)
+static void chunk_unmapped(struct broker *p, struct chunk *c, struct reclaimed *back)
 {
         if (c->orphan) {
                 chunk_drop(p, c);
@@ -229,21 +231,21 @@ static void chunk_unmapped(struct pool *p, struct chunk *c, struct reclaimed *ba
 }
 
 /* The lease lease_id of consumer, or a positive error code (what names it in err). */
-static int consumer_lease(struct pool *p, struct gpu *consumer, uint64_t lease_id, char *err,
+static int consumer_lease(struct broker *p, struct gpu *consumer, uint64_t lease_id, char *err,
                           struct lease **ret)
 {
-        struct lease *l = pool_find_lease(p, lease_id);
+        struct lease *l = broker_find_lease(p, lease_id);
 
         if (!l || l->consumer != consumer)
-                return pool_fail(err, E(UNKNOWN_LEASE),
-                                 "return: lease %" PRIu64 " is not held by GPU %s", lease_id,
-                                 consumer->uuid);
+                return broker_fail(err, E(UNKNOWN_LEASE),
+                                   "return: lease %" PRIu64 " is not held by GPU %s", lease_id,
+                                   consumer->uuid);
         *ret = l;
         return 0;
 }
 
-int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id,
-                         const uint64_t *chunk_ids, size_t n, char *err)
+int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                           const uint64_t *chunk_ids, size_t n, char *err)
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
@@ -255,7 +257,7 @@ int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id
         back.producer = l->producer;
         for (size_t i = 0; i < n; i++) {
                 /* Looked up each time: a duplicate id was already dropped. */
-                struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
 
                 if (!c || c->lease != l)
                         continue;
@@ -277,8 +279,9 @@ int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id
         return 0;
 }
 
-int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,
-                size_t n, uint64_t dram_bytes, uint32_t *ret_returned, char *err)
+int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                  const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
+                  char *err)
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
@@ -286,31 +289,31 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
         char a[32], b[32];
 
         if (lease_id == 0 && dram_bytes == 0)
-                return pool_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
+                return broker_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
         if (lease_id) {
                 int r = consumer_lease(p, consumer, lease_id, err, &l);
                 if (r != 0)
                         return r;
         } else if (n > 0)
-                return pool_fail(err, E(INVALID), "return: chunk ids without a lease");
+                return broker_fail(err, E(INVALID), "return: chunk ids without a lease");
         /* Ids no longer in the lease are skipped, not refused: a consumer that moved off a
          * producer that died returns again what it may have returned already (ids are never
          * reused, so a stale one names nobody else's chunk). None in it at all is an error. */
         if (n > 0) {
                 size_t in_lease = 0;
                 for (size_t i = 0; i < n; i++) {
-                        struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+                        struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
                         in_lease += c && c->lease == l;
                 }
                 if (in_lease == 0)
-                        return pool_fail(err, E(UNKNOWN_CHUNK),
-                                         "return: chunk %" PRIu64 " is not in lease %" PRIu64,
-                                         chunk_ids[0], lease_id);
+                        return broker_fail(err, E(UNKNOWN_CHUNK),
+                                           "return: chunk %" PRIu64 " is not in lease %" PRIu64,
+                                           chunk_ids[0], lease_id);
         }
         if (dram_bytes > consumer->dram_bytes)
-                return pool_fail(err, E(INVALID), "return: %s of DRAM, but GPU %s holds %s",
-                                 fmt_size(a, dram_bytes), consumer->uuid,
-                                 fmt_size(b, consumer->dram_bytes));
+                return broker_fail(err, E(INVALID), "return: %s of DRAM, but GPU %s holds %s",
+                                   fmt_size(a, dram_bytes), consumer->uuid,
+                                   fmt_size(b, consumer->dram_bytes));
 
         if (l) {
                 back.producer = l->producer;
@@ -323,7 +326,7 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
                 } else
                         for (size_t i = 0; i < n; i++) {
                                 /* Looked up again: a duplicate id was already handled. */
-                                struct chunk *c = pool_find_chunk(p, chunk_ids[i]);
+                                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
                                 if (!c || c->lease != l)
                                         continue;
                                 chunk_unmapped(p, c, &back);
@@ -350,11 +353,11 @@ int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const u
         return 0;
 }
 
-void pool_reclaim_clear(struct pool_reclaim *r)
+void broker_reclaim_clear(struct broker_reclaim *r)
 {
         free(r->free_ids);
         free(r->pending_ids);
-        *r = (struct pool_reclaim){0};
+        *r = (struct broker_reclaim){0};
 }
 
 static int ids_push(uint64_t **ids, size_t *n, uint64_t id)
@@ -369,8 +372,8 @@ static int ids_push(uint64_t **ids, size_t *n, uint64_t id)
 }
 
 /* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
-static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_t *got,
-                         const char *reason, uint64_t deadline_ns, struct pool_reclaim *ret)
+static int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *got,
+                         const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret)
 {
         struct list_node *pos, *tmp;
         size_t first = ret->n_pending;
@@ -389,7 +392,7 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
                         return r;
                 c->state = CHUNK_RECLAIMING;
                 c->reclaim_start_ns = now_mono_ns();
-                /* The deadline runs from the notice's delivery (pool_reclaim_delivered). */
+                /* The deadline runs from the notice's delivery (broker_reclaim_delivered). */
                 c->deadline_ns = 0;
                 c->deadline_ms = 0;
                 c->deadline_pending = deadline_ns != 0;
@@ -408,17 +411,17 @@ static int reclaim_lease(struct pool *p, struct lease *l, uint64_t want, uint64_
         return 0;
 }
 
-int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all, bool leased_only,
-                 const char *reason, struct pool_reclaim *ret, char *err)
+int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err)
 {
-        _cleanup_(pool_reclaim_clear) struct pool_reclaim res = {0};
+        _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
         struct list_node *pos, *tmp;
         uint64_t want = all ? UINT64_MAX : bytes, got = 0;
         uint64_t deadline_ns = now_mono_ns() + p->settings.reclaim_deadline_ns;
         int r;
 
         if (want == 0)
-                return pool_fail(err, E(INVALID), "reclaim: bytes is 0 and all is not set");
+                return broker_fail(err, E(INVALID), "reclaim: bytes is 0 and all is not set");
         if (!leased_only)
                 list_for_each(pos, tmp, &producer->chunks)
                 {
@@ -435,7 +438,7 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
                 }
         list_for_each(pos, tmp, &p->leases)
         {
-                struct lease *l = list_entry(pos, struct lease, pool_node);
+                struct lease *l = list_entry(pos, struct lease, broker_node);
                 if (got >= want || res.n_pending >= p->settings.max_grant_chunks)
                         break;
                 if (l->producer != producer)
@@ -450,17 +453,17 @@ int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all,
                            "%s: %zu chunks free at once, %zu asked back from consumers (%s)",
                            producer->uuid, res.n_free, res.n_pending, reason);
         *ret = res;
-        res = (struct pool_reclaim){0};
+        res = (struct broker_reclaim){0};
         return 0;
 }
 
-int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, char *err)
+int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err)
 {
         int r;
 
         if (producer->role != GPU_ROLE_PRODUCER)
-                return pool_fail(err, E(WRONG_ROLE), "drain: GPU %s is not a producer",
-                                 producer->uuid);
+                return broker_fail(err, E(WRONG_ROLE), "drain: GPU %s is not a producer",
+                                   producer->uuid);
         if (!producer->draining) {
                 producer->draining = true;
                 journal_gpu(p, producer);
@@ -469,7 +472,7 @@ int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, c
                      n = n->next)
                         chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
         }
-        r = pool_reclaim(p, producer, 0, true, false, "drain", ret, err);
+        r = broker_reclaim(p, producer, 0, true, false, "drain", ret, err);
         if (r != 0)
                 return r;
         /* The producer did not ask: tell it what is free already. */
@@ -478,7 +481,7 @@ int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, c
 }
 
 /* A consumer's client is gone: its mappings died with it. */
-static void consumer_gone(struct pool *p, struct gpu *g)
+static void consumer_gone(struct broker *p, struct gpu *g)
 {
         while (!list_empty(&g->leases)) {
                 struct lease *l = list_entry(g->leases.next, struct lease, consumer_node);
@@ -504,7 +507,7 @@ static void consumer_gone(struct pool *p, struct gpu *g)
  * A producer's client is gone: free chunks die with it, leased ones stay alive where consumers
  * map them; consumers are asked to move off at their own pace.
  */
-static void producer_gone(struct pool *p, struct gpu *g)
+static void producer_gone(struct broker *p, struct gpu *g)
 {
         struct list_node *pos, *tmp;
 
@@ -526,8 +529,8 @@ static void producer_gone(struct pool *p, struct gpu *g)
         }
         list_for_each(pos, tmp, &p->leases)
         {
-                struct lease *l = list_entry(pos, struct lease, pool_node);
-                struct pool_reclaim res = {0};
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                struct broker_reclaim res = {0};
                 uint64_t got = 0;
 
                 if (l->producer != g)
@@ -535,7 +538,7 @@ static void producer_gone(struct pool *p, struct gpu *g)
                 if (reclaim_lease(p, l, UINT64_MAX, &got, "producer gone", 0, &res) < 0)
                         log_error("Out of memory telling %s that %s is gone", l->consumer->uuid,
                                   g->uuid);
-                pool_reclaim_clear(&res);
+                broker_reclaim_clear(&res);
         }
         if (g->draining) {
                 g->draining = false;
@@ -543,7 +546,7 @@ static void producer_gone(struct pool *p, struct gpu *g)
         }
 }
 
-void pool_gpu_gone(struct pool *p, struct gpu *g)
+void broker_gpu_gone(struct broker *p, struct gpu *g)
 {
         consumer_gone(p, g);
         producer_gone(p, g);
@@ -560,47 +563,48 @@ void pool_gpu_gone(struct pool *p, struct gpu *g)
                 journal_gpu(p, g);
         }
         /* Repairing also asks producers to scrub what a departed consumer left. */
-        pool_repair(p);
+        broker_repair(p);
         gpu_gc(p, g);
 }
 
-void pool_reclaim_delivered(struct pool *p, uint64_t lease_id, const uint64_t *ids, size_t n,
-                            uint64_t deadline_ms)
+void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                              uint64_t deadline_ms)
 {
-        struct lease *l = pool_find_lease(p, lease_id);
+        struct lease *l = broker_find_lease(p, lease_id);
         uint64_t now = now_mono_ns(), wall = now_real_ns() / NSEC_PER_MSEC;
 
         if (!l || !deadline_ms)
                 return;
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = pool_find_chunk(p, ids[i]);
+                struct chunk *c = broker_find_chunk(p, ids[i]);
                 if (!c || c->lease != l || c->state != CHUNK_RECLAIMING || !c->deadline_pending)
                         continue;
                 c->deadline_pending = false;
                 c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
                 c->deadline_ms = wall + deadline_ms;
                 journal_chunk(p, c);
-                pool_note_deadline(p, c->deadline_ns);
+                broker_note_deadline(p, c->deadline_ns);
         }
 }
 
-int pool_release(struct pool *p, struct gpu *g, char *err)
+int broker_release(struct broker *p, struct gpu *g, char *err)
 {
         size_t leases = list_length(&g->leases);
 
         if (g->owner)
-                return pool_fail(err, E(BUSY),
-                                 "release: GPU %s has a connected client (pid %d); it returns what "
-                                 "it holds itself",
-                                 g->uuid, (int)g->pid);
+                return broker_fail(
+                    err, E(BUSY),
+                    "release: GPU %s has a connected client (pid %d); it returns what "
+                    "it holds itself",
+                    g->uuid, (int)g->pid);
         if (!g->restored)
-                return pool_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
-                                 g->uuid);
+                return broker_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
+                                   g->uuid);
         log_warning("Operator releases what GPU %s held before the restart (%zu leases, pid %d)",
                     g->uuid, leases, (int)g->process.pid);
         events_add(&p->events, "client", "%s released by an operator: %zu leases", g->uuid, leases);
         p->stats.leases_lost += leases;
-        pool_gpu_gone(p, g);
+        broker_gpu_gone(p, g);
         return 0;
 }
 
@@ -608,10 +612,10 @@ int pool_release(struct pool *p, struct gpu *g, char *err)
  * Silence is not death: after a restart aquad hears nothing from a consumer until it calls
  * aqua_poll(), however long an idle engine takes. A consumer that has not re-registered keeps
  * its leases (their chunks granted to nobody else) while its process may still map them: it
- * runs, or nobody can tell. Checked again every POOL_LIVENESS_RECHECK_NS; the first check
+ * runs, or nobody can tell. Checked again every BROKER_LIVENESS_RECHECK_NS; the first check
  * after the process is gone releases them.
  */
-static bool holder_may_map(struct pool *p, struct gpu *g)
+static bool holder_may_map(struct broker *p, struct gpu *g)
 {
         enum proc_liveness l;
 
@@ -631,11 +635,11 @@ static bool holder_may_map(struct pool *p, struct gpu *g)
                            (int)g->process.pid, l == PROC_ALIVE ? "alive" : "unknown");
         }
         /* Look again soon: the window closing again is what makes the next check. */
-        p->reconcile_deadline_ns = now_mono_ns() + POOL_LIVENESS_RECHECK_NS;
+        p->reconcile_deadline_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
         return true;
 }
 
-void pool_tick(struct pool *p, uint64_t now_ns)
+void broker_tick(struct broker *p, uint64_t now_ns)
 {
         struct list_node *pos, *tmp;
 
@@ -644,13 +648,13 @@ void pool_tick(struct pool *p, uint64_t now_ns)
         p->next_deadline_ns = 0;
         list_for_each(pos, tmp, &p->leases)
         {
-                struct lease *l = list_entry(pos, struct lease, pool_node);
+                struct lease *l = list_entry(pos, struct lease, broker_node);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
                         struct chunk *c = list_entry(k, struct chunk, lease_node);
                         if (c->state != CHUNK_RECLAIMING || !c->deadline_ns)
                                 continue;
                         if (c->deadline_ns > now_ns) {
-                                pool_note_deadline(p, c->deadline_ns);
+                                broker_note_deadline(p, c->deadline_ns);
                                 continue;
                         }
                         /* Missed: report once per lease; the chunk stays mapped, so it stays
@@ -687,11 +691,11 @@ void pool_tick(struct pool *p, uint64_t now_ns)
                                    g->uuid, g->held_alive ? " and its process is gone" : "");
                         p->stats.leases_lost +=
                             g->role == GPU_ROLE_CONSUMER ? list_length(&g->leases) : 0;
-                        pool_gpu_gone(p, g);
-                        /* pool_gpu_gone may free GPUs other than g: start over. */
+                        broker_gpu_gone(p, g);
+                        /* broker_gpu_gone may free GPUs other than g: start over. */
                         tmp = p->gpus.next;
                 }
-                pool_note_deadline(p, p->reconcile_deadline_ns);
+                broker_note_deadline(p, p->reconcile_deadline_ns);
         } else
-                pool_note_deadline(p, p->reconcile_deadline_ns);
+                broker_note_deadline(p, p->reconcile_deadline_ns);
 }

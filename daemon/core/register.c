@@ -7,15 +7,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker-private.h"
 #include "log.h"
 #include "pairing.h"
-#include "pool-private.h"
 #include "time-util.h"
 #include "topology.h"
 
-#define E(name) POOL_E_##name
+#define E(name) BROKER_E_##name
 
-static int lost_add(struct pool_welcome *w, uint64_t id)
+static int lost_add(struct broker_welcome *w, uint64_t id)
 {
         uint64_t *a;
 
@@ -30,7 +30,7 @@ static int lost_add(struct pool_welcome *w, uint64_t id)
         return 0;
 }
 
-static int set_links(struct gpu *g, const struct pool_link *links, size_t n)
+static int set_links(struct gpu *g, const struct broker_link *links, size_t n)
 {
         struct gpu_link *a = calloc(n ? n : 1, sizeof(*a));
 
@@ -59,8 +59,8 @@ static int set_links(struct gpu *g, const struct pool_link *links, size_t n)
  * back; unknown ones are handed back to it (Reclaimed); journaled ones it no longer has are
  * dropped, or, if a consumer maps them, treated as if their producer were gone.
  */
-static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_hello *h,
-                              struct pool_welcome *w)
+static int reconcile_producer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+                              struct broker_welcome *w)
 {
         _cleanup_free_ uint64_t *unknown = NULL;
         struct list_node *pos, *tmp;
@@ -71,8 +71,8 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
         if (!unknown)
                 return -ENOMEM;
         for (size_t i = 0; i < h->n_held; i++) {
-                const struct pool_held *hc = &h->held[i];
-                struct chunk *c = pool_find_chunk(p, hc->chunk_id);
+                const struct broker_held *hc = &h->held[i];
+                struct chunk *c = broker_find_chunk(p, hc->chunk_id);
 
                 if (c && c->producer == g && !c->orphan && c->size == hc->size && c->fd < 0) {
                         c->fd = h->held_fds[i];
@@ -109,7 +109,7 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
         /* Orphaned leases: ask their consumers to move off, as when a producer dies. */
         list_for_each(pos, tmp, &p->leases)
         {
-                struct lease *l = list_entry(pos, struct lease, pool_node);
+                struct lease *l = list_entry(pos, struct lease, broker_node);
                 _cleanup_free_ uint64_t *ids = NULL;
                 size_t n = 0;
 
@@ -140,7 +140,7 @@ static int reconcile_producer(struct pool *p, struct gpu *g, const struct pool_h
  * Reclaims asked while the consumer was away (or that it may have lost track of across the
  * restart) are asked again, with the time that is left.
  */
-static int renotice(struct pool *p, struct gpu *g)
+static int renotice(struct broker *p, struct gpu *g)
 {
         uint64_t now = now_mono_ns();
 
@@ -180,8 +180,8 @@ static int renotice(struct pool *p, struct gpu *g)
  * chunks of them it no longer lists go back to the pool); leases the daemon does not know, or
  * knows for another GPU, are lost: the consumer keeps the mappings it has and moves off them.
  */
-static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_hello *h,
-                              struct pool_welcome *w)
+static int reconcile_consumer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+                              struct broker_welcome *w)
 {
         struct list_node *pos, *tmp;
         int r;
@@ -191,8 +191,8 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
                 list_entry(pos, struct lease, consumer_node)->confirmed = false;
         }
         for (size_t i = 0; i < h->n_held; i++) {
-                const struct pool_held *hc = &h->held[i];
-                struct lease *l = hc->lease_id ? pool_find_lease(p, hc->lease_id) : NULL;
+                const struct broker_held *hc = &h->held[i];
+                struct lease *l = hc->lease_id ? broker_find_lease(p, hc->lease_id) : NULL;
 
                 if (!hc->lease_id)
                         continue;
@@ -253,10 +253,10 @@ static int reconcile_consumer(struct pool *p, struct gpu *g, const struct pool_h
         return renotice(p, g);
 }
 
-int pool_register(struct pool *p, const struct pool_hello *h, struct client *owner,
-                  struct pool_welcome *ret, char *err)
+int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+                    struct broker_welcome *ret, char *err)
 {
-        struct pool_welcome w = {0};
+        struct broker_welcome w = {0};
         struct gpu *g = NULL;
         bool producer = h->role == GPU_ROLE_PRODUCER;
         bool consumer = h->role == GPU_ROLE_CONSUMER;
@@ -265,20 +265,20 @@ int pool_register(struct pool *p, const struct pool_hello *h, struct client *own
         int r;
 
         if (!h->uuid || !h->uuid[0])
-                return pool_fail(err, E(INVALID), "hello: gpu_uuid is empty");
+                return broker_fail(err, E(INVALID), "hello: gpu_uuid is empty");
         if (!producer && !consumer && h->role != GPU_ROLE_NEUTRAL)
-                return pool_fail(err, E(INVALID),
-                                 "hello: role %d is not producer, consumer or "
-                                 "neutral",
-                                 h->role);
+                return broker_fail(err, E(INVALID),
+                                   "hello: role %d is not producer, consumer or "
+                                   "neutral",
+                                   h->role);
         if (h->n_held && !producer && !consumer)
-                return pool_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
+                return broker_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
         if (p->settings.colocate && (producer || consumer)) {
                 /* One device, a registration per role: the two may lend to each other. */
                 snprintf(name, sizeof(name), "%s/%s", h->uuid, producer ? "producer" : "consumer");
                 if (strchr(h->uuid, '/') || strlen(name) >= sizeof(name) - 1)
-                        return pool_fail(err, E(INVALID), "hello: gpu_uuid \"%s\" is not a uuid",
-                                         h->uuid);
+                        return broker_fail(err, E(INVALID), "hello: gpu_uuid \"%s\" is not a uuid",
+                                           h->uuid);
         } else
                 snprintf(name, sizeof(name), "%s", h->uuid);
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
@@ -287,23 +287,23 @@ int pool_register(struct pool *p, const struct pool_hello *h, struct client *own
                         g = x;
         }
         if (g && g->owner)
-                return pool_fail(err, E(BUSY), "hello: GPU %s is already registered by %s (pid %d)",
-                                 g->uuid, g->client_name ? g->client_name : "another client",
-                                 (int)g->pid);
+                return broker_fail(err, E(BUSY),
+                                   "hello: GPU %s is already registered by %s (pid %d)", g->uuid,
+                                   g->client_name ? g->client_name : "another client", (int)g->pid);
         if (g) {
                 for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
                         chunks += !list_entry(n, struct chunk, producer_node)->orphan;
                 if (chunks && !producer)
-                        return pool_fail(err, E(INVALID),
-                                         "hello: GPU %s still lends %zu chunks as a producer",
-                                         g->uuid, chunks);
+                        return broker_fail(err, E(INVALID),
+                                           "hello: GPU %s still lends %zu chunks as a producer",
+                                           g->uuid, chunks);
                 if (!list_empty(&g->leases) && !consumer)
-                        return pool_fail(err, E(INVALID),
-                                         "hello: GPU %s still borrows as a consumer", g->uuid);
+                        return broker_fail(err, E(INVALID),
+                                           "hello: GPU %s still borrows as a consumer", g->uuid);
         }
         if (producer && h->n_held + p->n_chunks > p->settings.max_chunks + chunks)
-                return pool_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
-                                 h->n_held);
+                return broker_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
+                                   h->n_held);
 
         if (!g && !(g = gpu_ensure(p, name)))
                 return -ENOMEM;
@@ -342,7 +342,7 @@ int pool_register(struct pool *p, const struct pool_hello *h, struct client *own
                    : consumer ? "consumer"
                               : "neutral",
                    h->n_held ? ", re-registering what it holds" : "");
-        r = pool_repair(p);
+        r = broker_repair(p);
         if (r < 0)
                 goto fail;
         w.gpu = g;
@@ -365,14 +365,14 @@ static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
 }
 
 /* What a GPU reported for its k-th link, or the operator's topology file where it reported none. */
-static double link_bandwidth(const struct pool *p, const struct gpu *g, size_t k)
+static double link_bandwidth(const struct broker *p, const struct gpu *g, size_t k)
 {
         if (g->links[k].bandwidth > 0 || !p->settings.links)
                 return g->links[k].bandwidth;
         return (double)topology_link_by_uuid(p->settings.links, g->uuid, g->links[k].uuid) / 1e9;
 }
 
-int pool_repair(struct pool *p)
+int broker_repair(struct broker *p)
 {
         _cleanup_free_ struct gpu **gpus = NULL;
         _cleanup_free_ enum pairing_role *roles = NULL;
@@ -482,35 +482,36 @@ int pool_repair(struct pool *p)
         return 0;
 }
 
-int pool_pin(struct pool *p, const char *producer, const char *consumer, char *err)
+int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err)
 {
-        struct gpu *a = pool_find_gpu(p, producer), *b = pool_find_gpu(p, consumer);
+        struct gpu *a = broker_find_gpu(p, producer), *b = broker_find_gpu(p, consumer);
         int r;
 
         if (!a || !b)
-                return pool_fail(err, E(UNKNOWN_GPU), "pair: no GPU %s",
-                                 !a ? (producer ? producer : "") : consumer);
+                return broker_fail(err, E(UNKNOWN_GPU), "pair: no GPU %s",
+                                   !a ? (producer ? producer : "") : consumer);
         if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
-                return pool_fail(err, E(WRONG_ROLE),
-                                 "pair: %s must be a producer and %s a consumer", a->uuid, b->uuid);
-        r = pool_pins_add(p, a->uuid, b->uuid, "aquactl");
+                return broker_fail(err, E(WRONG_ROLE),
+                                   "pair: %s must be a producer and %s a consumer", a->uuid,
+                                   b->uuid);
+        r = broker_pins_add(p, a->uuid, b->uuid, "aquactl");
         if (r < 0)
                 return r;
         journal_pin(p, a->uuid, b->uuid, false);
-        return pool_repair(p);
+        return broker_repair(p);
 }
 
-int pool_unpin(struct pool *p, const char *gpu, char *err)
+int broker_unpin(struct broker *p, const char *gpu, char *err)
 {
-        struct gpu *g = pool_find_gpu(p, gpu);
+        struct gpu *g = broker_find_gpu(p, gpu);
         int r;
 
         if (!g)
-                return pool_fail(err, E(UNKNOWN_GPU), "unpair: no GPU %s", gpu ? gpu : "");
+                return broker_fail(err, E(UNKNOWN_GPU), "unpair: no GPU %s", gpu ? gpu : "");
         /* Pinned to nobody: automatic pairing leaves it alone too. */
-        r = pool_pins_add(p, g->uuid, "", "aquactl");
+        r = broker_pins_add(p, g->uuid, "", "aquactl");
         if (r < 0)
                 return r;
         journal_pin(p, g->uuid, "", false);
-        return pool_repair(p);
+        return broker_repair(p);
 }

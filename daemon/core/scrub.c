@@ -7,10 +7,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "broker-private.h"
 #include "log.h"
-#include "pool-private.h"
 
-void chunk_dirty(struct pool *p, struct chunk *c, const struct gpu *consumer)
+void chunk_dirty(struct broker *p, struct chunk *c, const struct gpu *consumer)
 {
         if (!p->settings.scrub)
                 return;
@@ -23,7 +23,7 @@ bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer)
         return !c->dirty || (c->dirty_for && c->dirty_for == consumer->serial);
 }
 
-void scrub_check(struct pool *p, struct gpu *producer)
+void scrub_check(struct broker *p, struct gpu *producer)
 {
         struct gpu *mate = producer->paired;
         uint64_t keep = mate && mate->owner ? mate->serial : 0;
@@ -62,8 +62,8 @@ void scrub_check(struct pool *p, struct gpu *producer)
         events_add(&p->events, "scrub", "%s asked to scrub %zu chunks", producer->uuid, n);
 }
 
-int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, size_t n,
-                    const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err)
+int broker_scrub_done(struct broker *p, struct gpu *producer, const uint64_t *ids, size_t n,
+                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err)
 {
         _cleanup_free_ uint64_t *back = calloc(n_failed + 1, sizeof(uint64_t));
         uint32_t done = 0;
@@ -72,7 +72,7 @@ int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, s
         if (!back)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = pool_find_chunk(p, ids[i]);
+                struct chunk *c = broker_find_chunk(p, ids[i]);
 
                 /* Another producer's chunk, one never asked about, or one gone meanwhile. */
                 if (!c || c->producer != producer || !c->scrubbing)
@@ -84,7 +84,7 @@ int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, s
                 done++;
         }
         for (size_t i = 0; i < n_failed; i++) {
-                struct chunk *c = pool_find_chunk(p, failed[i]);
+                struct chunk *c = broker_find_chunk(p, failed[i]);
 
                 if (!c || c->producer != producer || !c->scrubbing)
                         continue;

@@ -4,24 +4,24 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "pool.h"
+#include "broker.h"
 #include "time-util.h"
 #include "topology.h"
 
 #define MiB     (UINT64_C(1) << 20)
-#define E(name) POOL_E_##name
+#define E(name) BROKER_E_##name
 
-static struct pool *pool;
+static struct broker *pool;
 static struct gpu *producer, *consumer;
 /* The pool never looks inside the transport's clients: any object stands in for one. */
 struct client {
         int unused;
 };
 static struct client producer_client, consumer_client;
-static char err[POOL_ERR_MAX];
+static char err[BROKER_ERR_MAX];
 static char dir[64], journal_path[128];
 
-static const struct pool_settings settings = {
+static const struct broker_settings settings = {
     .dram_budget = 8 * MiB,
     .reclaim_deadline_ns = 100 * NSEC_PER_MSEC,
     .reconcile_timeout_ns = NSEC_PER_SEC,
@@ -32,22 +32,22 @@ static const struct pool_settings settings = {
 };
 
 static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
-                         struct client *owner, const struct pool_held *held, size_t n_held,
-                         int *fds, struct pool_welcome *ret)
+                         struct client *owner, const struct broker_held *held, size_t n_held,
+                         int *fds, struct broker_welcome *ret)
 {
-        struct pool_link links[] = {{.uuid = peer, .bandwidth = 400}};
-        struct pool_hello h = {.uuid = uuid,
-                               .role = role,
-                               .granularity = 2 * MiB,
-                               .links = links,
-                               .n_links = 1,
-                               .held = held,
-                               .n_held = n_held,
-                               .held_fds = fds,
-                               .client_name = uuid};
-        struct pool_welcome w = {0};
+        struct broker_link links[] = {{.uuid = peer, .bandwidth = 400}};
+        struct broker_hello h = {.uuid = uuid,
+                                 .role = role,
+                                 .granularity = 2 * MiB,
+                                 .links = links,
+                                 .n_links = 1,
+                                 .held = held,
+                                 .n_held = n_held,
+                                 .held_fds = fds,
+                                 .client_name = uuid};
+        struct broker_welcome w = {0};
 
-        cr_assert_eq(pool_register(pool, &h, owner, &w, err), 0, "%s", err);
+        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
         if (ret)
                 *ret = w;
         else
@@ -57,7 +57,7 @@ static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
 
 static void setup(void)
 {
-        cr_assert_eq(pool_new(&settings, &pool), 0);
+        cr_assert_eq(broker_new(&settings, &pool), 0);
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         consumer =
@@ -71,7 +71,7 @@ static void drain_notices(void);
 static void teardown(void)
 {
         drain_notices();
-        pool = pool_free(pool);
+        pool = broker_free(pool);
         if (dir[0]) {
                 char cmd[128];
                 snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -92,8 +92,9 @@ static void offer(size_t n, uint64_t *ret_ids)
                 fds[i] = memfd_create("chunk", MFD_CLOEXEC);
                 cr_assert_geq(fds[i], 0);
         }
-        cr_assert_eq(pool_offer(pool, producer, sizes, refs, fds, n, ret_ids ? ret_ids : ids, err),
-                     0, "%s", err);
+        cr_assert_eq(
+            broker_offer(pool, producer, sizes, refs, fds, n, ret_ids ? ret_ids : ids, err), 0,
+            "%s", err);
         for (size_t i = 0; i < n; i++)
                 cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
 }
@@ -106,13 +107,13 @@ static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size
         struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
         size_t count = 0;
 
-        pool_take_notices(pool, &list);
+        broker_take_notices(pool, &list);
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
                 if (m->kind == NOTICE_RECLAIM)
-                        pool_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
-                                               m->deadline_ms);
+                        broker_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
+                                                 m->deadline_ms);
                 if (m->kind == kind && m->gpu == to) {
                         if (count == 0 && ids) {
                                 memcpy(ids, m->chunk_ids, m->n_chunk_ids * sizeof(*ids));
@@ -133,15 +134,15 @@ static void drain_notices(void)
                 notices(_NOTICE_KIND_MAX, NULL, NULL, NULL, NULL, 0);
 }
 
-static struct lease *borrow(uint64_t bytes, uint64_t min, bool dram, struct pool_grant *g)
+static struct lease *borrow(uint64_t bytes, uint64_t min, bool dram, struct broker_grant *g)
 {
-        cr_assert_eq(pool_borrow(pool, consumer, bytes, min, dram, g, err), 0, "%s", err);
+        cr_assert_eq(broker_borrow(pool, consumer, bytes, min, dram, g, err), 0, "%s", err);
         return g->lease;
 }
 
 Test(lease, borrow_grants_chunks_of_the_paired_producer)
 {
-        struct pool_grant g;
+        struct broker_grant g;
         struct lease *l;
 
         offer(4, NULL);
@@ -160,7 +161,7 @@ Test(lease, borrow_grants_chunks_of_the_paired_producer)
 
 Test(lease, a_return_naming_chunks_returned_already_returns_the_rest)
 {
-        struct pool_grant g;
+        struct broker_grant g;
         struct lease *l;
         uint64_t ids[3], first, stale[2];
         uint64_t lease_id;
@@ -176,22 +177,23 @@ Test(lease, a_return_naming_chunks_returned_already_returns_the_rest)
                 ids[i] = list_entry(k, struct chunk, lease_node)->id;
         }
         first = ids[0];
-        cr_assert_eq(pool_return(pool, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(broker_return(pool, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s", err);
         cr_assert_eq(n, 1);
         /* The first again, with the second: the second goes back, the first is skipped. */
         stale[0] = ids[0];
         stale[1] = ids[1];
-        cr_assert_eq(pool_return(pool, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
         cr_assert_eq(n, 1);
         cr_assert_eq(l->n_chunks, 1);
         /* Only stale ids: refused, nothing changes. */
-        cr_assert_eq(pool_return(pool, consumer, lease_id, stale, 2, 0, &n, err), E(UNKNOWN_CHUNK));
+        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err),
+                     E(UNKNOWN_CHUNK));
         cr_assert_eq(l->n_chunks, 1);
 }
 
 Test(lease, borrow_makes_up_the_rest_with_dram_budget)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         offer(1, NULL);
         borrow(6 * MiB, 4 * MiB, true, &g);
@@ -204,7 +206,7 @@ Test(lease, borrow_makes_up_the_rest_with_dram_budget)
 
 Test(lease, borrow_grants_partially_when_min_bytes_is_met)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         offer(2, NULL);
         borrow(32 * MiB, 2 * MiB, false, &g);
@@ -214,10 +216,10 @@ Test(lease, borrow_grants_partially_when_min_bytes_is_met)
 
 Test(lease, borrow_grants_nothing_below_min_bytes)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         offer(1, NULL);
-        cr_assert_eq(pool_borrow(pool, consumer, 8 * MiB, 4 * MiB, false, &g, err), E(NO_MEMORY));
+        cr_assert_eq(broker_borrow(pool, consumer, 8 * MiB, 4 * MiB, false, &g, err), E(NO_MEMORY));
         cr_assert(strstr(err, "GPU-P"), "%s", err);
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(list_length(&producer->free_chunks), 1);
@@ -225,12 +227,12 @@ Test(lease, borrow_grants_nothing_below_min_bytes)
 
 Test(lease, borrow_stops_at_the_lease_limit)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         offer(8, NULL);
         for (int i = 0; i < 4; i++)
                 borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(pool_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(LIMIT));
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(LIMIT));
 }
 
 Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
@@ -243,26 +245,26 @@ Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
                 sizes[i] = 2 * MiB;
                 fds[i] = -1;
         }
-        cr_assert_eq(pool_offer(pool, producer, sizes, refs, fds, 65, ids, err), E(LIMIT));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 65, ids, err), E(LIMIT));
         sizes[0] = 3 * MiB;
-        cr_assert_eq(pool_offer(pool, producer, sizes, refs, fds, 1, ids, err), E(INVALID));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 1, ids, err), E(INVALID));
         cr_assert(strstr(err, "granularity"), "%s", err);
 }
 
 Test(lease, reclaim_frees_unleased_chunks_at_once)
 {
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_reclaim r;
+        struct broker_grant g;
 
         offer(4, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(pool_reclaim(pool, producer, 4 * MiB, false, false, "producer load", &r, err),
-                     0);
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 4 * MiB, false, false, "producer load", &r, err), 0);
         cr_assert_eq(r.n_free, 2);
         cr_assert_eq(r.n_pending, 0);
         cr_assert_eq(pool->n_chunks, 2);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 0);
-        pool_reclaim_clear(&r);
+        broker_reclaim_clear(&r);
 }
 
 Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
@@ -270,15 +272,15 @@ Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
         uint64_t ids[16];
         size_t n = 0;
         char reason[64];
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_reclaim r;
+        struct broker_grant g;
         struct lease *l;
         uint32_t returned;
 
         offer(2, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
-        cr_assert_eq(pool_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err),
-                     0);
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
         cr_assert_eq(r.n_free, 0);
         cr_assert_eq(r.n_pending, 1);
         cr_assert_eq(r.deadline_ms, 100);
@@ -290,7 +292,7 @@ Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
 
         /* Nothing goes back to the producer while the consumer maps it. */
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
-        cr_assert_eq(pool_return(pool, consumer, l->id, ids, 1, 0, &returned, err), 0, "%s", err);
+        cr_assert_eq(broker_return(pool, consumer, l->id, ids, 1, 0, &returned, err), 0, "%s", err);
         cr_assert_eq(returned, 1);
         n = 0;
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, ids, &n, NULL, 0), 1);
@@ -298,59 +300,59 @@ Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
         cr_assert_eq(l->state, LEASE_GRANTED);
         cr_assert_eq(l->n_chunks, 1);
         cr_assert_eq(pool->n_chunks, 1);
-        pool_reclaim_clear(&r);
+        broker_reclaim_clear(&r);
 }
 
 Test(lease, a_missed_deadline_bars_the_consumer_and_keeps_its_chunks_from_the_producer)
 {
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_reclaim r;
+        struct broker_grant g;
         struct lease *l;
         uint64_t lease_id;
 
         offer(2, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
         lease_id = l->id;
-        cr_assert_eq(pool_reclaim(pool, producer, 0, true, false, "producer load", &r, err), 0);
+        cr_assert_eq(broker_reclaim(pool, producer, 0, true, false, "producer load", &r, err), 0);
         drain_notices();
-        pool_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
         cr_assert(consumer->barred);
         cr_assert(l->overdue);
         cr_assert_eq(pool->stats.deadline_misses, 1);
         cr_assert_eq(l->n_chunks, 2, "overdue chunks stay with the consumer");
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
         offer(1, NULL);
-        cr_assert_eq(pool_borrow(pool, consumer, 2 * MiB, 0, true, &g, err), E(BARRED));
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 0, true, &g, err), E(BARRED));
 
         /* Late, but returned: only now does the producer get them. */
-        cr_assert_eq(pool_return(pool, consumer, lease_id, NULL, 0, 0, NULL, err), 0, "%s", err);
-        cr_assert_null(pool_find_lease(pool, lease_id));
+        cr_assert_eq(broker_return(pool, consumer, lease_id, NULL, 0, 0, NULL, err), 0, "%s", err);
+        cr_assert_null(broker_find_lease(pool, lease_id));
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
-        pool_reclaim_clear(&r);
+        broker_reclaim_clear(&r);
 }
 
 Test(lease, return_refuses_a_chunk_of_another_lease)
 {
-        struct pool_grant a, b;
+        struct broker_grant a, b;
         uint64_t other;
 
         offer(2, NULL);
         borrow(2 * MiB, 2 * MiB, false, &a);
         borrow(2 * MiB, 2 * MiB, false, &b);
         other = list_entry(b.lease->chunks.next, struct chunk, lease_node)->id;
-        cr_assert_eq(pool_return(pool, consumer, a.lease->id, &other, 1, 0, NULL, err),
+        cr_assert_eq(broker_return(pool, consumer, a.lease->id, &other, 1, 0, NULL, err),
                      E(UNKNOWN_CHUNK));
-        cr_assert_eq(pool_return(pool, consumer, 999, NULL, 0, 0, NULL, err), E(UNKNOWN_LEASE));
-        cr_assert_eq(pool_return(pool, consumer, 0, NULL, 0, MiB, NULL, err), E(INVALID));
+        cr_assert_eq(broker_return(pool, consumer, 999, NULL, 0, 0, NULL, err), E(UNKNOWN_LEASE));
+        cr_assert_eq(broker_return(pool, consumer, 0, NULL, 0, MiB, NULL, err), E(INVALID));
 }
 
 Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         offer(2, NULL);
         borrow(4 * MiB, 4 * MiB, true, &g);
-        cr_assert_eq(pool_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
         cr_assert_eq(list_length(&producer->free_chunks), 2);
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
@@ -358,26 +360,26 @@ Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
 
 Test(lease, consumer_death_returns_its_chunks_and_dram_to_the_pool)
 {
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_reclaim r;
+        struct broker_grant g;
 
         offer(3, NULL);
         borrow(8 * MiB, 2 * MiB, true, &g);
-        cr_assert_eq(pool_reclaim(pool, producer, 2 * MiB, false, false, "x", &r, err), 0);
+        cr_assert_eq(broker_reclaim(pool, producer, 2 * MiB, false, false, "x", &r, err), 0);
         cr_assert_eq(r.n_pending, 1);
         drain_notices();
-        pool_gpu_gone(pool, consumer);
+        broker_gpu_gone(pool, consumer);
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(pool->dram_granted, 0);
         cr_assert_eq(list_length(&producer->free_chunks), 2);
         /* The chunk it was asked to return goes to the producer now that nothing maps it. */
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
-        pool_reclaim_clear(&r);
+        broker_reclaim_clear(&r);
 }
 
 Test(lease, producer_death_keeps_leased_chunks_and_asks_consumers_to_move_off)
 {
-        struct pool_grant g;
+        struct broker_grant g;
         char reason[64];
         uint64_t ids[16];
         size_t n = 0;
@@ -385,45 +387,45 @@ Test(lease, producer_death_keeps_leased_chunks_and_asks_consumers_to_move_off)
 
         offer(3, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
-        pool_gpu_gone(pool, producer);
+        broker_gpu_gone(pool, producer);
         cr_assert_eq(pool->n_chunks, 2, "the free chunk is dropped, the leased ones stay");
         cr_assert_eq(l->state, LEASE_RECLAIMING);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
         cr_assert_eq(n, 2);
         cr_assert_str_eq(reason, "producer gone");
-        pool_tick(pool, now_mono_ns() + 100 * NSEC_PER_SEC);
+        broker_tick(pool, now_mono_ns() + 100 * NSEC_PER_SEC);
         cr_assert_not(consumer->barred, "no deadline when the producer is gone");
-        cr_assert_eq(pool_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0);
         cr_assert_eq(pool->n_chunks, 0);
         cr_assert_eq(pool->n_leases, 0);
 }
 
 Test(lease, drain_takes_everything_back_and_stops_grants)
 {
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_reclaim r;
+        struct broker_grant g;
 
         offer(3, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(pool_drain(pool, producer, &r, err), 0);
+        cr_assert_eq(broker_drain(pool, producer, &r, err), 0);
         cr_assert_eq(r.n_free, 2);
         cr_assert_eq(r.n_pending, 1);
         cr_assert(producer->draining);
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
-        cr_assert_eq(pool_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
-        pool_reclaim_clear(&r);
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
+        broker_reclaim_clear(&r);
 }
 
 /* ------------------------------------------------------------------------------ restart */
 
-static struct pool *restart(void)
+static struct broker *restart(void)
 {
         struct journal *j = NULL;
-        struct pool *p = NULL;
+        struct broker *p = NULL;
 
-        cr_assert_eq(pool_new(&settings, &p), 0);
-        cr_assert_eq(journal_open(journal_path, pool_apply, p, &j, NULL), 0);
-        pool_attach_journal(p, j, 1 << 20);
+        cr_assert_eq(broker_new(&settings, &p), 0);
+        cr_assert_eq(journal_open(journal_path, broker_apply, p, &j, NULL), 0);
+        broker_attach_journal(p, j, 1 << 20);
         return p;
 }
 
@@ -435,37 +437,37 @@ static void with_journal(void)
         cr_assert_not_null(mkdtemp(dir));
         snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
         cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
-        pool_attach_journal(pool, j, 1 << 20);
+        broker_attach_journal(pool, j, 1 << 20);
 }
 
 Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_lost)
 {
-        struct pool_held held[4];
-        struct pool_welcome w;
-        struct pool_grant g;
+        struct broker_held held[4];
+        struct broker_welcome w;
+        struct broker_grant g;
         uint64_t chunk_ids[3], lease_id;
         int fds[3];
 
         with_journal();
         offer(3, chunk_ids);
         lease_id = borrow(4 * MiB, 4 * MiB, true, &g)->id;
-        cr_assert_eq(pool_commit(pool), 0);
-        pool = pool_free(pool); /* the daemon dies */
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool); /* the daemon dies */
 
         pool = restart();
         cr_assert_eq(pool->n_chunks, 3);
         cr_assert_eq(pool->n_leases, 1);
-        consumer = pool_find_gpu(pool, "GPU-C");
+        consumer = broker_find_gpu(pool, "GPU-C");
         cr_assert(consumer->restored);
 
         /* The consumer holds its lease and claims one the daemon never granted. */
         for (int i = 0; i < 2; i++) {
-                held[i] = (struct pool_held){0};
+                held[i] = (struct broker_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = lease_id;
         }
-        held[2] = (struct pool_held){0};
+        held[2] = (struct broker_held){0};
         held[2].chunk_id = 77;
         held[2].lease_id = 4242;
         consumer = hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 3, NULL, &w);
@@ -475,7 +477,7 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
 
         /* The producer re-registers its three chunks with their handles. */
         for (int i = 0; i < 3; i++) {
-                held[i] = (struct pool_held){0};
+                held[i] = (struct broker_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = i < 2 ? lease_id : 0;
@@ -488,7 +490,7 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
                 cr_assert_eq(fds[i], -1);
 
         cr_assert_eq(pool->n_leases, 1);
-        cr_assert_eq(pool_find_lease(pool, lease_id)->n_chunks, 2);
+        cr_assert_eq(broker_find_lease(pool, lease_id)->n_chunks, 2);
         cr_assert_eq(list_length(&producer->free_chunks), 1);
         /* A new grant does not reuse an id from before the restart. */
         cr_assert_gt(borrow(2 * MiB, 2 * MiB, false, &g)->id, lease_id);
@@ -503,13 +505,13 @@ static enum proc_liveness liveness(const struct proc_id *id)
 
 Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_gone)
 {
-        struct pool_grant g;
+        struct broker_grant g;
 
         with_journal();
         offer(2, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(pool_commit(pool), 0);
-        pool = pool_free(pool);
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool);
 
         pool = restart();
         producer =
@@ -518,12 +520,12 @@ Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_
         cr_assert_eq(pool->n_leases, 1);
         pool->settings.liveness = liveness;
         holder_liveness = PROC_UNKNOWN;
-        pool_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
         /* Silent, and nobody can say its process is gone: it may still map the lease. */
         cr_assert_eq(pool->n_leases, 1);
-        cr_assert(pool_find_gpu(pool, "GPU-C")->held_alive);
+        cr_assert(broker_find_gpu(pool, "GPU-C")->held_alive);
         holder_liveness = PROC_GONE;
-        pool_tick(pool, now_mono_ns() + 20 * NSEC_PER_SEC);
+        broker_tick(pool, now_mono_ns() + 20 * NSEC_PER_SEC);
         /* The consumer never came back and its process is gone: its lease is gone. */
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(pool->stats.leases_lost, 1);
@@ -533,33 +535,33 @@ Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_
 Test(lease, a_snapshot_replays_to_the_same_state)
 {
         Aquaj__JournalRecord *snap = NULL;
-        struct pool_grant g;
-        struct pool *copy;
+        struct broker_grant g;
+        struct broker *copy;
 
         offer(4, NULL);
         borrow(4 * MiB, 4 * MiB, true, &g);
-        cr_assert_eq(pool_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
         borrow(12 * MiB, 12 * MiB, true, &g);
-        cr_assert_eq(pool_pin(pool, "GPU-P", "GPU-C", err), 0, "%s", err);
-        cr_assert_eq(pool_snapshot(pool, &snap), 0);
-        cr_assert_eq(pool_new(&settings, &copy), 0);
-        cr_assert_eq(pool_apply(snap, copy), 0);
+        cr_assert_eq(broker_pin(pool, "GPU-P", "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(broker_snapshot(pool, &snap), 0);
+        cr_assert_eq(broker_new(&settings, &copy), 0);
+        cr_assert_eq(broker_apply(snap, copy), 0);
         cr_assert_eq(copy->n_chunks, 4);
         cr_assert_eq(copy->n_leases, 1);
         cr_assert_eq(copy->lent_bytes, 8 * MiB);
         cr_assert_eq(copy->dram_granted, 4 * MiB);
-        cr_assert_eq(pool_find_gpu(copy, "GPU-C")->dram_bytes, 4 * MiB);
+        cr_assert_eq(broker_find_gpu(copy, "GPU-C")->dram_bytes, 4 * MiB);
         cr_assert_eq(copy->n_pins, 1);
         cr_assert_eq(copy->next_lease_id, pool->next_lease_id);
         aquaj__journal_record__free_unpacked(snap, NULL);
-        pool_free(copy);
+        broker_free(copy);
 }
 
 Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_reclaimed)
 {
-        struct pool_held held[2];
-        struct pool_reclaim r;
-        struct pool_grant g;
+        struct broker_held held[2];
+        struct broker_reclaim r;
+        struct broker_grant g;
         uint64_t chunk_ids[2], lease_id, ids[4];
         char reason[64];
         size_t n = 0;
@@ -567,16 +569,16 @@ Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_rec
         with_journal();
         offer(2, chunk_ids);
         lease_id = borrow(4 * MiB, 4 * MiB, false, &g)->id;
-        cr_assert_eq(pool_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err),
-                     0);
-        pool_reclaim_clear(&r);
-        cr_assert_eq(pool_commit(pool), 0);
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
+        broker_reclaim_clear(&r);
+        cr_assert_eq(broker_commit(pool), 0);
         drain_notices();
-        pool = pool_free(pool);
+        pool = broker_free(pool);
 
         pool = restart();
         for (int i = 0; i < 2; i++) {
-                held[i] = (struct pool_held){0};
+                held[i] = (struct broker_held){0};
                 held[i].chunk_id = chunk_ids[i];
                 held[i].size = 2 * MiB;
                 held[i].lease_id = lease_id;
@@ -595,33 +597,33 @@ Test(pins, pair_gpus_named_by_ordinal)
         const char *uuids[] = {"GPU-A", "GPU-B", "GPU-C", "GPU-D"};
         enum gpu_role roles[] = {GPU_ROLE_CONSUMER, GPU_ROLE_CONSUMER, GPU_ROLE_PRODUCER,
                                  GPU_ROLE_PRODUCER};
-        struct pool_link links[4];
+        struct broker_link links[4];
         struct gpu *g[4];
         struct client owners[4];
 
-        cr_assert_eq(pool_new(&settings, &pool), 0);
-        cr_assert_eq(pool_set_config_pins(pool, prod, cons, 2), 0);
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 2), 0);
         for (int i = 0; i < 4; i++) {
-                links[i] = (struct pool_link){.uuid = uuids[i], .bandwidth = 400};
+                links[i] = (struct broker_link){.uuid = uuids[i], .bandwidth = 400};
         }
         for (uint32_t i = 0; i < 4; i++) {
-                struct pool_hello h = {.uuid = uuids[i],
-                                       .ordinal = i,
-                                       .role = roles[i],
-                                       .granularity = 2 * MiB,
-                                       .links = links,
-                                       .n_links = 4,
-                                       .client_name = uuids[i]};
-                struct pool_welcome w = {0};
+                struct broker_hello h = {.uuid = uuids[i],
+                                         .ordinal = i,
+                                         .role = roles[i],
+                                         .granularity = 2 * MiB,
+                                         .links = links,
+                                         .n_links = 4,
+                                         .client_name = uuids[i]};
+                struct broker_welcome w = {0};
 
-                cr_assert_eq(pool_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
                 free(w.lost_leases);
                 g[i] = w.gpu;
         }
         cr_assert_eq(g[0]->paired, g[3], "consumer 0 pinned to producer 3");
         cr_assert_eq(g[1]->paired, g[2], "consumer 1 pinned to producer 2");
         drain_notices();
-        pool = pool_free(pool);
+        pool = broker_free(pool);
 }
 
 /* GPUs report links without a bandwidth; the operator's probe file says which link is fast. */
@@ -632,33 +634,33 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
         uint64_t bw[9] = {
             0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0, 900000000000ull, 0, 0};
         struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
-        struct pool_settings with_links = settings;
+        struct broker_settings with_links = settings;
         const char *uuids[] = {"GPU-SLOW", "GPU-FAST", "GPU-C"};
         enum gpu_role roles[] = {GPU_ROLE_PRODUCER, GPU_ROLE_PRODUCER, GPU_ROLE_CONSUMER};
-        struct pool_link links[3];
+        struct broker_link links[3];
         struct gpu *g[3];
         struct client owners[3];
 
         with_links.links = &topo;
-        cr_assert_eq(pool_new(&with_links, &pool), 0);
+        cr_assert_eq(broker_new(&with_links, &pool), 0);
         for (int i = 0; i < 3; i++) {
-                links[i] = (struct pool_link){.uuid = uuids[i]};
+                links[i] = (struct broker_link){.uuid = uuids[i]};
         }
         for (uint32_t i = 0; i < 3; i++) {
-                struct pool_hello h = {.uuid = uuids[i],
-                                       .ordinal = i,
-                                       .role = roles[i],
-                                       .granularity = 2 * MiB,
-                                       .links = links,
-                                       .n_links = 3,
-                                       .client_name = uuids[i]};
-                struct pool_welcome w = {0};
+                struct broker_hello h = {.uuid = uuids[i],
+                                         .ordinal = i,
+                                         .role = roles[i],
+                                         .granularity = 2 * MiB,
+                                         .links = links,
+                                         .n_links = 3,
+                                         .client_name = uuids[i]};
+                struct broker_welcome w = {0};
 
-                cr_assert_eq(pool_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
                 free(w.lost_leases);
                 g[i] = w.gpu;
         }
         cr_assert_eq(g[2]->paired, g[1], "the consumer pairs over the 900 GB/s link");
         drain_notices();
-        pool = pool_free(pool);
+        pool = broker_free(pool);
 }

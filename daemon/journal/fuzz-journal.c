@@ -11,10 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "pool.h"
+#include "broker.h"
 #include "time-util.h"
 
-static const struct pool_settings settings = {
+static const struct broker_settings settings = {
     .dram_budget = UINT64_C(1) << 40,
     .reclaim_deadline_ns = NSEC_PER_SEC,
     .reconcile_timeout_ns = NSEC_PER_SEC,
@@ -27,7 +27,7 @@ static const struct pool_settings settings = {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Repair the journal at path into a fresh *p; what is left must replay with no damage. */
-static int repair(const char *path, struct pool **p, struct journal **ret)
+static int repair(const char *path, struct broker **p, struct journal **ret)
 {
         struct journal_replay_stats stats;
         struct journal *j = NULL;
@@ -36,22 +36,22 @@ static int repair(const char *path, struct pool **p, struct journal **ret)
 
         snprintf(copy, sizeof(copy), "/dev/shm/fuzz-journal-%d.corrupt", (int)getpid());
         unlink(copy);
-        pool_free(*p);
+        broker_free(*p);
         *p = NULL;
-        if (pool_new(&settings, p) < 0)
+        if (broker_new(&settings, p) < 0)
                 return -ENOMEM;
-        r = journal_open_repair(path, copy, pool_apply, *p, &j, &stats);
+        r = journal_open_repair(path, copy, broker_apply, *p, &j, &stats);
         unlink(copy);
         if (r < 0)
                 return r;
         if (stats.bad_offset == 0)
                 abort(); /* journal_open() called it damaged */
         journal_free(j);
-        pool_free(*p);
+        broker_free(*p);
         *p = NULL;
-        if (pool_new(&settings, p) < 0)
+        if (broker_new(&settings, p) < 0)
                 return -ENOMEM;
-        r = journal_open(path, pool_apply, *p, ret, &stats);
+        r = journal_open(path, broker_apply, *p, ret, &stats);
         if (r == -EUCLEAN || (r == 0 && (stats.bad_offset || stats.dropped_bytes)))
                 abort(); /* the repair left damage behind */
         return r;
@@ -59,7 +59,7 @@ static int repair(const char *path, struct pool **p, struct journal **ret)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-        struct pool *p = NULL, *copy = NULL;
+        struct broker *p = NULL, *copy = NULL;
         Aquaj__JournalRecord *snap = NULL;
         struct journal *j = NULL;
         char path[64];
@@ -71,23 +71,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (write(fd, "AQUAJNL1", 8) != 8 || (size && write(fd, data, size) != (ssize_t)size))
                 goto out;
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        if (pool_new(&settings, &p) < 0)
+        if (broker_new(&settings, &p) < 0)
                 goto out;
-        r = journal_open(path, pool_apply, p, &j, NULL);
+        r = journal_open(path, broker_apply, p, &j, NULL);
         if (r == -EUCLEAN)
                 r = repair(path, &p, &j);
         if (r < 0)
                 goto out;
-        pool_attach_journal(p, j, 1 << 20);
-        if (pool_snapshot(p, &snap) == 0 && pool_new(&settings, &copy) == 0)
-                (void)pool_apply(snap, copy);
-        pool_tick(p, now_mono_ns() + 10 * NSEC_PER_SEC);
-        (void)pool_commit(p);
+        broker_attach_journal(p, j, 1 << 20);
+        if (broker_snapshot(p, &snap) == 0 && broker_new(&settings, &copy) == 0)
+                (void)broker_apply(snap, copy);
+        broker_tick(p, now_mono_ns() + 10 * NSEC_PER_SEC);
+        (void)broker_commit(p);
 out:
         if (snap)
                 aquaj__journal_record__free_unpacked(snap, NULL);
-        pool_free(copy);
-        pool_free(p);
+        broker_free(copy);
+        broker_free(p);
         close(fd);
         return 0;
 }

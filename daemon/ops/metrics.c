@@ -65,7 +65,7 @@ static void render_clients(struct prom_text *t, struct server *s)
                  "role", roles, n, ARRAY_SIZE(roles));
 }
 
-static void render_pool(struct prom_text *t, struct pool *p)
+static void render_pool(struct prom_text *t, struct broker *p)
 {
         static const char *const roles[] = {"producer", "consumer", "neutral"};
         static const char *const chunk_states[_CHUNK_STATE_MAX] = {"free", "leased", "reclaiming"};
@@ -89,7 +89,7 @@ static void render_pool(struct prom_text *t, struct pool *p)
                 }
         }
         for (struct list_node *x = p->leases.next; x != &p->leases; x = x->next) {
-                struct lease *l = list_entry(x, struct lease, pool_node);
+                struct lease *l = list_entry(x, struct lease, broker_node);
 
                 if (l->state < _LEASE_STATE_MAX)
                         leases[l->state]++;
@@ -189,7 +189,7 @@ static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
         }
 }
 
-static void render_gpus(struct prom_text *t, struct pool *p)
+static void render_gpus(struct prom_text *t, struct broker *p)
 {
         char ordinal[16];
 
@@ -305,8 +305,8 @@ static int render(struct prom_text *t, void *userdata)
 
         render_server(t, s);
         render_clients(t, s);
-        render_pool(t, s->pool);
-        render_gpus(t, s->pool);
+        render_pool(t, s->broker);
+        render_gpus(t, s->broker);
         prom_histogram_write(t, "aqua_reclaim_seconds",
                              "Time from a reclaim notice to the consumer's return, per chunk.",
                              &m->reclaim);
@@ -327,8 +327,8 @@ int metrics_new(struct server *s, const char *address, struct metrics **ret)
         r = prom_server_new(address, render, m, &m->http, err, sizeof(err));
         if (r < 0)
                 return log_error_errno(r, "Failed to serve metrics: %s", err);
-        s->pool->on_reclaimed = observe_reclaim;
-        s->pool->on_reclaimed_userdata = m;
+        s->broker->on_reclaimed = observe_reclaim;
+        s->broker->on_reclaimed_userdata = m;
         log_info("Serving metrics on http://%s/metrics", address);
         *ret = TAKE_PTR(m);
         return 0;
@@ -338,9 +338,9 @@ struct metrics *metrics_free(struct metrics *m)
 {
         if (!m)
                 return NULL;
-        if (m->server && m->server->pool && m->server->pool->on_reclaimed_userdata == m) {
-                m->server->pool->on_reclaimed = NULL;
-                m->server->pool->on_reclaimed_userdata = NULL;
+        if (m->server && m->server->broker && m->server->broker->on_reclaimed_userdata == m) {
+                m->server->broker->on_reclaimed = NULL;
+                m->server->broker->on_reclaimed_userdata = NULL;
         }
         prom_server_free(m->http);
         free(m);

@@ -35,7 +35,7 @@ static bool sent;
 
 static struct status_figures figures(const struct server *s)
 {
-        const struct pool *p = s->pool;
+        const struct broker *p = s->broker;
 
         return (struct status_figures){
             .clients = s->n_clients,

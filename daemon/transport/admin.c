@@ -33,7 +33,7 @@ static void reply_mem_free(struct reply_mem *m)
 static void fill_status(struct server *s, Aqua__StatusInfo *st)
 {
         static char degraded[192]; /* lives until the reply is sent: one loop, one reply */
-        struct pool *p = s->pool;
+        struct broker *p = s->broker;
         size_t pairs = 0;
 
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
@@ -53,10 +53,10 @@ static void fill_status(struct server *s, Aqua__StatusInfo *st)
         st->deadline_misses = p->stats.deadline_misses;
         st->leases_lost = p->stats.leases_lost;
         st->compaction_failures = p->stats.compaction_failures;
-        st->degraded = (char *)(pool_degraded(p, degraded, sizeof(degraded)) ?: "");
+        st->degraded = (char *)(broker_degraded(p, degraded, sizeof(degraded)) ?: "");
 }
 
-static size_t fill_gpus(struct pool *p, struct reply_mem *m, size_t max)
+static size_t fill_gpus(struct broker *p, struct reply_mem *m, size_t max)
 {
         size_t n = 0;
 
@@ -89,7 +89,7 @@ static size_t fill_gpus(struct pool *p, struct reply_mem *m, size_t max)
         return n;
 }
 
-static size_t fill_pairs(struct pool *p, struct reply_mem *m, size_t max)
+static size_t fill_pairs(struct broker *p, struct reply_mem *m, size_t max)
 {
         size_t n = 0;
 
@@ -112,7 +112,7 @@ static size_t fill_pairs(struct pool *p, struct reply_mem *m, size_t max)
         return n;
 }
 
-static size_t fill_leases(struct pool *p, struct reply_mem *m, size_t max)
+static size_t fill_leases(struct broker *p, struct reply_mem *m, size_t max)
 {
         uint64_t now = now_mono_ns();
         size_t n = 0;
@@ -121,7 +121,7 @@ static size_t fill_leases(struct pool *p, struct reply_mem *m, size_t max)
         if (!m->leases)
                 return 0;
         for (struct list_node *x = p->leases.next; x != &p->leases && n < max; x = x->next, n++) {
-                struct lease *l = list_entry(x, struct lease, pool_node);
+                struct lease *l = list_entry(x, struct lease, broker_node);
                 Aqua__LeaseInfo *i = &m->leases[n];
                 uint64_t deadline = 0;
 
@@ -143,7 +143,7 @@ static size_t fill_leases(struct pool *p, struct reply_mem *m, size_t max)
         return n;
 }
 
-static size_t fill_chunks(struct pool *p, struct reply_mem *m, size_t max)
+static size_t fill_chunks(struct broker *p, struct reply_mem *m, size_t max)
 {
         size_t n = 0;
 
@@ -171,7 +171,7 @@ static size_t fill_chunks(struct pool *p, struct reply_mem *m, size_t max)
         return n;
 }
 
-static size_t fill_events(struct pool *p, struct reply_mem *m, size_t max)
+static size_t fill_events(struct broker *p, struct reply_mem *m, size_t max)
 {
         const struct events *ev = &p->events;
         size_t n = 0, first = ev->count > max ? ev->count - max : 0;
@@ -203,24 +203,24 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         ar.status = &st;
         switch (e->admin_query->what) {
         case AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS:
-                total = s->pool->n_gpus;
-                n = fill_gpus(s->pool, &m, max);
+                total = s->broker->n_gpus;
+                n = fill_gpus(s->broker, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS:
-                total = n = fill_pairs(s->pool, &m, SIZE_MAX);
+                total = n = fill_pairs(s->broker, &m, SIZE_MAX);
                 n = MIN(n, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES:
-                total = s->pool->n_leases;
-                n = fill_leases(s->pool, &m, max);
+                total = s->broker->n_leases;
+                n = fill_leases(s->broker, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS:
-                total = s->pool->n_chunks;
-                n = fill_chunks(s->pool, &m, max);
+                total = s->broker->n_chunks;
+                n = fill_chunks(s->broker, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS:
-                total = s->pool->events.count;
-                n = fill_events(s->pool, &m, max);
+                total = s->broker->events.count;
+                n = fill_events(s->broker, &m, max);
                 break;
         default:
                 break;
@@ -278,8 +278,8 @@ static void ack(struct server *s, struct client *c, uint64_t request_id)
 
 void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
-        _cleanup_(pool_reclaim_clear) struct pool_reclaim res = {0};
-        char err[POOL_ERR_MAX];
+        _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
+        char err[BROKER_ERR_MAX];
         int code = 0;
 
         if (e->body_case == AQUA__ENVELOPE__BODY_ADMIN_QUERY) {
@@ -294,24 +294,27 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         }
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:
-                code = translate_outcome(pool_admin_reclaim(s->pool, e->admin_reclaim->gpu,
-                                                            e->admin_reclaim->bytes, &res, err));
+                code = translate_outcome(broker_admin_reclaim(s->broker, e->admin_reclaim->gpu,
+                                                              e->admin_reclaim->bytes, &res, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_DRAIN:
-                code = translate_outcome(pool_admin_drain(s->pool, e->admin_drain->gpu, &res, err));
+                code = translate_outcome(
+                    broker_admin_drain(s->broker, e->admin_drain->gpu, &res, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
                 code = translate_outcome(
-                    pool_pin(s->pool, e->admin_pair->producer, e->admin_pair->consumer, err));
+                    broker_pin(s->broker, e->admin_pair->producer, e->admin_pair->consumer, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
-                code = translate_outcome(pool_unpin(s->pool, e->admin_unpair->gpu, err));
+                code = translate_outcome(broker_unpin(s->broker, e->admin_unpair->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
-                code = translate_outcome(pool_admin_release(s->pool, e->admin_release->gpu, err));
+                code =
+                    translate_outcome(broker_admin_release(s->broker, e->admin_release->gpu, err));
                 break;
         default:
-                code = pool_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));
+                code =
+                    broker_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));
                 break;
         }
         if (code != 0) {
@@ -323,6 +326,6 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         }
         log_notice("Admin request %s from uid %u (pid %d) done", wire_body_name(e), c->cred.uid,
                    (int)c->cred.pid);
-        events_add(&s->pool->events, "admin", "%s by uid %u", wire_body_name(e), c->cred.uid);
+        events_add(&s->broker->events, "admin", "%s by uid %u", wire_body_name(e), c->cred.uid);
         ack(s, c, e->request_id);
 }

@@ -66,10 +66,11 @@ static bool commit_or_refuse(struct server *s, struct client *c, uint64_t reques
 {
         char why[160];
 
-        if (pool_commit(s->pool) == 0)
+        if (broker_commit(s->broker) == 0)
                 return true;
         reply_error(s, c, request_id, E(JOURNAL), what,
-                    pool_degraded(s->pool, why, sizeof(why)) ?: "the journal cannot be written");
+                    broker_degraded(s->broker, why, sizeof(why))
+                        ?: "the journal cannot be written");
         return false;
 }
 
@@ -161,35 +162,35 @@ static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
  * What a re-registering client holds: the HelloHeld parts that came first, then the Hello's own,
  * in the pool's terms.
  */
-static int held_all(struct client *c, const Aqua__Hello *h, struct pool_held **ret_all,
+static int held_all(struct client *c, const Aqua__Hello *h, struct broker_held **ret_all,
                     size_t *ret_n)
 {
         size_t n = c->n_held + h->n_held;
-        struct pool_held *all = calloc(n + 1, sizeof(*all));
+        struct broker_held *all = calloc(n + 1, sizeof(*all));
 
         if (!all)
                 return -ENOMEM;
         if (c->n_held)
                 memcpy(all, c->held, c->n_held * sizeof(*all));
         for (size_t i = 0; i < h->n_held; i++)
-                all[c->n_held + i] = (struct pool_held){.chunk_id = h->held[i]->chunk_id,
-                                                        .size = h->held[i]->size,
-                                                        .lease_id = h->held[i]->lease_id};
+                all[c->n_held + i] = (struct broker_held){.chunk_id = h->held[i]->chunk_id,
+                                                          .size = h->held[i]->size,
+                                                          .lease_id = h->held[i]->lease_id};
         *ret_all = all;
         *ret_n = n;
         return 0;
 }
 
 /* The links a GPU reports, in the pool's terms (strings point into h). */
-static struct pool_link *links_of(const Aqua__Hello *h)
+static struct broker_link *links_of(const Aqua__Hello *h)
 {
-        struct pool_link *links = calloc(h->n_links + 1, sizeof(*links));
+        struct broker_link *links = calloc(h->n_links + 1, sizeof(*links));
 
         if (!links)
                 return NULL;
         for (size_t i = 0; i < h->n_links; i++)
-                links[i] = (struct pool_link){.uuid = h->links[i]->gpu_uuid,
-                                              .bandwidth = h->links[i]->bandwidth_gbps};
+                links[i] = (struct broker_link){.uuid = h->links[i]->gpu_uuid,
+                                                .bandwidth = h->links[i]->bandwidth_gbps};
         return links;
 }
 
@@ -206,7 +207,7 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
                 w.paired_with = gpu->paired ? gpu->paired->device : "";
                 w.dram_budget = gpu->dram_bytes;
         }
-        w.reclaim_deadline_ms = s->pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        w.reclaim_deadline_ms = s->broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
         w.lost_leases = lost_leases;
         w.n_lost_leases = n_lost_leases;
         r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
@@ -218,12 +219,12 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
                          size_t n_fds)
 {
         const Aqua__Hello *h = e->hello;
-        _cleanup_free_ struct pool_held *all = NULL;
-        _cleanup_free_ struct pool_link *links = links_of(h);
+        _cleanup_free_ struct broker_held *all = NULL;
+        _cleanup_free_ struct broker_link *links = links_of(h);
         size_t n_all = 0;
-        struct pool_welcome pw = {0};
-        char err[POOL_ERR_MAX];
-        struct pool_hello ph = {
+        struct broker_welcome pw = {0};
+        char err[BROKER_ERR_MAX];
+        struct broker_hello ph = {
             .uuid = h->gpu_uuid,
             .role = translate_role_from_wire(h->role),
             .ordinal = h->gpu_ordinal,
@@ -240,20 +241,20 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
 
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
         if (code == 0 && h->held_total && h->held_total != n_all)
-                code = pool_fail(err, E(INVALID),
-                                 "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
-                                 h->held_total, n_all);
+                code = broker_fail(err, E(INVALID),
+                                   "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
+                                   h->held_total, n_all);
         if (code == 0 && fds && n_fds != n_all)
-                code = pool_fail(err, E(SIDE_CHANNEL), "hello: %zu descriptors for %zu held chunks",
-                                 n_fds, n_all);
+                code = broker_fail(err, E(SIDE_CHANNEL),
+                                   "hello: %zu descriptors for %zu held chunks", n_fds, n_all);
         ph.held = all;
         ph.n_held = n_all;
         /* A role the pool has no name for; the core checks the uuid first, and so here. */
         if (code == 0 && ph.role == _GPU_ROLE_MAX && h->gpu_uuid && h->gpu_uuid[0])
-                code = pool_fail(err, E(INVALID),
-                                 "hello: role %d is not producer, consumer or neutral", h->role);
+                code = broker_fail(err, E(INVALID),
+                                   "hello: role %d is not producer, consumer or neutral", h->role);
         if (code == 0)
-                code = translate_outcome(pool_register(s->pool, &ph, c, &pw, err));
+                code = translate_outcome(broker_register(s->broker, &ph, c, &pw, err));
         /* Whatever the outcome, the parts are spent: a new attempt sends them again. */
         free(c->held);
         c->held = NULL;
@@ -382,14 +383,14 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
 {
         const Aqua__HelloHeld *hh = e->hello_held;
         struct client *c = token_owner(s, rid, rlen, e, &hh->token);
-        struct pool_held *a;
+        struct broker_held *a;
 
         if (!c)
                 return;
-        if (c->n_held + hh->n_held > s->pool->settings.max_chunks) {
+        if (c->n_held + hh->n_held > s->broker->settings.max_chunks) {
                 server_send_error(s, rid, rlen, e->request_id, E(LIMIT),
                                   "hello_held: more than the pool's %" PRIu64 " chunks",
-                                  s->pool->settings.max_chunks);
+                                  s->broker->settings.max_chunks);
                 free(c->held);
                 c->held = NULL;
                 c->n_held = 0;
@@ -402,9 +403,9 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
         }
         c->held = a;
         for (size_t i = 0; i < hh->n_held; i++)
-                a[c->n_held++] = (struct pool_held){.chunk_id = hh->held[i]->chunk_id,
-                                                    .size = hh->held[i]->size,
-                                                    .lease_id = hh->held[i]->lease_id};
+                a[c->n_held++] = (struct broker_held){.chunk_id = hh->held[i]->chunk_id,
+                                                      .size = hh->held[i]->size,
+                                                      .lease_id = hh->held[i]->lease_id};
 }
 
 /* ------------------------------------------------------------------------------ offer */
@@ -417,7 +418,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         _cleanup_free_ uint64_t *sizes = calloc(n + 1, sizeof(uint64_t));
         _cleanup_free_ uint64_t *refs = calloc(n + 1, sizeof(uint64_t));
         _cleanup_free_ uint64_t *ids = calloc(n + 1, sizeof(uint64_t));
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
         int code;
 
         if (!sizes || !refs || !ids) {
@@ -428,13 +429,13 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
                 sizes[i] = e->offer->chunks[i]->size;
                 refs[i] = e->offer->chunks[i]->client_ref;
         }
-        code = translate_outcome(pool_offer(s->pool, c->gpu, sizes, refs, fds, n, ids, err));
+        code = translate_outcome(broker_offer(s->broker, c->gpu, sizes, refs, fds, n, ids, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "offer", err);
                 return;
         }
         if (!commit_or_refuse(s, c, e->request_id, "offer")) {
-                pool_undo_offer(s->pool, ids, n);
+                broker_undo_offer(s->broker, ids, n);
                 return;
         }
         log_debug("GPU %s offered %zu chunks", c->gpu->uuid, n);
@@ -505,7 +506,7 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
         struct pending *p;
         /* Before its Hello, a re-registering producer may pass a handle per chunk it holds. */
         size_t need,
-            cap = c->registered ? s->limits.max_repeated : (size_t)s->pool->settings.max_chunks;
+            cap = c->registered ? s->limits.max_repeated : (size_t)s->broker->settings.max_chunks;
         int *a;
 
         if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&
@@ -621,19 +622,19 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         Aqua__Grant g = AQUA__GRANT__INIT;
         _cleanup_free_ Aqua__GrantedChunk *chunks = NULL;
         _cleanup_free_ Aqua__GrantedChunk **ptrs = NULL;
-        struct pool_grant pg;
-        char err[POOL_ERR_MAX];
+        struct broker_grant pg;
+        char err[BROKER_ERR_MAX];
         size_t i = 0;
         int code;
 
         code = translate_outcome(
-            pool_borrow(s->pool, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err));
+            broker_borrow(s->broker, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "borrow", err);
                 return;
         }
         if (!commit_or_refuse(s, c, e->request_id, "borrow")) {
-                pool_undo_grant(s->pool, c->gpu, &pg);
+                broker_undo_grant(s->broker, c->gpu, &pg);
                 return;
         }
         if (pg.lease) {
@@ -645,7 +646,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
                         snprintf(msg, sizeof(msg),
                                  "could not pass the descriptors of lease %" PRIu64 ": %s",
                                  pg.lease->id, strerror(-code));
-                        pool_undo_grant(s->pool, c->gpu, &pg);
+                        broker_undo_grant(s->broker, c->gpu, &pg);
                         reply_error(s, c, e->request_id,
                                     code == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL), "borrow",
                                     msg);
@@ -679,18 +680,18 @@ static void handle_return(struct server *s, struct client *c, const Aqua__Envelo
         const Aqua__Return *rt = e->return_;
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__ReturnReply rr = AQUA__RETURN_REPLY__INIT;
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
         uint32_t returned = 0;
         int code;
 
         /* Unusable chunks first: they must not go back to the pool with the rest. */
         code = rt->n_unusable_chunk_ids
-                   ? pool_return_unusable(s->pool, c->gpu, rt->lease_id, rt->unusable_chunk_ids,
-                                          rt->n_unusable_chunk_ids, err)
+                   ? broker_return_unusable(s->broker, c->gpu, rt->lease_id, rt->unusable_chunk_ids,
+                                            rt->n_unusable_chunk_ids, err)
                    : 0;
         if (code == 0)
-                code = pool_return(s->pool, c->gpu, rt->lease_id, rt->chunk_ids, rt->n_chunk_ids,
-                                   rt->dram_bytes, &returned, err);
+                code = broker_return(s->broker, c->gpu, rt->lease_id, rt->chunk_ids,
+                                     rt->n_chunk_ids, rt->dram_bytes, &returned, err);
         code = translate_outcome(code);
         if (code != 0) {
                 server_flush_notices(s);
@@ -709,12 +710,12 @@ static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envel
         const Aqua__ReclaimRequest *rq = e->reclaim_request;
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
-        _cleanup_(pool_reclaim_clear) struct pool_reclaim res = {0};
-        char err[POOL_ERR_MAX];
+        _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
+        char err[BROKER_ERR_MAX];
         int code;
 
-        code = translate_outcome(
-            pool_reclaim(s->pool, c->gpu, rq->bytes, rq->all, false, "producer load", &res, err));
+        code = translate_outcome(broker_reclaim(s->broker, c->gpu, rq->bytes, rq->all, false,
+                                                "producer load", &res, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "reclaim", err);
                 return;
@@ -746,13 +747,13 @@ static void handle_load(struct server *s, struct client *c, const Aqua__Envelope
 static void handle_scrub_done(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         const Aqua__ScrubDone *d = e->scrub_done;
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
         uint32_t done = 0;
         int code;
 
-        code = translate_outcome(pool_scrub_done(s->pool, c->gpu, d->chunk_ids, d->n_chunk_ids,
-                                                 d->failed_chunk_ids, d->n_failed_chunk_ids, &done,
-                                                 err));
+        code = translate_outcome(broker_scrub_done(s->broker, c->gpu, d->chunk_ids, d->n_chunk_ids,
+                                                   d->failed_chunk_ids, d->n_failed_chunk_ids,
+                                                   &done, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "scrub_done", err);
                 return;

@@ -189,18 +189,18 @@ static void setup(void)
 /* A fresh pool and journal, and the producer, consumer and admin registered again. */
 static void reset(void)
 {
-        struct pool_settings none = {0};
+        struct broker_settings none = {0};
         struct journal *j = NULL;
 
-        srv->pool = pool_free(srv->pool);
+        srv->broker = broker_free(srv->broker);
         unlink(journal_path);
-        if (pool_new(&none, &srv->pool) < 0)
+        if (broker_new(&none, &srv->broker) < 0)
                 die("out of memory", NULL);
         server_apply_settings(srv);
         if (server_apply_pins(srv) < 0 ||
-            journal_open(journal_path, pool_apply, srv->pool, &j, NULL) < 0)
+            journal_open(journal_path, broker_apply, srv->broker, &j, NULL) < 0)
                 die("cannot open the journal", journal_path);
-        pool_attach_journal(srv->pool, j, srv->config->journal_compact_bytes);
+        broker_attach_journal(srv->broker, j, srv->config->journal_compact_bytes);
         for (size_t i = 0; i < FUZZ_CLIENTS; i++) {
                 fuzz_token(i, fake[i]->token);
                 fake[i]->registered = false;
@@ -219,7 +219,7 @@ static void kill_client(struct client *c)
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
         if (c->gpu)
-                pool_gpu_gone(srv->pool, c->gpu);
+                broker_gpu_gone(srv->broker, c->gpu);
         c->gpu = NULL;
         c->registered = false;
         c->routing_id_len = 0;
@@ -264,7 +264,7 @@ static void time_passes(uint64_t ns)
 {
         uint64_t now = now_mono_ns() + ns;
 
-        pool_tick(srv->pool, now);
+        broker_tick(srv->broker, now);
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
                 dispatch_expire(srv, fake[i], now);
         server_flush_notices(srv);
@@ -272,15 +272,15 @@ static void time_passes(uint64_t ns)
 
 static void check(const char *when)
 {
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
 
-        if (pool_check(srv->pool, err) != 0)
+        if (broker_check(srv->broker, err) != 0)
                 die(when, err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-        char err[POOL_ERR_MAX];
+        char err[BROKER_ERR_MAX];
         int n;
 
         if (!srv)
@@ -323,9 +323,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 kill_client(fake[i]);
         drain();
         check("after every client left");
-        if (srv->pool->n_chunks || srv->pool->n_leases || srv->pool->dram_granted) {
+        if (srv->broker->n_chunks || srv->broker->n_leases || srv->broker->dram_granted) {
                 snprintf(err, sizeof(err), "%zu chunks, %zu leases, %" PRIu64 " bytes of DRAM",
-                         srv->pool->n_chunks, srv->pool->n_leases, srv->pool->dram_granted);
+                         srv->broker->n_chunks, srv->broker->n_leases, srv->broker->dram_granted);
                 die("the pool is not empty after every client left", err);
         }
         n = count_chunk_fds();

@@ -45,7 +45,7 @@ int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__E
         int r;
 
         /* Nothing leaves before the state it acknowledges is on disk. */
-        (void)pool_commit(s->pool);
+        (void)broker_commit(s->broker);
         r = wire_encode(e, &buf, &n);
         if (r < 0)
                 return r;
@@ -203,8 +203,8 @@ static bool send_notice(struct server *s, struct client *c, struct notice *m)
                 if (r < 0)
                         return false;
                 if (m->kind == NOTICE_RECLAIM)
-                        pool_reclaim_delivered(s->pool, m->lease_id, m->chunk_ids, k,
-                                               m->deadline_ms);
+                        broker_reclaim_delivered(s->broker, m->lease_id, m->chunk_ids, k,
+                                                 m->deadline_ms);
                 memmove(m->chunk_ids, m->chunk_ids + k, (m->n_chunk_ids - k) * sizeof(uint64_t));
                 m->n_chunk_ids -= k;
         }
@@ -239,8 +239,8 @@ void server_flush_notices(struct server *s)
 {
         struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
 
-        (void)pool_commit(s->pool);
-        pool_take_notices(s->pool, &list);
+        (void)broker_commit(s->broker);
+        broker_take_notices(s->broker, &list);
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
@@ -259,7 +259,7 @@ void server_flush_notices(struct server *s)
                         outbox_flush(s, c);
         }
         /* Deliveries start deadlines, which are journaled. */
-        (void)pool_commit(s->pool);
+        (void)broker_commit(s->broker);
 }
 
 /* ------------------------------------------------------------------------------ clients */
@@ -320,7 +320,7 @@ static void client_free(struct server *s, struct client *c)
         if (c->gpu) {
                 log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
                          (int)c->cred.pid, c->gpu->uuid);
-                pool_gpu_gone(s->pool, c->gpu);
+                broker_gpu_gone(s->broker, c->gpu);
                 c->gpu = NULL;
         } else if (c->registered)
                 log_debug("Client %" PRIu64 " (pid %d) gone", c->id, (int)c->cred.pid);
@@ -351,13 +351,13 @@ static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reaso
         (void)side_send(fd, &f, NULL, 0);
         s->stats.refused++;
         log_notice("Refused a side-channel connection: %s", text);
-        events_add(&s->pool->events, "refused", "%s", text);
+        events_add(&s->broker->events, "refused", "%s", text);
 }
 
 /* Descriptors aquad holds for clients: pooled chunks, those waiting for their request, sockets. */
 static size_t fds_held(const struct server *s)
 {
-        size_t n = s->pool->n_chunks + s->n_clients;
+        size_t n = s->broker->n_chunks + s->n_clients;
 
         for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                 struct client *c = list_entry(x, struct client, node);
@@ -378,8 +378,8 @@ bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
 
         for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
                 mine += list_entry(k, struct pending, node)->n_fds;
-        if (!c->registered && s->pool->settings.max_chunks >= s->pool->n_chunks &&
-            mine + n > s->pool->settings.max_chunks - s->pool->n_chunks)
+        if (!c->registered && s->broker->settings.max_chunks >= s->broker->n_chunks &&
+            mine + n > s->broker->settings.max_chunks - s->broker->n_chunks)
                 return false;
         if (s->fd_limit && fds_held(s) + n + FD_RESERVE > s->fd_limit)
                 return false;
@@ -852,7 +852,7 @@ static int open_journal(struct server *s, bool repair)
                 if (r < 0)
                         return log_error_errno(r, "Failed to name a copy of %s: %m", path);
         }
-        r = journal_open_repair(path, copy, pool_apply, s->pool, &j, &st);
+        r = journal_open_repair(path, copy, broker_apply, s->broker, &j, &st);
         if (r == -EBUSY)
                 return log_error_errno(r, "Journal %s is held by another aquad", path);
         if (r == -EBADMSG)
@@ -875,7 +875,7 @@ static int open_journal(struct server *s, bool repair)
                                        path, copy);
         if (r < 0)
                 return log_error_errno(r, "Failed to open the journal %s: %m", path);
-        pool_attach_journal(s->pool, j, s->config->journal_compact_bytes);
+        broker_attach_journal(s->broker, j, s->config->journal_compact_bytes);
         if (st.bad_offset)
                 log_warning("Journal %s was damaged at byte %" PRIu64 "; kept it as %s and cut it "
                             "there: dropped %" PRIu64 " bytes, the bad record and the intact "
@@ -888,10 +888,10 @@ static int open_journal(struct server *s, bool repair)
                             path, st.dropped_bytes);
         else if (repair)
                 log_notice("Journal %s is sound: nothing to repair", path);
-        if (s->pool->n_chunks || s->pool->n_leases)
+        if (s->broker->n_chunks || s->broker->n_leases)
                 log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
                            " ms for clients to re-register",
-                           s->pool->n_chunks, s->pool->n_leases, s->config->journal,
+                           s->broker->n_chunks, s->broker->n_leases, s->config->journal,
                            s->config->reconcile_timeout_ns / NSEC_PER_MSEC);
         return 0;
 }
@@ -899,7 +899,7 @@ static int open_journal(struct server *s, bool repair)
 int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
 {
         _cleanup_(server_freep) struct server *s = NULL;
-        struct pool_settings none = {0};
+        struct broker_settings none = {0};
         int r;
 
         s = calloc(1, sizeof(*s));
@@ -912,7 +912,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         s->config_path = strdup(config_path);
         if (!s->config_path)
                 return -ENOMEM;
-        r = pool_new(&none, &s->pool);
+        r = broker_new(&none, &s->broker);
         if (r < 0)
                 return r;
         s->config = config;
@@ -936,7 +936,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         if (r >= 0 && s->config->metrics)
                 r = metrics_new(s, s->config->metrics, &s->metrics);
         if (r >= 0)
-                r = pool_repair(s->pool);
+                r = broker_repair(s->broker);
         if (r < 0) {
                 s->config = NULL;
                 return r;
@@ -974,7 +974,7 @@ struct server *server_free(struct server *s)
         safe_close(s->ipc_lock_fd);
         safe_close(s->signal_fd);
         metrics_free(s->metrics);
-        pool_free(s->pool);
+        broker_free(s->broker);
         config_free(s->config);
         free(s->ipc_path);
         free(s->config_path);
@@ -1008,10 +1008,10 @@ static void stop(struct server *s, const char *why)
                 if (c->registered)
                         server_send(s, c, &e);
         }
-        (void)pool_commit(s->pool);
+        (void)broker_commit(s->broker);
         /* Leave a compact journal for the next start. */
-        if (s->pool->journal && pool_snapshot(s->pool, &snap) >= 0) {
-                int r = journal_compact(s->pool->journal, snap);
+        if (s->broker->journal && broker_snapshot(s->broker, &snap) >= 0) {
+                int r = journal_compact(s->broker->journal, snap);
                 if (r < 0)
                         log_warning_errno(r, "Failed to compact the journal at stop: %m");
                 aquaj__journal_record__free_unpacked(snap, NULL);
@@ -1045,9 +1045,9 @@ static void handle_signals(struct server *s)
 
 static uint64_t next_deadline(struct server *s)
 {
-        uint64_t next = s->pool->next_deadline_ns;
+        uint64_t next = s->broker->next_deadline_ns;
 
-        if (s->pool->journal_error && (!next || s->journal_probe_ns < next))
+        if (s->broker->journal_error && (!next || s->journal_probe_ns < next))
                 next = s->journal_probe_ns;
 
         for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
@@ -1067,10 +1067,10 @@ static void expire(struct server *s, uint64_t now)
 {
         struct list_node *pos, *tmp;
 
-        pool_tick(s->pool, now);
-        if (s->pool->journal_error && now >= s->journal_probe_ns) {
+        broker_tick(s->broker, now);
+        if (s->broker->journal_error && now >= s->journal_probe_ns) {
                 s->journal_probe_ns = now + JOURNAL_PROBE_NS;
-                (void)pool_commit(s->pool);
+                (void)broker_commit(s->broker);
         }
         list_for_each(pos, tmp, &s->clients)
         {

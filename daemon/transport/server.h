@@ -10,9 +10,9 @@
 #include <sys/types.h>
 
 #include "aqua.pb-c.h"
+#include "broker.h"
 #include "config.h"
 #include "list.h"
-#include "pool.h"
 #include "proc.h"
 #include "side.h"
 #include "wire.h"
@@ -50,7 +50,7 @@ struct client {
         uint64_t accepted_ns;
         struct list_node pending;
         size_t n_pending;
-        struct pool_held *held; /* from HelloHeld before its Hello: the first of what it holds */
+        struct broker_held *held; /* from HelloHeld before its Hello: the first of what it holds */
         size_t n_held;
         struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
         size_t n_outbox;
@@ -82,7 +82,7 @@ struct server_stats {
 struct server {
         struct config *config;
         char *config_path;
-        struct pool *pool;
+        struct broker *broker;
         struct wire_limits limits;
 
         void *zctx;

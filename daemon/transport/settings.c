@@ -13,7 +13,7 @@ void server_apply_settings(struct server *s)
             .max_repeated = (size_t)c->limits.repeated_items,
             .max_string = 4096,
         };
-        s->pool->settings = (struct pool_settings){
+        s->broker->settings = (struct broker_settings){
             .dram_budget = c->dram_budget,
             .reclaim_deadline_ns = c->reclaim_deadline_ns,
             .reconcile_timeout_ns = c->reconcile_timeout_ns,
@@ -25,7 +25,7 @@ void server_apply_settings(struct server *s)
             .scrub = c->scrub_chunks,
             .colocate = c->colocated_lending,
         };
-        s->pool->compact_threshold = c->journal_compact_bytes;
+        s->broker->compact_threshold = c->journal_compact_bytes;
 }
 
 int server_apply_pins(struct server *s)
@@ -40,7 +40,7 @@ int server_apply_pins(struct server *s)
                 prod[i] = c->pairs[i].producer;
                 cons[i] = c->pairs[i].consumer;
         }
-        return pool_set_config_pins(s->pool, prod, cons, c->n_pairs);
+        return broker_set_config_pins(s->broker, prod, cons, c->n_pairs);
 }
 
 static bool str_changed(const char *a, const char *b)
@@ -85,11 +85,11 @@ void server_reload(struct server *s)
         s->config = TAKE_PTR(n);
         config_free(old);
         server_apply_settings(s);
-        if (server_apply_pins(s) < 0 || pool_repair(s->pool) < 0)
+        if (server_apply_pins(s) < 0 || broker_repair(s->broker) < 0)
                 log_error("Out of memory applying the pairs of the new configuration");
         log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
         server_flush_notices(s);
-        events_add(&s->pool->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
+        events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
                    kept);
         log_notice("Reloaded %s: allow lists, limits, reclaim deadline, DRAM budget, pairs and log "
                    "level apply now%s%s",

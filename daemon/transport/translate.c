@@ -7,21 +7,21 @@
 
 int translate_outcome(int r)
 {
-        static const Aqua__ErrorCode wire[_POOL_E_MAX] = {
-            [POOL_E_INVALID] = E(INVALID),
-            [POOL_E_UNKNOWN_GPU] = E(UNKNOWN_GPU),
-            [POOL_E_UNKNOWN_LEASE] = E(UNKNOWN_LEASE),
-            [POOL_E_UNKNOWN_CHUNK] = E(UNKNOWN_CHUNK),
-            [POOL_E_LIMIT] = E(LIMIT),
-            [POOL_E_WRONG_ROLE] = E(WRONG_ROLE),
-            [POOL_E_NO_MEMORY] = E(NO_MEMORY),
-            [POOL_E_BARRED] = E(BARRED),
-            [POOL_E_BUSY] = E(BUSY),
+        static const Aqua__ErrorCode wire[_BROKER_E_MAX] = {
+            [BROKER_E_INVALID] = E(INVALID),
+            [BROKER_E_UNKNOWN_GPU] = E(UNKNOWN_GPU),
+            [BROKER_E_UNKNOWN_LEASE] = E(UNKNOWN_LEASE),
+            [BROKER_E_UNKNOWN_CHUNK] = E(UNKNOWN_CHUNK),
+            [BROKER_E_LIMIT] = E(LIMIT),
+            [BROKER_E_WRONG_ROLE] = E(WRONG_ROLE),
+            [BROKER_E_NO_MEMORY] = E(NO_MEMORY),
+            [BROKER_E_BARRED] = E(BARRED),
+            [BROKER_E_BUSY] = E(BUSY),
         };
 
         if (r <= 0)
                 return r;
-        return r < _POOL_E_MAX && wire[r] ? (int)wire[r] : (int)E(INTERNAL);
+        return r < _BROKER_E_MAX && wire[r] ? (int)wire[r] : (int)E(INTERNAL);
 }
 
 Aqua__Role translate_role_to_wire(enum gpu_role r)

@@ -1,14 +1,14 @@
 /*
  * Between the broker core's types and the wire protocol's: the one place that knows both. The
- * core (core/pool.h) has its own roles and outcomes; the transport answers clients in the
+ * core (core/broker.h) has its own roles and outcomes; the transport answers clients in the
  * protocol's.
  */
 #pragma once
 
 #include "aqua.pb-c.h"
-#include "pool.h"
+#include "broker.h"
 
-/* A core call's result where the transport's own codes meet it: a positive enum pool_error
+/* A core call's result where the transport's own codes meet it: a positive enum broker_error
  * becomes the Aqua__ErrorCode a client is answered with; 0 and negative errnos pass through. */
 int translate_outcome(int r);
 

@@ -1,11 +1,12 @@
 /*
- * The daemon's model of the domain: GPUs, pairs, the lending pool of chunks, leases and the DRAM
- * budget, with every flow of the control plane as an operation on it. No I/O here: operations
- * queue journal operations (written by pool_commit() before any reply) and notices for clients
+ * The broker core: aquad's model of the domain (GPUs, pairs, the lending pool of chunks, leases
+ * and the DRAM budget), with every flow of the control plane as an operation on it. "Pool" is
+ * only ever the lending pool: the chunks producers offered. No I/O here: operations
+ * queue journal operations (written by broker_commit() before any reply) and notices for clients
  * (taken by the caller after the commit), so every flow can be tested without sockets.
  *
- * Outcomes: 0, a negative errno, or a positive enum pool_error with a message in err that names
- * the problem; the caller answers the client with it. The pool speaks no wire protocol and holds
+ * Outcomes: 0, a negative errno, or a positive enum broker_error with a message in err that names
+ * the problem; the caller answers the client with it. The core speaks no wire protocol and holds
  * no sockets: its types are its own, and the transport translates (transport/translate.h).
  */
 #pragma once
@@ -21,20 +22,20 @@
 #include "list.h"
 #include "proc.h"
 
-#define POOL_ERR_MAX 256
+#define BROKER_ERR_MAX 256
 
 /* Outcomes a caller must handle, each with a message that names the problem. */
-enum pool_error {
-        POOL_E_INVALID = 1, /* a value out of range or inconsistent */
-        POOL_E_UNKNOWN_GPU,
-        POOL_E_UNKNOWN_LEASE,
-        POOL_E_UNKNOWN_CHUNK,
-        POOL_E_LIMIT,      /* a configured limit (chunks, leases) reached */
-        POOL_E_WRONG_ROLE, /* e.g. draining a consumer */
-        POOL_E_NO_MEMORY,  /* nothing at all could be granted */
-        POOL_E_BARRED,     /* a consumer that missed a reclaim deadline */
-        POOL_E_BUSY,       /* the GPU is registered by another live client */
-        _POOL_E_MAX,
+enum broker_error {
+        BROKER_E_INVALID = 1, /* a value out of range or inconsistent */
+        BROKER_E_UNKNOWN_GPU,
+        BROKER_E_UNKNOWN_LEASE,
+        BROKER_E_UNKNOWN_CHUNK,
+        BROKER_E_LIMIT,      /* a configured limit (chunks, leases) reached */
+        BROKER_E_WRONG_ROLE, /* e.g. draining a consumer */
+        BROKER_E_NO_MEMORY,  /* nothing at all could be granted */
+        BROKER_E_BARRED,     /* a consumer that missed a reclaim deadline */
+        BROKER_E_BUSY,       /* the GPU is registered by another live client */
+        _BROKER_E_MAX,
 };
 
 enum gpu_role {
@@ -48,7 +49,7 @@ enum gpu_role {
 /* The transport's connection a GPU is registered by; the pool never looks inside. */
 struct client;
 /* How often a silent holder's process is looked at after a restart. */
-#define POOL_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
+#define BROKER_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
 
 enum chunk_state {
         CHUNK_FREE,       /* in the pool, grantable when the daemon holds its fd */
@@ -71,7 +72,7 @@ struct gpu_link {
 };
 
 struct gpu {
-        struct list_node node; /* pool.gpus */
+        struct list_node node; /* broker.gpus */
         /* Its name in the pool: the device's uuid, or with colocated-lending "UUID/producer" or
          * "UUID/consumer" (one device, a registration per role). */
         char *uuid;
@@ -110,7 +111,7 @@ struct gpu {
 };
 
 struct chunk {
-        uint64_t id; /* first member: the key of pool.chunks_by_id */
+        uint64_t id; /* first member: the key of broker.chunks_by_id */
         struct gpu *producer;
         struct lease *lease; /* NULL when free */
         uint64_t size;
@@ -129,12 +130,12 @@ struct chunk {
 };
 
 struct lease {
-        uint64_t id; /* first member: the key of pool.leases_by_id */
+        uint64_t id; /* first member: the key of broker.leases_by_id */
         struct gpu *consumer;
         struct gpu *producer;
         enum lease_state state;
         struct list_node chunks;
-        struct list_node consumer_node, pool_node;
+        struct list_node consumer_node, broker_node;
         size_t n_chunks;
         uint64_t bytes;
         uint64_t created_ms; /* wall clock */
@@ -145,7 +146,7 @@ struct lease {
 };
 
 /* A pinned pair (from the config or an operator), by uuid: either GPU may not exist yet. */
-struct pool_pin {
+struct broker_pin {
         char *producer, *consumer;
         const char *source;
 };
@@ -169,7 +170,7 @@ struct notice {
         char *text; /* reason, or the new pair */
 };
 
-struct pool_settings {
+struct broker_settings {
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ns;
         uint64_t reconcile_timeout_ns;
@@ -186,7 +187,7 @@ struct pool_settings {
         enum proc_liveness (*liveness)(const struct proc_id *id);
 };
 
-struct pool_stats {
+struct broker_stats {
         uint64_t deadline_misses;
         uint64_t leases_granted;
         uint64_t leases_lost;
@@ -199,8 +200,8 @@ struct pool_stats {
         uint64_t chunks_unusable; /* consumers could not import them (dropped) */
 };
 
-struct pool {
-        struct pool_settings settings;
+struct broker {
+        struct broker_settings settings;
         struct list_node gpus;
         size_t n_gpus;
         void *chunks_by_id;      /* tsearch tree of struct chunk * */
@@ -211,9 +212,9 @@ struct pool {
         uint64_t next_chunk_id, next_lease_id;
         uint64_t next_serial; /* of GPU registrations */
         uint64_t dram_granted;
-        struct pool_pin *pins;
+        struct broker_pin *pins;
         size_t n_pins;
-        struct pool_stats stats;
+        struct broker_stats stats;
         struct events events;
 
         uint64_t
@@ -236,52 +237,53 @@ struct pool {
         void *on_reclaimed_userdata;
 };
 
-/* ------------------------------------------------------------- pool.c: objects and persistence */
+/* ----------------------------------------------------------- broker.c: objects and persistence */
 
-int pool_new(const struct pool_settings *settings, struct pool **ret);
-struct pool *pool_free(struct pool *p);
-DEFINE_TRIVIAL_CLEANUP_FUNC(struct pool *, pool_free);
+int broker_new(const struct broker_settings *settings, struct broker **ret);
+struct broker *broker_free(struct broker *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct broker *, broker_free);
 
 /* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
-int pool_set_config_pins(struct pool *p, const char *const *producers, const char *const *consumers,
-                         size_t n);
+int broker_set_config_pins(struct broker *p, const char *const *producers,
+                           const char *const *consumers, size_t n);
 
 /* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
-int pool_pins_add(struct pool *p, const char *producer, const char *consumer, const char *source);
-size_t pool_pins_remove(struct pool *p, const char *uuid);
+int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+                    const char *source);
+size_t broker_pins_remove(struct broker *p, const char *uuid);
 
 /* Replay a journal record into an empty pool (the journal_open() callback). */
-int pool_apply(const Aquaj__JournalRecord *rec, void *userdata);
+int broker_apply(const Aquaj__JournalRecord *rec, void *userdata);
 /* After replay: take ownership of j, start the reconcile window for restored state. */
-void pool_attach_journal(struct pool *p, struct journal *j, uint64_t compact_threshold);
+void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold);
 /*
  * Write the queued journal operations (one record, fsync'd); compact when the log has grown.
  * On failure the operations stay queued and go out with the next commit that succeeds, and
  * p->journal_error says aquad is degraded; with none queued, an empty record probes the file.
  */
-int pool_commit(struct pool *p);
+int broker_commit(struct broker *p);
 /* Why aquad is degraded, in a sentence, or NULL when it is not. */
-const char *pool_degraded(const struct pool *p, char *buf, size_t size);
+const char *broker_degraded(const struct broker *p, char *buf, size_t size);
 /* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
-int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret);
+int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret);
 
 /* Take the queued notices (append them to `into`, an initialized list head). */
-void pool_take_notices(struct pool *p, struct list_node *into);
+void broker_take_notices(struct broker *p, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
 /* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
  * and plans may). */
 bool gpu_is(const struct gpu *g, const char *key);
-struct gpu *pool_find_gpu(struct pool *p, const char *uuid_or_ordinal);
-struct chunk *pool_find_chunk(struct pool *p, uint64_t id);
-struct lease *pool_find_lease(struct pool *p, uint64_t id);
+struct gpu *broker_find_gpu(struct broker *p, const char *uuid_or_ordinal);
+struct chunk *broker_find_chunk(struct broker *p, uint64_t id);
+struct lease *broker_find_lease(struct broker *p, uint64_t id);
 
-/* snprintf into a POOL_ERR_MAX buffer and return code: here a positive enum pool_error; the
+/* snprintf into a BROKER_ERR_MAX buffer and return code: here a positive enum broker_error; the
  * transport uses it for its own (wire) codes too. */
-int pool_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+int broker_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
 
-/* pool-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
-int pool_check(struct pool *p, char *err);
+/* broker-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
+int broker_check(struct broker *p, char *err);
 
 const char *chunk_state_to_string(enum chunk_state s);
 const char *gpu_role_to_string(enum gpu_role r);
@@ -290,19 +292,19 @@ const char *lease_state_to_string(enum lease_state s);
 /* ----------------------------------------------------- register.c: hello, reconcile, pairing */
 
 /* A link the registering GPU reports to another GPU. */
-struct pool_link {
+struct broker_link {
         const char *uuid;
         double bandwidth; /* GB/s; 0 when unknown */
 };
 
 /* A chunk a re-registering client says it still holds. */
-struct pool_held {
+struct broker_held {
         uint64_t chunk_id;
         uint64_t size;
         uint64_t lease_id; /* 0: held unleased (a producer's chunk in the pool) */
 };
 
-struct pool_hello {
+struct broker_hello {
         const char *uuid;
         enum gpu_role role;
         uint32_t ordinal;
@@ -311,92 +313,93 @@ struct pool_hello {
         const char *client_name;
         pid_t pid;
         const struct proc_id *process; /* NULL: not known (not on this host) */
-        const struct pool_link *links;
+        const struct broker_link *links;
         size_t n_links;
-        const struct pool_held *held;
+        const struct broker_held *held;
         size_t n_held;
         int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
 };
 
-struct pool_welcome {
+struct broker_welcome {
         struct gpu *gpu;
         uint64_t *lost_leases;
         size_t n_lost_leases;
 };
 
 /* Register a client's GPU (owner: the client), reconciling what it says it holds. */
-int pool_register(struct pool *p, const struct pool_hello *h, struct client *owner,
-                  struct pool_welcome *ret, char *err);
+int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+                    struct broker_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
-void pool_gpu_gone(struct pool *p, struct gpu *g);
+void broker_gpu_gone(struct broker *p, struct gpu *g);
 /* Operator: g's client did not come back after a restart and is known to be gone. */
-int pool_release(struct pool *p, struct gpu *g, char *err);
+int broker_release(struct broker *p, struct gpu *g, char *err);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
-int pool_repair(struct pool *p);
+int broker_repair(struct broker *p);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
-int pool_pin(struct pool *p, const char *producer, const char *consumer, char *err);
-int pool_unpin(struct pool *p, const char *gpu, char *err);
+int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err);
+int broker_unpin(struct broker *p, const char *gpu, char *err);
 
 /* ------------------------------------------------------ lease.c: the lease state machine */
 
 /* Producer: put chunks into the pool; fds are taken on success. ret_ids gets n daemon ids. */
-int pool_offer(struct pool *p, struct gpu *producer, const uint64_t *sizes,
-               const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err);
+int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err);
 
-struct pool_grant {
+struct broker_grant {
         struct lease *lease; /* NULL when only DRAM was granted */
         uint64_t dram_bytes;
         bool partial;
 };
 
 /* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
-int pool_borrow(struct pool *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
-                bool allow_dram, struct pool_grant *ret, char *err);
+int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+                  bool allow_dram, struct broker_grant *ret, char *err);
 /* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
-void pool_undo_grant(struct pool *p, struct gpu *consumer, const struct pool_grant *g);
+void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g);
 /* Take back an offer whose record could not be journaled: its chunks leave the pool. */
-void pool_undo_offer(struct pool *p, const uint64_t *ids, size_t n);
+void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n);
 
 /*
  * Consumer: chunks of lease_id it could not import leave the pool (the producer hears of them in
- * a Reclaimed notice); the lease stays, empty or not, for pool_return() to finish. Returns 0 or
+ * a Reclaimed notice); the lease stays, empty or not, for broker_return() to finish. Returns 0 or
  * a positive error code (ids not in the lease are skipped).
  */
-int pool_return_unusable(struct pool *p, struct gpu *consumer, uint64_t lease_id,
-                         const uint64_t *chunk_ids, size_t n, char *err);
+int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                           const uint64_t *chunk_ids, size_t n, char *err);
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
-int pool_return(struct pool *p, struct gpu *consumer, uint64_t lease_id, const uint64_t *chunk_ids,
-                size_t n, uint64_t dram_bytes, uint32_t *ret_returned, char *err);
+int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                  const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
+                  char *err);
 
-struct pool_reclaim {
+struct broker_reclaim {
         uint64_t *free_ids; /* dropped from the pool now */
         size_t n_free;
         uint64_t *pending_ids; /* leased: will come back as Reclaimed notices */
         size_t n_pending;
         uint64_t deadline_ms; /* relative, as sent to consumers */
 };
-void pool_reclaim_clear(struct pool_reclaim *r);
+void broker_reclaim_clear(struct broker_reclaim *r);
 
 /*
  * Producer (or an operator for it): take memory back. bytes == 0 && all: everything. With
  * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
  * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
  */
-int pool_reclaim(struct pool *p, struct gpu *producer, uint64_t bytes, bool all, bool leased_only,
-                 const char *reason, struct pool_reclaim *ret, char *err);
+int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err);
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
-int pool_drain(struct pool *p, struct gpu *producer, struct pool_reclaim *ret, char *err);
+int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err);
 
 /* ------------------------------------------------- admin.c: operators' requests (aquactl) */
 
-/* The GPU is named by uuid or ordinal; POOL_E_UNKNOWN_GPU when there is none. Reclaim and
- * drain take a producer (POOL_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
+/* The GPU is named by uuid or ordinal; BROKER_E_UNKNOWN_GPU when there is none. Reclaim and
+ * drain take a producer (BROKER_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
  * leased memory back, leaving free chunks in the pool. */
-int pool_admin_reclaim(struct pool *p, const char *gpu, uint64_t bytes, struct pool_reclaim *ret,
-                       char *err);
-int pool_admin_drain(struct pool *p, const char *gpu, struct pool_reclaim *ret, char *err);
-int pool_admin_release(struct pool *p, const char *gpu, char *err);
+int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
+                         struct broker_reclaim *ret, char *err);
+int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err);
+int broker_admin_release(struct broker *p, const char *gpu, char *err);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
 
@@ -405,12 +408,12 @@ int pool_admin_release(struct pool *p, const char *gpu, char *err);
  * pool, the producer is told with Reclaimed). Only chunks of this producer that it was asked to
  * scrub count; ret_done gets how many did.
  */
-int pool_scrub_done(struct pool *p, struct gpu *producer, const uint64_t *ids, size_t n,
-                    const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
+int broker_scrub_done(struct broker *p, struct gpu *producer, const uint64_t *ids, size_t n,
+                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
 
 /* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
-void pool_reclaim_delivered(struct pool *p, uint64_t lease_id, const uint64_t *ids, size_t n,
-                            uint64_t deadline_ms);
+void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                              uint64_t deadline_ms);
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
-void pool_tick(struct pool *p, uint64_t now_ns);
+void broker_tick(struct broker *p, uint64_t now_ns);

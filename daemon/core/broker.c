@@ -1,5 +1,5 @@
 /* The pool's objects (gpu, chunk, lease, pins), their lifecycle, and the notices they queue. */
-#include "pool-private.h"
+#include "broker-private.h"
 
 #include <search.h>
 #include <stdarg.h>
@@ -24,13 +24,13 @@ static void *tree_find(void *const *root, uint64_t id)
         return n ? *n : NULL;
 }
 
-int pool_fail(char *err, int code, const char *fmt, ...)
+int broker_fail(char *err, int code, const char *fmt, ...)
 {
         va_list ap;
 
         if (err) {
                 va_start(ap, fmt);
-                vsnprintf(err, POOL_ERR_MAX, fmt, ap);
+                vsnprintf(err, BROKER_ERR_MAX, fmt, ap);
                 va_end(ap);
         }
         return code;
@@ -59,7 +59,7 @@ const char *gpu_role_to_string(enum gpu_role r)
         return r < _GPU_ROLE_MAX ? names[r] : "invalid";
 }
 
-void pool_note_deadline(struct pool *p, uint64_t deadline_ns)
+void broker_note_deadline(struct broker *p, uint64_t deadline_ns)
 {
         if (deadline_ns && (!p->next_deadline_ns || deadline_ns < p->next_deadline_ns))
                 p->next_deadline_ns = deadline_ns;
@@ -67,7 +67,7 @@ void pool_note_deadline(struct pool *p, uint64_t deadline_ns)
 
 /* ------------------------------------------------------------------------------ notices */
 
-void notice_queue(struct pool *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text)
 {
         struct notice *m;
@@ -108,7 +108,7 @@ struct notice *notice_free(struct notice *n)
         return NULL;
 }
 
-void pool_take_notices(struct pool *p, struct list_node *into)
+void broker_take_notices(struct broker *p, struct list_node *into)
 {
         struct list_node *pos, *tmp;
 
@@ -130,7 +130,7 @@ bool gpu_is(const struct gpu *g, const char *key)
         return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
 }
 
-struct gpu *pool_find_gpu(struct pool *p, const char *key)
+struct gpu *broker_find_gpu(struct broker *p, const char *key)
 {
         struct list_node *pos, *tmp;
         struct gpu *other = NULL;
@@ -150,17 +150,17 @@ struct gpu *pool_find_gpu(struct pool *p, const char *key)
         return other;
 }
 
-struct chunk *pool_find_chunk(struct pool *p, uint64_t id)
+struct chunk *broker_find_chunk(struct broker *p, uint64_t id)
 {
         return tree_find(&p->chunks_by_id, id);
 }
 
-struct lease *pool_find_lease(struct pool *p, uint64_t id)
+struct lease *broker_find_lease(struct broker *p, uint64_t id)
 {
         return tree_find(&p->leases_by_id, id);
 }
 
-struct gpu *gpu_ensure(struct pool *p, const char *uuid)
+struct gpu *gpu_ensure(struct broker *p, const char *uuid)
 {
         struct gpu *g;
 
@@ -198,7 +198,7 @@ static void gpu_free_links(struct gpu *g)
         g->n_links = 0;
 }
 
-static void gpu_destroy(struct pool *p, struct gpu *g)
+static void gpu_destroy(struct broker *p, struct gpu *g)
 {
         list_unlink(&g->node);
         p->n_gpus--;
@@ -209,7 +209,7 @@ static void gpu_destroy(struct pool *p, struct gpu *g)
         free(g);
 }
 
-static bool pinned(const struct pool *p, const struct gpu *g)
+static bool pinned(const struct broker *p, const struct gpu *g)
 {
         for (size_t i = 0; i < p->n_pins; i++)
                 if (gpu_is(g, p->pins[i].producer) || gpu_is(g, p->pins[i].consumer))
@@ -217,7 +217,7 @@ static bool pinned(const struct pool *p, const struct gpu *g)
         return false;
 }
 
-void gpu_gc(struct pool *p, struct gpu *g)
+void gpu_gc(struct broker *p, struct gpu *g)
 {
         struct list_node *pos, *tmp;
 
@@ -232,7 +232,7 @@ void gpu_gc(struct pool *p, struct gpu *g)
         gpu_destroy(p, g);
 }
 
-void gpu_set_pair(struct pool *p, struct gpu *g, struct gpu *mate, const char *source,
+void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char *source,
                   double bandwidth)
 {
         if (g->paired == mate)
@@ -256,7 +256,7 @@ void chunk_set_free_listed(struct chunk *c)
                 list_append(&c->producer->free_chunks, &c->free_node);
 }
 
-struct chunk *chunk_new(struct pool *p, struct gpu *producer, uint64_t id, uint64_t size,
+struct chunk *chunk_new(struct broker *p, struct gpu *producer, uint64_t id, uint64_t size,
                         uint64_t client_ref, int fd)
 {
         struct chunk *c = calloc(1, sizeof(*c));
@@ -286,7 +286,7 @@ struct chunk *chunk_new(struct pool *p, struct gpu *producer, uint64_t id, uint6
         return c;
 }
 
-static void chunk_unlink_lease(struct pool *p, struct chunk *c)
+static void chunk_unlink_lease(struct broker *p, struct chunk *c)
 {
         struct lease *l = c->lease;
 
@@ -305,7 +305,7 @@ static void chunk_unlink_lease(struct pool *p, struct chunk *c)
         lease_update_state(l);
 }
 
-void chunk_destroy(struct pool *p, struct chunk *c)
+void chunk_destroy(struct broker *p, struct chunk *c)
 {
         chunk_unlink_lease(p, c);
         list_unlink(&c->free_node);
@@ -318,13 +318,13 @@ void chunk_destroy(struct pool *p, struct chunk *c)
         free(c);
 }
 
-void chunk_drop(struct pool *p, struct chunk *c)
+void chunk_drop(struct broker *p, struct chunk *c)
 {
         journal_del(p, true, c->id);
         chunk_destroy(p, c);
 }
 
-void chunk_lease(struct pool *p, struct chunk *c, struct lease *l)
+void chunk_lease(struct broker *p, struct chunk *c, struct lease *l)
 {
         list_unlink(&c->free_node);
         c->state = CHUNK_LEASED;
@@ -337,7 +337,7 @@ void chunk_lease(struct pool *p, struct chunk *c, struct lease *l)
         p->lent_bytes += c->size;
 }
 
-void chunk_release(struct pool *p, struct chunk *c)
+void chunk_release(struct broker *p, struct chunk *c)
 {
         chunk_unlink_lease(p, c);
         c->state = CHUNK_FREE;
@@ -364,7 +364,7 @@ void lease_update_state(struct lease *l)
         }
 }
 
-struct lease *lease_new(struct pool *p, uint64_t id, struct gpu *consumer, struct gpu *producer)
+struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer)
 {
         struct lease *l = calloc(1, sizeof(*l));
 
@@ -378,32 +378,32 @@ struct lease *lease_new(struct pool *p, uint64_t id, struct gpu *consumer, struc
                             .created_ns = now_mono_ns()};
         list_init(&l->chunks);
         list_init(&l->consumer_node);
-        list_init(&l->pool_node);
+        list_init(&l->broker_node);
         if (!tsearch(l, &p->leases_by_id, cmp_id)) {
                 free(l);
                 return NULL;
         }
         list_append(&consumer->leases, &l->consumer_node);
-        list_append(&p->leases, &l->pool_node);
+        list_append(&p->leases, &l->broker_node);
         p->n_leases++;
         if (id >= p->next_lease_id)
                 p->next_lease_id = id + 1;
         return l;
 }
 
-void lease_destroy(struct pool *p, struct lease *l)
+void lease_destroy(struct broker *p, struct lease *l)
 {
         while (!list_empty(&l->chunks))
                 chunk_release(p, list_entry(l->chunks.next, struct chunk, lease_node));
         tdelete(l, &p->leases_by_id, cmp_id);
         list_unlink(&l->consumer_node);
-        list_unlink(&l->pool_node);
+        list_unlink(&l->broker_node);
         p->n_leases--;
         free(l->reason);
         free(l);
 }
 
-void lease_free(struct pool *p, struct lease *l)
+void lease_free(struct broker *p, struct lease *l)
 {
         if (!l)
                 return;
@@ -413,9 +413,9 @@ void lease_free(struct pool *p, struct lease *l)
 
 /* ------------------------------------------------------------------------------ lifecycle */
 
-int pool_new(const struct pool_settings *settings, struct pool **ret)
+int broker_new(const struct broker_settings *settings, struct broker **ret)
 {
-        struct pool *p = calloc(1, sizeof(*p));
+        struct broker *p = calloc(1, sizeof(*p));
         int r;
 
         if (!p)
@@ -434,7 +434,7 @@ int pool_new(const struct pool_settings *settings, struct pool **ret)
         return 0;
 }
 
-void pins_clear(struct pool *p, bool config_only)
+void pins_clear(struct broker *p, bool config_only)
 {
         size_t k = 0;
 
@@ -457,10 +457,10 @@ void pins_clear(struct pool *p, bool config_only)
 }
 
 /* Forget all state (a snapshot replaces it, or the pool goes away). */
-void pool_clear(struct pool *p)
+void broker_clear(struct broker *p)
 {
         while (!list_empty(&p->leases))
-                lease_destroy(p, list_entry(p->leases.next, struct lease, pool_node));
+                lease_destroy(p, list_entry(p->leases.next, struct lease, broker_node));
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 while (!list_empty(&g->chunks))
@@ -471,13 +471,13 @@ void pool_clear(struct pool *p)
         }
 }
 
-struct pool *pool_free(struct pool *p)
+struct broker *broker_free(struct broker *p)
 {
         struct list_node *pos, *tmp;
 
         if (!p)
                 return NULL;
-        pool_clear(p);
+        broker_clear(p);
         list_for_each(pos, tmp, &p->notices)
         {
                 notice_free(list_entry(pos, struct notice, node));
@@ -486,7 +486,7 @@ struct pool *pool_free(struct pool *p)
         {
                 gpu_destroy(p, list_entry(pos, struct gpu, node));
         }
-        pool_ops_clear(p);
+        broker_ops_clear(p);
         free(p->ops);
         pins_clear(p, false);
         free(p->pins);
@@ -496,14 +496,14 @@ struct pool *pool_free(struct pool *p)
         return NULL;
 }
 
-static int pin_add(struct pool *p, const char *producer, const char *consumer, const char *source)
+static int pin_add(struct broker *p, const char *producer, const char *consumer, const char *source)
 {
-        struct pool_pin *pins = reallocarray(p->pins, p->n_pins + 1, sizeof(*pins));
+        struct broker_pin *pins = reallocarray(p->pins, p->n_pins + 1, sizeof(*pins));
 
         if (!pins)
                 return -ENOMEM;
         p->pins = pins;
-        pins[p->n_pins] = (struct pool_pin){strdup(producer), strdup(consumer), source};
+        pins[p->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source};
         if (!pins[p->n_pins].producer || !pins[p->n_pins].consumer) {
                 free(pins[p->n_pins].producer);
                 free(pins[p->n_pins].consumer);
@@ -514,7 +514,7 @@ static int pin_add(struct pool *p, const char *producer, const char *consumer, c
 }
 
 /* Remove every pin that names uuid on either side; returns how many. */
-size_t pool_pins_remove(struct pool *p, const char *uuid)
+size_t broker_pins_remove(struct broker *p, const char *uuid)
 {
         size_t k = 0, removed = 0;
 
@@ -532,17 +532,18 @@ size_t pool_pins_remove(struct pool *p, const char *uuid)
         return removed;
 }
 
-int pool_pins_add(struct pool *p, const char *producer, const char *consumer, const char *source)
+int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+                    const char *source)
 {
         if (producer[0])
-                pool_pins_remove(p, producer);
+                broker_pins_remove(p, producer);
         if (consumer[0])
-                pool_pins_remove(p, consumer);
+                broker_pins_remove(p, consumer);
         return pin_add(p, producer, consumer, source);
 }
 
-int pool_set_config_pins(struct pool *p, const char *const *producers, const char *const *consumers,
-                         size_t n)
+int broker_set_config_pins(struct broker *p, const char *const *producers,
+                           const char *const *consumers, size_t n)
 {
         int r;
 

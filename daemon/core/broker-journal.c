@@ -3,13 +3,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker-private.h"
 #include "log.h"
-#include "pool-private.h"
 #include "time-util.h"
 
 /* ------------------------------------------------------------------------------ journal ops */
 
-static void op_push(struct pool *p, Aquaj__JOp *op)
+static void op_push(struct broker *p, Aquaj__JOp *op)
 {
         if (p->replaying) {
                 if (op)
@@ -141,7 +141,7 @@ static Aquaj__JOp *op_with(Aquaj__JOp *op, const void *payload)
         return op;
 }
 
-void journal_chunk(struct pool *p, const struct chunk *c)
+void journal_chunk(struct broker *p, const struct chunk *c)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_CHUNK_SET);
 
@@ -150,7 +150,7 @@ void journal_chunk(struct pool *p, const struct chunk *c)
         op_push(p, op_with(op, op ? op->chunk_set : NULL));
 }
 
-void journal_lease(struct pool *p, const struct lease *l)
+void journal_lease(struct broker *p, const struct lease *l)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_LEASE_SET);
 
@@ -159,7 +159,7 @@ void journal_lease(struct pool *p, const struct lease *l)
         op_push(p, op_with(op, op ? op->lease_set : NULL));
 }
 
-void journal_gpu(struct pool *p, const struct gpu *g)
+void journal_gpu(struct broker *p, const struct gpu *g)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_GPU_SET);
 
@@ -168,7 +168,7 @@ void journal_gpu(struct pool *p, const struct gpu *g)
         op_push(p, op_with(op, op ? op->gpu_set : NULL));
 }
 
-void journal_del(struct pool *p, bool chunk, uint64_t id)
+void journal_del(struct broker *p, bool chunk, uint64_t id)
 {
         Aquaj__JOp *op = op_new(chunk ? AQUAJ__JOP__OP_CHUNK_DEL : AQUAJ__JOP__OP_LEASE_DEL);
 
@@ -181,7 +181,7 @@ void journal_del(struct pool *p, bool chunk, uint64_t id)
         op_push(p, op);
 }
 
-void journal_pin(struct pool *p, const char *producer, const char *consumer, bool del)
+void journal_pin(struct broker *p, const char *producer, const char *consumer, bool del)
 {
         Aquaj__JOp *op = op_new(del ? AQUAJ__JOP__OP_PAIR_DEL : AQUAJ__JOP__OP_PAIR_SET);
 
@@ -197,7 +197,7 @@ void journal_pin(struct pool *p, const char *producer, const char *consumer, boo
         op_push(p, op);
 }
 
-void pool_ops_clear(struct pool *p)
+void broker_ops_clear(struct broker *p)
 {
         for (size_t i = 0; i < p->n_ops; i++)
                 aquaj__jop__free_unpacked(p->ops[i], NULL);
@@ -210,7 +210,7 @@ void pool_ops_clear(struct pool *p)
 /* Operations queued while the journal cannot be written, before one snapshot replaces them. */
 #define MAX_QUEUED_OPS 65536
 
-static void compact(struct pool *p)
+static void compact(struct broker *p)
 {
         Aquaj__JournalRecord *snap = NULL;
         uint64_t now = now_mono_ns();
@@ -219,7 +219,7 @@ static void compact(struct pool *p)
         if (!journal_wants_compaction(p->journal, p->compact_threshold) ||
             now < p->compact_retry_ns)
                 return;
-        r = pool_snapshot(p, &snap);
+        r = broker_snapshot(p, &snap);
         if (r >= 0)
                 r = journal_compact(p->journal, snap);
         if (snap)
@@ -247,25 +247,25 @@ static void compact(struct pool *p)
 }
 
 /* Too many operations waiting for a writable journal: one snapshot says all they say. */
-static void fold_queued_ops(struct pool *p)
+static void fold_queued_ops(struct broker *p)
 {
         Aquaj__JournalRecord *snap = NULL;
 
-        if (p->n_ops < MAX_QUEUED_OPS || pool_snapshot(p, &snap) < 0)
+        if (p->n_ops < MAX_QUEUED_OPS || broker_snapshot(p, &snap) < 0)
                 return;
-        pool_ops_clear(p);
+        broker_ops_clear(p);
         p->ops[p->n_ops++] = snap->ops[0];
         snap->n_ops = 0;
         aquaj__journal_record__free_unpacked(snap, NULL);
 }
 
-int pool_commit(struct pool *p)
+int broker_commit(struct broker *p)
 {
         Aquaj__JournalRecord rec = AQUAJ__JOURNAL_RECORD__INIT;
         int r;
 
         if (!p->journal) {
-                pool_ops_clear(p);
+                broker_ops_clear(p);
                 return 0;
         }
         if (p->n_ops == 0 && !p->journal_error)
@@ -285,12 +285,12 @@ int pool_commit(struct pool *p)
         if (p->journal_error)
                 log_notice("The journal can be written again");
         p->journal_error = 0;
-        pool_ops_clear(p);
+        broker_ops_clear(p);
         compact(p);
         return 0;
 }
 
-const char *pool_degraded(const struct pool *p, char *buf, size_t size)
+const char *broker_degraded(const struct broker *p, char *buf, size_t size)
 {
         if (p->journal_error)
                 snprintf(buf, size, "the journal cannot be written: %s",
@@ -305,7 +305,7 @@ const char *pool_degraded(const struct pool *p, char *buf, size_t size)
 
 /* ------------------------------------------------------------------------------ replay */
 
-static struct gpu *restored_gpu(struct pool *p, const char *uuid, enum gpu_role role)
+static struct gpu *restored_gpu(struct broker *p, const char *uuid, enum gpu_role role)
 {
         struct gpu *g;
 
@@ -321,9 +321,9 @@ static struct gpu *restored_gpu(struct pool *p, const char *uuid, enum gpu_role 
         return g;
 }
 
-static int apply_lease(struct pool *p, const Aquaj__JLease *j)
+static int apply_lease(struct broker *p, const Aquaj__JLease *j)
 {
-        struct lease *l = pool_find_lease(p, j->id);
+        struct lease *l = broker_find_lease(p, j->id);
         struct gpu *consumer, *producer;
 
         if (!l) {
@@ -341,10 +341,10 @@ static int apply_lease(struct pool *p, const Aquaj__JLease *j)
         return 0;
 }
 
-static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
+static int apply_chunk(struct broker *p, const Aquaj__JChunk *j)
 {
-        struct chunk *c = pool_find_chunk(p, j->id);
-        struct lease *l = j->lease_id ? pool_find_lease(p, j->lease_id) : NULL;
+        struct chunk *c = broker_find_chunk(p, j->id);
+        struct lease *l = j->lease_id ? broker_find_lease(p, j->lease_id) : NULL;
         uint64_t now_ms = now_real_ns() / NSEC_PER_MSEC;
 
         if (!c) {
@@ -381,7 +381,7 @@ static int apply_chunk(struct pool *p, const Aquaj__JChunk *j)
         return 0;
 }
 
-static int apply_gpu(struct pool *p, const Aquaj__JGpu *j)
+static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
 {
         struct gpu *g = restored_gpu(p, j->uuid, GPU_ROLE_UNSPECIFIED);
 
@@ -397,7 +397,7 @@ static int apply_gpu(struct pool *p, const Aquaj__JGpu *j)
         return 0;
 }
 
-static int apply_op(struct pool *p, const Aquaj__JOp *op)
+static int apply_op(struct broker *p, const Aquaj__JOp *op)
 {
         struct chunk *c;
         struct lease *l;
@@ -407,7 +407,7 @@ static int apply_op(struct pool *p, const Aquaj__JOp *op)
         case AQUAJ__JOP__OP_SNAPSHOT: {
                 const Aquaj__JSnapshot *s = op->snapshot;
                 /* A snapshot replaces all state; config pins are set again after replay. */
-                pool_clear(p);
+                broker_clear(p);
                 pins_clear(p, false);
                 for (size_t i = 0; i < s->n_leases; i++)
                         if ((r = apply_lease(p, s->leases[i])) < 0)
@@ -419,8 +419,8 @@ static int apply_op(struct pool *p, const Aquaj__JOp *op)
                         if ((r = apply_gpu(p, s->gpus[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_pairs; i++)
-                        if ((r = pool_pins_add(p, s->pairs[i]->producer, s->pairs[i]->consumer,
-                                               "aquactl")) < 0)
+                        if ((r = broker_pins_add(p, s->pairs[i]->producer, s->pairs[i]->consumer,
+                                                 "aquactl")) < 0)
                                 return r;
                 p->next_chunk_id = MAX(p->next_chunk_id, s->next_chunk_id);
                 p->next_lease_id = MAX(p->next_lease_id, s->next_lease_id);
@@ -429,23 +429,24 @@ static int apply_op(struct pool *p, const Aquaj__JOp *op)
         case AQUAJ__JOP__OP_CHUNK_SET:
                 return apply_chunk(p, op->chunk_set);
         case AQUAJ__JOP__OP_CHUNK_DEL:
-                c = pool_find_chunk(p, op->chunk_del);
+                c = broker_find_chunk(p, op->chunk_del);
                 if (c)
                         chunk_destroy(p, c);
                 return 0;
         case AQUAJ__JOP__OP_LEASE_SET:
                 return apply_lease(p, op->lease_set);
         case AQUAJ__JOP__OP_LEASE_DEL:
-                l = pool_find_lease(p, op->lease_del);
+                l = broker_find_lease(p, op->lease_del);
                 if (l)
                         lease_destroy(p, l);
                 return 0;
         case AQUAJ__JOP__OP_GPU_SET:
                 return apply_gpu(p, op->gpu_set);
         case AQUAJ__JOP__OP_PAIR_SET:
-                return pool_pins_add(p, op->pair_set->producer, op->pair_set->consumer, "aquactl");
+                return broker_pins_add(p, op->pair_set->producer, op->pair_set->consumer,
+                                       "aquactl");
         case AQUAJ__JOP__OP_PAIR_DEL:
-                pool_pins_remove(p, op->pair_del);
+                broker_pins_remove(p, op->pair_del);
                 return 0;
         default:
                 /* An operation a newer aquad wrote: skipping it is safer than refusing to start. */
@@ -453,9 +454,9 @@ static int apply_op(struct pool *p, const Aquaj__JOp *op)
         }
 }
 
-int pool_apply(const Aquaj__JournalRecord *rec, void *userdata)
+int broker_apply(const Aquaj__JournalRecord *rec, void *userdata)
 {
-        struct pool *p = userdata;
+        struct broker *p = userdata;
         int r = 0;
 
         p->replaying = true;
@@ -465,7 +466,7 @@ int pool_apply(const Aquaj__JournalRecord *rec, void *userdata)
         return r;
 }
 
-void pool_attach_journal(struct pool *p, struct journal *j, uint64_t compact_threshold)
+void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold)
 {
         bool any = false;
 
@@ -477,19 +478,20 @@ void pool_attach_journal(struct pool *p, struct journal *j, uint64_t compact_thr
                         any = true;
         }
         for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next) {
-                struct lease *l = list_entry(n, struct lease, pool_node);
+                struct lease *l = list_entry(n, struct lease, broker_node);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next)
-                        pool_note_deadline(p, list_entry(k, struct chunk, lease_node)->deadline_ns);
+                        broker_note_deadline(p,
+                                             list_entry(k, struct chunk, lease_node)->deadline_ns);
         }
         if (any) {
                 p->reconcile_deadline_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
-                pool_note_deadline(p, p->reconcile_deadline_ns);
+                broker_note_deadline(p, p->reconcile_deadline_ns);
         }
 }
 
 /* ------------------------------------------------------------------------------ snapshot */
 
-int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret)
+int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
 {
         Aquaj__JournalRecord *rec;
         Aquaj__JSnapshot *s;
@@ -527,7 +529,7 @@ int pool_snapshot(struct pool *p, Aquaj__JournalRecord **ret)
                 goto oom;
         for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next)
                 if (!(s->leases[s->n_leases++] =
-                          jlease_new(list_entry(n, struct lease, pool_node))))
+                          jlease_new(list_entry(n, struct lease, broker_node))))
                         goto oom;
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
