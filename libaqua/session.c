@@ -572,12 +572,14 @@ static int resolve_side_path(const char *given, const char *endpoint, char **ret
         return 0;
 }
 
+DEFINE_TRIVIAL_CLEANUP_FUNC(aqua_ctx *, aqua_close);
+
 _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_options *opts,
                        aqua_ctx **ret_ctx)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
         const char *endpoint, *env;
-        aqua_ctx *ctx;
+        _cleanup_(aqua_closep) aqua_ctx *ctx = NULL;
         int r;
 
         if (device < 0 || !ret_ctx ||
@@ -604,29 +606,24 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
         ctx->state = SESSION_RETRY;
         ctx->endpoint = strdup(endpoint);
         ctx->client_name = strdup(o.client_name ? o.client_name : program_invocation_short_name);
-        if (!ctx->endpoint || !ctx->client_name) {
-                r = -ENOMEM;
-                goto fail;
-        }
+        if (!ctx->endpoint || !ctx->client_name)
+                return -ENOMEM;
         r = resolve_side_path(o.side_path, endpoint, &ctx->side_path);
         if (r < 0)
-                goto fail;
+                return r;
         r = gpu_open(device, &ctx->gpu);
         if (r < 0)
-                goto fail;
+                return r;
         ctx->chunk_bytes = ALIGN_UP(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK_BYTES,
                                     gpu_info(ctx->gpu)->granularity);
         r = transport_new(ctx->endpoint, ctx->side_path, &ctx->t);
         if (r < 0)
-                goto fail;
+                return r;
         r = session_connect(ctx, ctx_deadline(ctx));
         if (r < 0)
-                goto fail;
-        *ret_ctx = ctx;
+                return r;
+        *ret_ctx = TAKE_PTR(ctx);
         return 0;
-fail:
-        aqua_close(ctx);
-        return r;
 }
 
 _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
