@@ -98,7 +98,7 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
  * the chunks whose descriptors could not be imported (their number in *ret_unusable) so that
  * they are not granted again.
  */
-static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool pool,
+static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool tensor_pool,
                      aqua_lease **ret_lease, size_t *ret_unusable)
 {
         _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
@@ -122,8 +122,8 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
                 for (size_t i = 0; i < g->n_chunks; i++)
                         chunks[i] = (struct lease_grant_chunk){
                             .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
-                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks, pool,
-                                 ret_lease);
+                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
+                                 tensor_pool, ret_lease);
         }
         side_close_fds(fds, g->n_chunks);
         if (r == 0)
@@ -178,7 +178,7 @@ static int borrow_once(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsign
         ctx->dram_granted += g->dram_bytes;
         *ret = (struct aqua_grant){
             .lease = lease,
-            .dptr = lease && !lease->pool ? lease->dptr : 0,
+            .dptr = lease && !lease->tensor_pool ? lease->dptr : 0,
             .bytes = lease ? lease->size : 0,
             .dram_bytes = g->dram_bytes,
             .partial = g->partial,
@@ -342,6 +342,40 @@ static void report_run(aqua_ctx *ctx, struct aqua_event *run, const struct aqua_
 }
 
 /*
+ * The two kinds of lease differ only here: where a chunk's data lives (a plain lease's range, or
+ * the tensor a tensor-pool chunk backs) and what the engine hears once it moved.
+ */
+static void chunk_move_prepare(aqua_lease *l, struct lease_chunk *c, struct move *ret)
+{
+        if (l->tensor_pool)
+                tensor_move_prepare(c->user, c->user_index, ret);
+        else
+                lease_move_prepare(l, c, ret);
+}
+
+static void chunk_moved(aqua_ctx *ctx, aqua_lease *l, struct lease_chunk *c, struct move *m,
+                        struct aqua_event *ret)
+{
+        aqua_tensor *t = c->user;
+        size_t idx = c->user_index;
+
+        if (!l->tensor_pool) {
+                lease_moved(&ctx->leases, ctx->gpu, l, c, m);
+                ret->type = AQUA_EVENT_MIGRATED;
+                ret->tier = AQUA_TIER_DRAM;
+                return;
+        }
+        tensor_moved(ctx, t, idx, m);
+        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+        *ret = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
+                                   .tensor = t,
+                                   .offset = (uint64_t)idx * t->chunk_bytes,
+                                   .bytes = t->chunk_bytes,
+                                   .tier = m->tier,
+                                   .host = m->host};
+}
+
+/*
  * Move the listed chunks of l off their producer, all in one batch: a plain lease's chunks to
  * DRAM at the lease's addresses, a pool lease's chunks that back tensors to DRAM (or local
  * memory) at the tensors' addresses; free pool chunks need no copy. Collect the chunks that may
@@ -367,17 +401,14 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         done[n_done++] = chunk_ids[i];
                         continue;
                 }
-                if (l->pool && !c->user) {
+                if (l->tensor_pool && !c->user) {
                         lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
                         done[n_done++] = chunk_ids[i];
                         continue;
                 }
                 if (r < 0)
                         continue;
-                if (l->pool)
-                        tensor_move_prepare(c->user, c->user_index, &moves[n_moves]);
-                else
-                        lease_move_prepare(l, c, &moves[n_moves]);
+                chunk_move_prepare(l, c, &moves[n_moves]);
                 movers[n_moves++] = c;
         }
         /* A batch still reading or writing this memory must finish before it moves. */
@@ -402,23 +433,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                 }
                 ctx->migrations++;
                 ctx->bytes_moved += c->size;
-                if (l->pool) {
-                        aqua_tensor *t = c->user;
-                        size_t idx = c->user_index;
-
-                        tensor_moved(ctx, t, idx, m);
-                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
-                        ev = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
-                                                 .tensor = t,
-                                                 .offset = (uint64_t)idx * t->chunk_bytes,
-                                                 .bytes = t->chunk_bytes,
-                                                 .tier = m->tier,
-                                                 .host = m->host};
-                } else {
-                        lease_moved(&ctx->leases, ctx->gpu, l, c, m);
-                        ev.type = AQUA_EVENT_MIGRATED;
-                        ev.tier = AQUA_TIER_DRAM;
-                }
+                chunk_moved(ctx, l, c, m, &ev);
                 report_run(ctx, &run, &ev);
                 done[n_done++] = c->id;
         }

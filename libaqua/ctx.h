@@ -12,7 +12,7 @@
 #include "gpu.h"
 #include "lease.h"
 #include "move.h"
-#include "pool.h"
+#include "offers.h"
 #include "tensor.h"
 #include "transport.h"
 
@@ -28,7 +28,7 @@ enum pending_kind {
 struct pending {
         uint64_t request_id;
         enum pending_kind kind;
-        uint64_t arg; /* PENDING_OFFER: the pool ref of the batch's first chunk */
+        uint64_t arg; /* PENDING_OFFER: the offers ref of the batch's first chunk */
 };
 
 /* What a client holds, for re-registering after the daemon restarted. */
@@ -68,7 +68,7 @@ struct aqua_ctx {
         uint64_t reclaim_deadline_ms;
 
         /* producer */
-        struct pool pool;
+        struct offers offers;
         uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
         uint64_t reclaim_freed; /* bytes it has seen freed so far */
         size_t reclaim_waiting; /* its chunks still waiting */

@@ -23,7 +23,7 @@ static int check_producer(aqua_ctx *ctx)
 }
 
 /* Offer chunks[0..n): fds first on the side channel, then the Offer. */
-static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
+static int offer_batch(aqua_ctx *ctx, struct offered_chunk **chunks, size_t n)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
         Aqua__Offer offer = AQUA__OFFER__INIT;
@@ -78,7 +78,7 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
                 goto out;
         }
         for (size_t i = 0; i < n; i++) {
-                r = pool_set_id(&ctx->pool, chunks[i], reply->offer_reply->chunk_ids[i]);
+                r = offers_set_id(&ctx->offers, chunks[i], reply->offer_reply->chunk_ids[i]);
                 if (r < 0)
                         goto out;
         }
@@ -104,12 +104,12 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
         n_chunks = bytes / ctx->chunk_bytes + (bytes % ctx->chunk_bytes != 0);
 
         while (n_chunks > 0) {
-                struct pool_chunk *batch[OFFER_BATCH];
+                struct offered_chunk *batch[OFFER_BATCH];
                 size_t n = 0, want = MIN(n_chunks, (uint64_t)OFFER_BATCH);
                 bool full = false;
 
                 for (; n < want; n++) {
-                        r = pool_alloc(&ctx->pool, ctx->gpu, ctx->chunk_bytes, &batch[n]);
+                        r = offers_alloc(&ctx->offers, ctx->gpu, ctx->chunk_bytes, &batch[n]);
                         if (r == -ENOMEM) {
                                 full = true;
                                 break;
@@ -119,7 +119,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
                 }
                 if (n == 0 || (r < 0 && !full)) {
                         for (size_t i = 0; i < n; i++)
-                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                                offers_release(&ctx->offers, ctx->gpu, batch[i]);
                         if (offered > 0 && full)
                                 break;
                         return r < 0 ? r : -ENOMEM;
@@ -129,7 +129,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
                         return r;
                 if (r != 0) {
                         for (size_t i = 0; i < n; i++)
-                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                                offers_release(&ctx->offers, ctx->gpu, batch[i]);
                         /* A daemon limit ends an offer that got somewhere; report what did. */
                         if (r == AQUA_LIMIT && offered > 0)
                                 break;
@@ -151,7 +151,7 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
         uint64_t evented = 0;
 
         for (size_t i = 0; i < n; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->offers, ids[i]);
 
                 if (!c)
                         continue;
@@ -160,7 +160,7 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
                         ctx->reclaim_waiting--;
                 } else
                         evented += c->size;
-                pool_release(&ctx->pool, ctx->gpu, c);
+                offers_release(&ctx->offers, ctx->gpu, c);
         }
         if (evented > 0) {
                 struct aqua_event ev = {.type = AQUA_EVENT_RECLAIMED, .bytes = evented};
@@ -172,11 +172,11 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
 static void mark_pending(aqua_ctx *ctx, const uint64_t *ids, size_t n, uint64_t token)
 {
         for (size_t i = 0; i < n; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->offers, ids[i]);
 
-                if (!c || c->state == POOL_RECLAIMING)
+                if (!c || c->state == OFFER_RECLAIMING)
                         continue;
-                c->state = POOL_RECLAIMING;
+                c->state = OFFER_RECLAIMING;
                 c->waiter = token;
                 if (token)
                         ctx->reclaim_waiting++;
@@ -222,12 +222,12 @@ static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint6
         /* Pending ones first: a Reclaimed notice for them may already be queued. */
         mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, ctx->reclaim_token);
         for (size_t i = 0; i < rr->n_pending_chunk_ids; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, rr->pending_chunk_ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->offers, rr->pending_chunk_ids[i]);
                 if (c)
                         got += c->size;
         }
         for (size_t i = 0; i < rr->n_chunk_ids; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, rr->chunk_ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->offers, rr->chunk_ids[i]);
                 if (!c)
                         continue;
                 got += c->size;
@@ -254,7 +254,7 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         wait_until = timeout_ms == AQUA_FOREVER
                          ? UINT64_MAX
                          : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-        wanted = bytes == AQUA_ALL ? ctx->pool.offered_bytes : bytes;
+        wanted = bytes == AQUA_ALL ? ctx->offers.offered_bytes : bytes;
 
         /* One blocking reclaim at a time per context, so one token value suffices. */
         ctx->reclaim_token = 1;
@@ -295,9 +295,9 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         freed = ctx->reclaim_freed;
         if (ctx->reclaim_waiting > 0 || no_reply) {
                 /* Whatever is still out is reported by aqua_poll() when it comes. */
-                for (size_t i = 0; i < ctx->pool.n; i++)
-                        if (ctx->pool.chunks[i]->waiter == ctx->reclaim_token)
-                                ctx->pool.chunks[i]->waiter = 0;
+                for (size_t i = 0; i < ctx->offers.n; i++)
+                        if (ctx->offers.chunks[i]->waiter == ctx->reclaim_token)
+                                ctx->offers.chunks[i]->waiter = 0;
                 if (r >= 0)
                         r = ctx->state != SESSION_CONNECTED ? -ENOTCONN
                             : now_mono_ns() >= wait_until   ? AQUA_TIMEOUT
@@ -375,7 +375,7 @@ void producer_scrub_step(aqua_ctx *ctx)
         if (!ok || !failed)
                 return;
         for (; taken < ctx->scrub_n && spent < SCRUB_BUDGET; taken++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ctx->scrub_ids[taken]);
+                struct offered_chunk *c = offers_get(&ctx->offers, ctx->scrub_ids[taken]);
 
                 /* Released meanwhile (a reclaim): nothing left to scrub or to report. */
                 if (!c)
@@ -448,8 +448,8 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
         size_t n = 0;
         int r;
 
-        for (size_t i = 0; i < ctx->pool.n; i++)
-                n += ctx->pool.chunks[i]->id != 0;
+        for (size_t i = 0; i < ctx->offers.n; i++)
+                n += ctx->offers.chunks[i]->id != 0;
         if (n == 0) {
                 *ret = h;
                 return 0;
@@ -462,8 +462,8 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
                 held_clear(&h);
                 return -ENOMEM;
         }
-        for (size_t i = 0; i < ctx->pool.n; i++) {
-                const struct pool_chunk *c = ctx->pool.chunks[i];
+        for (size_t i = 0; i < ctx->offers.n; i++) {
+                const struct offered_chunk *c = ctx->offers.chunks[i];
                 Aqua__HeldChunk *hc = &h.items[h.n];
 
                 if (c->id == 0)
@@ -487,24 +487,25 @@ void producer_session_lost(aqua_ctx *ctx)
 {
         /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
          * offer still in its call are the caller's to release. */
-        for (size_t i = ctx->pool.n; i-- > 0;)
-                if (ctx->pool.chunks[i]->state == POOL_OFFERING && !ctx->pool.chunks[i]->in_call)
-                        pool_release(&ctx->pool, ctx->gpu, ctx->pool.chunks[i]);
+        for (size_t i = ctx->offers.n; i-- > 0;)
+                if (ctx->offers.chunks[i]->state == OFFER_OFFERING &&
+                    !ctx->offers.chunks[i]->in_call)
+                        offers_release(&ctx->offers, ctx->gpu, ctx->offers.chunks[i]);
 }
 
 void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
 {
         bool ok = e->body_case == AQUA__ENVELOPE__BODY_OFFER_REPLY;
 
-        for (size_t i = ctx->pool.n; i-- > 0;) {
-                struct pool_chunk *c = ctx->pool.chunks[i];
+        for (size_t i = ctx->offers.n; i-- > 0;) {
+                struct offered_chunk *c = ctx->offers.chunks[i];
                 uint64_t k = c->ref - first_ref;
 
-                if (c->state != POOL_OFFERING || c->ref < first_ref || k >= OFFER_BATCH)
+                if (c->state != OFFER_OFFERING || c->ref < first_ref || k >= OFFER_BATCH)
                         continue;
                 if (ok && k < e->offer_reply->n_chunk_ids &&
-                    pool_set_id(&ctx->pool, c, e->offer_reply->chunk_ids[k]) == 0)
+                    offers_set_id(&ctx->offers, c, e->offer_reply->chunk_ids[k]) == 0)
                         continue;
-                pool_release(&ctx->pool, ctx->gpu, c);
+                offers_release(&ctx->offers, ctx->gpu, c);
         }
 }

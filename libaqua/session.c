@@ -636,7 +636,7 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 tensor_free_all(ctx);
                 copies_clear(ctx);
                 lease_table_clear(&ctx->leases, ctx->gpu);
-                pool_clear(&ctx->pool, ctx->gpu);
+                offers_clear(&ctx->offers, ctx->gpu);
                 producer_free(ctx);
         }
         transport_free(ctx->t);
@@ -667,7 +667,7 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
             .connected = ctx->state == SESSION_CONNECTED,
             .dram_budget = ctx->dram_budget,
             .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
-            .offered_bytes = ctx->pool.offered_bytes,
+            .offered_bytes = ctx->offers.offered_bytes,
             .borrowed_bytes = ctx->leases.peer_bytes,
             .dram_bytes = ctx->leases.dram_bytes,
             .tensor_peer_bytes = ctx->tensor_bytes[AQUA_TIER_PEER],

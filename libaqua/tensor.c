@@ -62,7 +62,7 @@ static int place_peer(aqua_ctx *ctx, aqua_tensor *t, size_t i)
 {
         struct tensor_chunk *c = &t->chunks[i];
         struct aqua_lease *l = NULL;
-        struct lease_chunk *lc = lease_pool_find(&ctx->leases, t->chunk_bytes, &l);
+        struct lease_chunk *lc = lease_tensor_pool_find(&ctx->leases, t->chunk_bytes, &l);
         int r;
 
         if (!lc)
@@ -171,7 +171,7 @@ _public_ int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
         if (o.chunk_bytes == 0) {
                 o.chunk_bytes = DEFAULT_CHUNK;
                 for (aqua_lease *l = ctx->leases.head; l; l = l->next)
-                        if (l->pool && l->n_chunks) {
+                        if (l->tensor_pool && l->n_chunks) {
                                 o.chunk_bytes = l->chunks[0].size;
                                 break;
                         }
@@ -415,7 +415,7 @@ static int promote_one(aqua_ctx *ctx, aqua_tensor *t, bool include_local, uint64
 
                 if (c->tier != AQUA_TIER_DRAM && !(include_local && c->tier == AQUA_TIER_LOCAL))
                         continue;
-                lc = lease_pool_find(&ctx->leases, t->chunk_bytes, &l);
+                lc = lease_tensor_pool_find(&ctx->leases, t->chunk_bytes, &l);
                 if (!lc)
                         return 0;
                 if (*n == *cap) {

@@ -1,5 +1,5 @@
 /*
- * The producer's chunk table: every exportable allocation libaqua made on the producer's GPU,
+ * The producer's offers: every exportable allocation libaqua made on the producer's GPU,
  * from allocation through the daemon's pool until it is released again.
  */
 #pragma once
@@ -10,28 +10,28 @@
 #include "gpu.h"
 #include "idmap.h"
 
-enum pool_state {
-        POOL_OFFERING,   /* allocated, offer sent, no daemon id yet */
-        POOL_OFFERED,    /* in the daemon's pool (possibly leased to a consumer) */
-        POOL_RECLAIMING, /* asked back; waiting for the daemon to say it is free */
+enum offer_state {
+        OFFER_OFFERING,   /* allocated, offer sent, no daemon id yet */
+        OFFER_OFFERED,    /* in the daemon's pool (possibly leased to a consumer) */
+        OFFER_RECLAIMING, /* asked back; waiting for the daemon to say it is free */
 };
 
-struct pool_chunk {
+struct offered_chunk {
         uint64_t ref; /* our reference (ChunkOffer.client_ref) */
         uint64_t id;  /* the daemon's chunk id; 0 until the offer is answered */
         uint64_t size;
         gpu_handle handle;
-        enum pool_state state;
+        enum offer_state state;
         /* Token of the blocking aqua_reclaim() waiting for this chunk; 0: report as an event. */
         uint64_t waiter;
         /* Its offer is a call in progress: if the session is lost meanwhile, the caller (not
          * the session) releases it. */
         bool in_call;
-        size_t index; /* in pool.chunks */
+        size_t index; /* in offers.chunks */
 };
 
-struct pool {
-        struct pool_chunk **chunks;
+struct offers {
+        struct offered_chunk **chunks;
         size_t n, cap;
         struct idmap by_id;
         uint64_t last_ref;
@@ -39,11 +39,11 @@ struct pool {
 };
 
 /* Allocate an exportable chunk of size bytes on g and add it (state OFFERING). */
-int pool_alloc(struct pool *p, struct gpu *g, uint64_t size, struct pool_chunk **ret);
+int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, struct offered_chunk **ret);
 /* Record the daemon's id: the chunk is OFFERED. */
-int pool_set_id(struct pool *p, struct pool_chunk *c, uint64_t id);
-struct pool_chunk *pool_get(const struct pool *p, uint64_t id);
+int offers_set_id(struct offers *p, struct offered_chunk *c, uint64_t id);
+struct offered_chunk *offers_get(const struct offers *p, uint64_t id);
 /* Release the chunk's memory on g and forget it. */
-void pool_release(struct pool *p, struct gpu *g, struct pool_chunk *c);
+void offers_release(struct offers *p, struct gpu *g, struct offered_chunk *c);
 /* Release everything. */
-void pool_clear(struct pool *p, struct gpu *g);
+void offers_clear(struct offers *p, struct gpu *g);

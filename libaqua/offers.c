@@ -1,19 +1,19 @@
-/* The producer's chunk table. */
-#include "pool.h"
+/* The producer's offers: its table of exportable chunks. */
+#include "offers.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
 #include "util.h"
 
-int pool_alloc(struct pool *p, struct gpu *g, uint64_t size, struct pool_chunk **ret)
+int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, struct offered_chunk **ret)
 {
-        _cleanup_free_ struct pool_chunk *c = NULL;
+        _cleanup_free_ struct offered_chunk *c = NULL;
         int r;
 
         if (p->n == p->cap) {
                 size_t cap = p->cap ? p->cap * 2 : 64;
-                struct pool_chunk **a = realloc(p->chunks, cap * sizeof(*a));
+                struct offered_chunk **a = realloc(p->chunks, cap * sizeof(*a));
                 if (!a)
                         return -ENOMEM;
                 p->chunks = a;
@@ -27,31 +27,31 @@ int pool_alloc(struct pool *p, struct gpu *g, uint64_t size, struct pool_chunk *
                 return r;
         c->ref = ++p->last_ref;
         c->size = size;
-        c->state = POOL_OFFERING;
+        c->state = OFFER_OFFERING;
         c->index = p->n;
         p->chunks[p->n++] = c;
         *ret = TAKE_PTR(c);
         return 0;
 }
 
-int pool_set_id(struct pool *p, struct pool_chunk *c, uint64_t id)
+int offers_set_id(struct offers *p, struct offered_chunk *c, uint64_t id)
 {
         int r = idmap_put(&p->by_id, id, c);
 
         if (r < 0)
                 return r;
         c->id = id;
-        c->state = POOL_OFFERED;
+        c->state = OFFER_OFFERED;
         p->offered_bytes += c->size;
         return 0;
 }
 
-struct pool_chunk *pool_get(const struct pool *p, uint64_t id)
+struct offered_chunk *offers_get(const struct offers *p, uint64_t id)
 {
         return idmap_get(&p->by_id, id);
 }
 
-void pool_release(struct pool *p, struct gpu *g, struct pool_chunk *c)
+void offers_release(struct offers *p, struct gpu *g, struct offered_chunk *c)
 {
         if (c->id) {
                 idmap_remove(&p->by_id, c->id);
@@ -63,11 +63,11 @@ void pool_release(struct pool *p, struct gpu *g, struct pool_chunk *c)
         free(c);
 }
 
-void pool_clear(struct pool *p, struct gpu *g)
+void offers_clear(struct offers *p, struct gpu *g)
 {
         while (p->n > 0)
-                pool_release(p, g, p->chunks[p->n - 1]);
+                offers_release(p, g, p->chunks[p->n - 1]);
         free(p->chunks);
         idmap_clear(&p->by_id);
-        *p = (struct pool){0};
+        *p = (struct offers){0};
 }
