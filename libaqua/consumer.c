@@ -473,7 +473,7 @@ static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
         return return_async(ctx, rn->lease_id, done, n, 0, NULL, 0);
 }
 
-int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+static int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
 {
         *ret_handled = e->body_case == AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
         if (!*ret_handled)
@@ -481,7 +481,7 @@ int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
         return handle_reclaim(ctx, e->reclaim_notice);
 }
 
-void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
+static void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
 {
         const Aqua__Grant *g = e->grant;
         struct side_msg *m = NULL;
@@ -494,7 +494,7 @@ void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
                 return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes, NULL, 0);
 }
 
-int consumer_held(aqua_ctx *ctx, struct held *ret)
+static int consumer_held(aqua_ctx *ctx, struct held *ret)
 {
         struct held h = {0};
         size_t n = 0;
@@ -528,7 +528,7 @@ int consumer_held(aqua_ctx *ctx, struct held *ret)
         return 0;
 }
 
-void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
+static void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
 {
         aqua_lease *l = lease_get(&ctx->leases, lease_id);
         struct aqua_event ev = {.type = AQUA_EVENT_LEASE_LOST, .lease = l};
@@ -548,3 +548,16 @@ void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
         }
         ctx_push_event(ctx, &ev);
 }
+
+static void consumer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+{
+        if (p->kind == PENDING_BORROW && e->body_case == AQUA__ENVELOPE__BODY_GRANT)
+                consumer_late_grant(ctx, e);
+}
+
+const struct role_ops consumer_role = {
+    .held = consumer_held,
+    .dispatch = consumer_dispatch,
+    .late_reply = consumer_late_reply,
+    .lease_lost = consumer_lease_lost,
+};

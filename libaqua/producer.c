@@ -418,7 +418,7 @@ void producer_free(aqua_ctx *ctx)
         ctx->scrub_n = ctx->scrub_cap = 0;
 }
 
-int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+static int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
 {
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_SCRUB_REQUEST:
@@ -442,7 +442,7 @@ int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
         return 0;
 }
 
-int producer_held(aqua_ctx *ctx, struct held *ret)
+static int producer_held(aqua_ctx *ctx, struct held *ret)
 {
         struct held h = {0};
         size_t n = 0;
@@ -483,7 +483,7 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
         return 0;
 }
 
-void producer_session_lost(aqua_ctx *ctx)
+static void producer_session_lost(aqua_ctx *ctx)
 {
         /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
          * offer still in its call are the caller's to release. */
@@ -493,7 +493,7 @@ void producer_session_lost(aqua_ctx *ctx)
                         offers_release(&ctx->offers, ctx->gpu, ctx->offers.chunks[i]);
 }
 
-void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
+static void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
 {
         bool ok = e->body_case == AQUA__ENVELOPE__BODY_OFFER_REPLY;
 
@@ -509,3 +509,16 @@ void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
                 offers_release(&ctx->offers, ctx->gpu, c);
         }
 }
+
+static void producer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+{
+        if (p->kind == PENDING_OFFER)
+                producer_late_offer(ctx, p->arg, e);
+}
+
+const struct role_ops producer_role = {
+    .held = producer_held,
+    .dispatch = producer_dispatch,
+    .late_reply = producer_late_reply,
+    .session_lost = producer_session_lost,
+};

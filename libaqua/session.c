@@ -155,10 +155,8 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         hello->n_links = gi->n_peers;
         hello->links = link_ptrs;
 
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                r = producer_held(ctx, held);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                r = consumer_held(ctx, held);
+        if (ctx->ops && ctx->ops->held)
+                r = ctx->ops->held(ctx, held);
         if (r < 0)
                 return r;
         hello->n_held = held->n;
@@ -220,8 +218,8 @@ static void session_welcome(aqua_ctx *ctx, const Aqua__Welcome *w)
         ctx->state = SESSION_CONNECTED;
         ctx->backoff_ms = 0;
         transport_set_timer(ctx->t, 0);
-        for (size_t i = 0; i < w->n_lost_leases; i++)
-                consumer_lease_lost(ctx, w->lost_leases[i]);
+        for (size_t i = 0; ctx->ops && ctx->ops->lease_lost && i < w->n_lost_leases; i++)
+                ctx->ops->lease_lost(ctx, w->lost_leases[i]);
         alog_info("gpu %d registered with aquad as client %" PRIu64 "%s%s", ctx->device,
                   ctx->client_id, ctx->paired_with[0] ? ", paired with " : "", ctx->paired_with);
 }
@@ -301,8 +299,8 @@ static void session_lost(aqua_ctx *ctx, const char *why)
         }
         ctx->client_id = 0;
         ctx->n_pending = 0;
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                producer_session_lost(ctx);
+        if (ctx->ops && ctx->ops->session_lost)
+                ctx->ops->session_lost(ctx);
         schedule_retry(ctx);
 }
 
@@ -455,11 +453,9 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                 }
                 return;
         case PENDING_OFFER:
-                producer_late_offer(ctx, p->arg, e);
-                return;
         case PENDING_BORROW:
-                if (e->body_case == AQUA__ENVELOPE__BODY_GRANT)
-                        consumer_late_grant(ctx, e);
+                if (ctx->ops && ctx->ops->late_reply)
+                        ctx->ops->late_reply(ctx, p, e);
                 return;
         case PENDING_RECLAIM:
         case PENDING_RETURN:
@@ -470,10 +466,8 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                              e->error->message ? e->error->message : "");
                 return;
         }
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                producer_dispatch(ctx, e, &handled);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                consumer_dispatch(ctx, e, &handled);
+        if (ctx->ops && ctx->ops->dispatch)
+                ctx->ops->dispatch(ctx, e, &handled);
 }
 
 int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
@@ -505,10 +499,8 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
         default:
                 break;
         }
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                r = producer_dispatch(ctx, e, &handled);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                r = consumer_dispatch(ctx, e, &handled);
+        if (ctx->ops && ctx->ops->dispatch)
+                r = ctx->ops->dispatch(ctx, e, &handled);
         if (!handled)
                 alog_debug("ignored a %s notice from aquad", wire_body_name(e));
         return r;
@@ -602,6 +594,9 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
                 return -ENOMEM;
         ctx->device = device;
         ctx->role = role;
+        ctx->ops = role == AQUA_ROLE_PRODUCER   ? &producer_role
+                   : role == AQUA_ROLE_CONSUMER ? &consumer_role
+                                                : NULL;
         ctx->timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
         ctx->state = SESSION_RETRY;
         ctx->endpoint = strdup(endpoint);
