@@ -122,7 +122,7 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
                 for (size_t i = 0; i < g->n_chunks; i++)
                         chunks[i] = (struct lease_grant_chunk){
                             .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
-                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
+                r = lease_create(&ctx->consumer.leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
                                  tensor_pool, ret_lease);
         }
         side_close_fds(fds, g->n_chunks);
@@ -175,7 +175,7 @@ static int borrow_once(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsign
                         return r == -ENOTCONN || r == -ETIMEDOUT || r == -ENOMEM ? r : -EIO;
                 }
         }
-        ctx->dram_granted += g->dram_bytes;
+        ctx->consumer.dram_granted += g->dram_bytes;
         *ret = (struct aqua_grant){
             .lease = lease,
             .dptr = lease && !lease->tensor_pool ? lease->dptr : 0,
@@ -228,7 +228,7 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
         r = check_consumer(ctx);
         if (r < 0)
                 return r;
-        if (!lease_valid(&ctx->leases, lease))
+        if (!lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         if (lease_in_use(lease))
                 return -EBUSY;
@@ -248,7 +248,7 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
         copies_wait_all(ctx);
         /* Unmapped first: the daemon may hand the memory back to its producer at once. */
         ctx_forget_lease_events(ctx, lease);
-        lease_destroy(&ctx->leases, ctx->gpu, lease);
+        lease_destroy(&ctx->consumer.leases, ctx->gpu, lease);
         if (n == 0)
                 return 0;
 
@@ -275,7 +275,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
         r = check_consumer(ctx);
         if (r < 0)
                 return r;
-        if (bytes == 0 || bytes > ctx->dram_granted)
+        if (bytes == 0 || bytes > ctx->consumer.dram_granted)
                 return -EINVAL;
         ret.dram_bytes = bytes;
         env.body_case = AQUA__ENVELOPE__BODY_RETURN;
@@ -283,7 +283,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
         r = ctx_call(ctx, &env, ctx_deadline(ctx), &reply);
         if (r != 0)
                 return r;
-        ctx->dram_granted -= bytes;
+        ctx->consumer.dram_granted -= bytes;
         aqua__envelope__free_unpacked(reply, NULL);
         return 0;
 }
@@ -291,7 +291,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
 _public_ int aqua_lease_get_info(aqua_ctx *ctx, const aqua_lease *lease,
                                  struct aqua_lease_info *ret)
 {
-        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+        if (!ctx || !ret || !lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         *ret = (struct aqua_lease_info){
             .lease_id = lease->id,
@@ -310,7 +310,7 @@ _public_ int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t
 {
         const struct lease_chunk *c;
 
-        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+        if (!ctx || !ret || !lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         if (index >= lease->n_chunks)
                 return -ERANGE;
@@ -360,13 +360,13 @@ static void chunk_moved(aqua_ctx *ctx, aqua_lease *l, struct lease_chunk *c, str
         size_t idx = c->user_index;
 
         if (!l->tensor_pool) {
-                lease_moved(&ctx->leases, ctx->gpu, l, c, m);
+                lease_moved(&ctx->consumer.leases, ctx->gpu, l, c, m);
                 ret->type = AQUA_EVENT_MIGRATED;
                 ret->tier = AQUA_TIER_DRAM;
                 return;
         }
         tensor_moved(ctx, t, idx, m);
-        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+        lease_chunk_give_back(&ctx->consumer.leases, ctx->gpu, l, c);
         *ret = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
                                    .tensor = t,
                                    .offset = (uint64_t)idx * t->chunk_bytes,
@@ -393,7 +393,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
         if (!moves || !movers)
                 r = -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                struct lease_chunk *c = lease_chunk_by_id(&ctx->leases, chunk_ids[i]);
+                struct lease_chunk *c = lease_chunk_by_id(&ctx->consumer.leases, chunk_ids[i]);
 
                 if (!c || c < l->chunks || c >= l->chunks + l->n_chunks ||
                     c->tier != AQUA_TIER_PEER) {
@@ -402,7 +402,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         continue;
                 }
                 if (l->tensor_pool && !c->user) {
-                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+                        lease_chunk_give_back(&ctx->consumer.leases, ctx->gpu, l, c);
                         done[n_done++] = chunk_ids[i];
                         continue;
                 }
@@ -415,7 +415,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
         if (n_moves && r == 0)
                 r = copies_wait_all(ctx);
         if (n_moves && r == 0)
-                r = move_out(ctx->gpu, moves, n_moves, &ctx->leases.no_host_map);
+                r = move_out(ctx->gpu, moves, n_moves, &ctx->consumer.leases.no_host_map);
         for (size_t k = 0; k < n_moves; k++) {
                 struct lease_chunk *c = movers[k];
                 struct move *m = &moves[k];
@@ -431,8 +431,8 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         ctx_push_event(ctx, &ev);
                         continue;
                 }
-                ctx->migrations++;
-                ctx->bytes_moved += c->size;
+                ctx->consumer.migrations++;
+                ctx->consumer.bytes_moved += c->size;
                 chunk_moved(ctx, l, c, m, &ev);
                 report_run(ctx, &run, &ev);
                 done[n_done++] = c->id;
@@ -445,7 +445,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
 static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
 {
         _cleanup_free_ uint64_t *all = NULL, *done = NULL;
-        aqua_lease *l = lease_get(&ctx->leases, rn->lease_id);
+        aqua_lease *l = lease_get(&ctx->consumer.leases, rn->lease_id);
         const uint64_t *ids = rn->chunk_ids;
         size_t n = rn->n_chunk_ids;
 
@@ -499,7 +499,7 @@ static int consumer_held(aqua_ctx *ctx, struct held *ret)
         struct held h = {0};
         size_t n = 0;
 
-        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+        for (aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
                 for (size_t i = 0; i < l->n_chunks; i++)
                         n += l->chunks[i].tier == AQUA_TIER_PEER;
         if (n == 0) {
@@ -512,7 +512,7 @@ static int consumer_held(aqua_ctx *ctx, struct held *ret)
                 held_clear(&h);
                 return -ENOMEM;
         }
-        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+        for (aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
                 for (size_t i = 0; i < l->n_chunks; i++) {
                         Aqua__HeldChunk *hc = &h.items[h.n];
 
@@ -530,7 +530,7 @@ static int consumer_held(aqua_ctx *ctx, struct held *ret)
 
 static void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
 {
-        aqua_lease *l = lease_get(&ctx->leases, lease_id);
+        aqua_lease *l = lease_get(&ctx->consumer.leases, lease_id);
         struct aqua_event ev = {.type = AQUA_EVENT_LEASE_LOST, .lease = l};
         _cleanup_free_ uint64_t *ids = NULL, *done = NULL;
         size_t n = 0;

@@ -1,6 +1,10 @@
 /*
- * The state of one aqua_ctx, shared by the modules that implement the public API: session.c
- * (open, close, registration, reconnecting, aqua_poll), producer.c and consumer.c.
+ * The state of one aqua_ctx: the session's (session.c: open, close, registration, reconnecting,
+ * pending requests, the event queue, aqua_poll), what both roles use (the GPU, the transport,
+ * batched copies), and each role's own (struct producer_state, struct consumer_state). The
+ * session hands a role its messages through struct role_ops; it reads a role's state itself
+ * only for aqua_get_info() and aqua_report_load(), clears it in aqua_close(), and looks at
+ * producer.scrub_n in aqua_poll()'s fast path.
  */
 #pragma once
 
@@ -48,6 +52,27 @@ enum session_state {
         SESSION_AWAIT_WELCOME, /* Hello sent */
 };
 
+/* What only a producer keeps (producer.c). */
+struct producer_state {
+        struct offers offers;
+        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
+        uint64_t reclaim_freed; /* bytes it has seen freed so far */
+        size_t reclaim_waiting; /* its chunks still waiting */
+        uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
+        size_t scrub_n, scrub_cap;
+        void *scrub_buf; /* pinned host memory chunks are read back into */
+};
+
+/* What only a consumer keeps (consumer.c, tensor.c). */
+struct consumer_state {
+        struct lease_table leases;
+        uint64_t dram_granted;
+        uint64_t migrations, bytes_moved;
+        /* aqua tensors (tensor.c), bytes of their chunks per tier */
+        struct aqua_tensor *tensors;
+        uint64_t tensor_bytes[4];
+};
+
 struct aqua_ctx {
         int device;
         enum aqua_role role;
@@ -68,23 +93,8 @@ struct aqua_ctx {
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
 
-        /* producer */
-        struct offers offers;
-        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
-        uint64_t reclaim_freed; /* bytes it has seen freed so far */
-        size_t reclaim_waiting; /* its chunks still waiting */
-        uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
-        size_t scrub_n, scrub_cap;
-        void *scrub_buf; /* pinned host memory chunks are read back into */
-
-        /* consumer */
-        struct lease_table leases;
-        uint64_t dram_granted;
-        uint64_t migrations, bytes_moved;
-
-        /* consumer: aqua tensors (tensor.c), bytes of their chunks per tier */
-        struct aqua_tensor *tensors;
-        uint64_t tensor_bytes[4];
+        struct producer_state producer;
+        struct consumer_state consumer;
 
         /* batched copies still in flight, oldest first, and spare events (copy.c) */
         struct copy_inflight *copies;

@@ -630,8 +630,8 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 /* Tensors first: their chunks are leased chunks and copies may still read them. */
                 tensor_free_all(ctx);
                 copies_clear(ctx);
-                lease_table_clear(&ctx->leases, ctx->gpu);
-                offers_clear(&ctx->offers, ctx->gpu);
+                lease_table_clear(&ctx->consumer.leases, ctx->gpu);
+                offers_clear(&ctx->producer.offers, ctx->gpu);
                 producer_free(ctx);
         }
         transport_free(ctx->t);
@@ -662,14 +662,14 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
             .connected = ctx->state == SESSION_CONNECTED,
             .dram_budget = ctx->dram_budget,
             .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
-            .offered_bytes = ctx->offers.offered_bytes,
-            .borrowed_bytes = ctx->leases.peer_bytes,
-            .dram_bytes = ctx->leases.dram_bytes,
-            .tensor_peer_bytes = ctx->tensor_bytes[AQUA_TIER_PEER],
-            .tensor_local_bytes = ctx->tensor_bytes[AQUA_TIER_LOCAL],
-            .tensor_dram_bytes = ctx->tensor_bytes[AQUA_TIER_DRAM],
-            .pool_free_bytes = ctx->leases.pool_free_bytes,
-            .dram_granted = ctx->dram_granted,
+            .offered_bytes = ctx->producer.offers.offered_bytes,
+            .borrowed_bytes = ctx->consumer.leases.peer_bytes,
+            .dram_bytes = ctx->consumer.leases.dram_bytes,
+            .tensor_peer_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_PEER],
+            .tensor_local_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_LOCAL],
+            .tensor_dram_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_DRAM],
+            .pool_free_bytes = ctx->consumer.leases.pool_free_bytes,
+            .dram_granted = ctx->consumer.dram_granted,
         };
         snprintf(ret->gpu_uuid, sizeof(ret->gpu_uuid), "%s", gi->uuid);
         snprintf(ret->paired_with, sizeof(ret->paired_with), "%s", ctx->paired_with);
@@ -688,9 +688,9 @@ _public_ int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load)
         lr.load = load->load;
         lr.used_bytes = load->used_bytes;
         lr.free_bytes = load->free_bytes;
-        lr.migrations = ctx->migrations;
-        lr.bytes_moved = ctx->bytes_moved;
-        lr.dram_bytes = ctx->leases.dram_bytes;
+        lr.migrations = ctx->consumer.migrations;
+        lr.bytes_moved = ctx->consumer.bytes_moved;
+        lr.dram_bytes = ctx->consumer.leases.dram_bytes;
         env.body_case = AQUA__ENVELOPE__BODY_LOAD;
         env.load = &lr;
         /* An id, so that the daemon's Ack is recognised and dropped. */
@@ -707,7 +707,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
         if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t) &&
-                     ctx->scrub_n == 0)) {
+                     ctx->producer.scrub_n == 0)) {
                 *ret_n = 0;
                 return 0;
         }
@@ -716,7 +716,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
-        if (ctx->scrub_n && ctx->state == SESSION_CONNECTED)
+        if (ctx->producer.scrub_n && ctx->state == SESSION_CONNECTED)
                 producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);
         for (size_t i = 0; i < n; i++)
