@@ -1,6 +1,6 @@
 /*
- * Requests from clients: decoding, role checks, the pairing of requests with the descriptors
- * that travel on the side channel, and the replies. Every bad message gets an Error naming the
+ * Requests from clients: decoding, role checks, calling the broker core and the replies
+ * (descriptors.c pairs requests with the descriptors that travel on the side channel). Every bad message gets an Error naming the
  * problem; a registered client is never dropped for what it sends (closing its side channel
  * would make the daemon believe it dead while it still maps memory).
  */
@@ -33,20 +33,13 @@ static const char *role_name(Aqua__Role r)
         }
 }
 
-static int reply_error(struct server *s, struct client *c, uint64_t request_id, int code,
-                       const char *what, const char *err)
-{
-        return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
-                                 what ? what : "", what ? ": " : "", err);
-}
-
 /* A request the core (or the transport) refused: code is a wire code or a negative errno. */
 static int reply_failure(struct server *s, struct client *c, uint64_t request_id, int code,
                          const char *what, const char *err)
 {
         if (code < 0)
-                return reply_error(s, c, request_id, E(INTERNAL), what, "out of memory");
-        return reply_error(s, c, request_id, code, NULL, err);
+                return client_send_error(s, c, request_id, E(INTERNAL), what, "out of memory");
+        return client_send_error(s, c, request_id, code, NULL, err);
 }
 
 static void reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
@@ -68,9 +61,9 @@ static bool commit_or_refuse(struct server *s, struct client *c, uint64_t reques
 
         if (broker_commit(s->broker) == 0)
                 return true;
-        reply_error(s, c, request_id, E(JOURNAL), what,
-                    broker_degraded(s->broker, why, sizeof(why))
-                        ?: "the journal cannot be written");
+        client_send_error(s, c, request_id, E(JOURNAL), what,
+                          broker_degraded(s->broker, why, sizeof(why))
+                              ?: "the journal cannot be written");
         return false;
 }
 
@@ -82,44 +75,6 @@ static void reply_ack(struct server *s, struct client *c, uint64_t request_id)
         e.body_case = AQUA__ENVELOPE__BODY_ACK;
         e.ack = &ack;
         reply(s, c, request_id, &e);
-}
-
-/* How many descriptors a waiting request needs. */
-static size_t fds_needed(const Aqua__Envelope *e)
-{
-        if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
-                return e->offer->n_chunks;
-        if (e->body_case == AQUA__ENVELOPE__BODY_HELLO)
-                return e->hello->held_total ? e->hello->held_total : e->hello->n_held;
-        return 0;
-}
-
-static struct pending *find_pending(struct client *c, uint64_t request_id)
-{
-        for (struct list_node *n = c->pending.next; n != &c->pending; n = n->next) {
-                struct pending *p = list_entry(n, struct pending, node);
-                if (p->request_id == request_id)
-                        return p;
-        }
-        return NULL;
-}
-
-static struct pending *add_pending(struct server *s, struct client *c, uint64_t request_id)
-{
-        struct pending *p;
-
-        /* Before its Hello a client has one thing to wait for: the Hello's own handles. */
-        if ((int64_t)c->n_pending >= s->config->limits.pending_requests ||
-            (!c->registered && c->n_pending >= 1))
-                return NULL;
-        p = calloc(1, sizeof(*p));
-        if (!p)
-                return NULL;
-        p->request_id = request_id;
-        p->deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
-        list_append(&c->pending, &p->node);
-        c->n_pending++;
-        return p;
 }
 
 /*
@@ -263,12 +218,12 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         if (code < 0) {
                 log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
                 server_flush_notices(s);
-                reply_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
+                client_send_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
                 return;
         }
         if (code > 0) {
                 server_flush_notices(s);
-                reply_error(s, c, e->request_id, code, NULL, err);
+                client_send_error(s, c, e->request_id, code, NULL, err);
                 return;
         }
         c->registered = true;
@@ -339,13 +294,13 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                 reply_welcome(s, c, e->request_id, NULL, NULL, 0);
                 goto done;
         }
-        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? fds_needed(e) : 0;
+        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? pending_fds_needed(e) : 0;
         if (need == 0) {
                 finish_hello(s, c, e, NULL, 0);
                 goto done;
         }
         /* A producer re-registering: its handles come as REREGISTER_FDS frames. */
-        p = find_pending(c, e->request_id);
+        p = pending_find(c, e->request_id);
         if (p && !p->env && p->n_fds == need) {
                 int *fds = TAKE_PTR(p->fds);
                 size_t n = p->n_fds;
@@ -357,15 +312,15 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                 goto done;
         }
         if (p && (p->env || p->n_fds > need)) {
-                reply_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
-                            p->env ? "request id already waiting"
-                                   : "more descriptors than held chunks");
+                client_send_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
+                                  p->env ? "request id already waiting"
+                                         : "more descriptors than held chunks");
                 client_free_pending(c, p);
                 goto done;
         }
-        if (!p && !(p = add_pending(s, c, e->request_id))) {
-                reply_error(s, c, e->request_id, E(THROTTLED), "hello",
-                            "too many requests waiting for descriptors");
+        if (!p && !(p = pending_add(s, c, e->request_id))) {
+                client_send_error(s, c, e->request_id, E(THROTTLED), "hello",
+                                  "too many requests waiting for descriptors");
                 goto done;
         }
         p->env = TAKE_PTR(e);
@@ -422,7 +377,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         int code;
 
         if (!sizes || !refs || !ids) {
-                reply_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+                client_send_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
                 return;
         }
         for (size_t i = 0; i < n; i++) {
@@ -447,8 +402,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         /* A consumer may have been waiting for exactly this memory: nothing to do, it asks. */
 }
 
-/* Complete a request whose descriptors have all arrived. */
-static void complete(struct server *s, struct client *c, struct pending *p)
+void dispatch_complete(struct server *s, struct client *c, struct pending *p)
 {
         Aqua__Envelope *e = TAKE_PTR(p->env);
         int *fds = TAKE_PTR(p->fds);
@@ -468,122 +422,36 @@ static void complete(struct server *s, struct client *c, struct pending *p)
 /* Takes e. */
 static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
 {
-        struct pending *p = find_pending(c, e->request_id);
+        struct pending *p = pending_find(c, e->request_id);
         size_t need = e->offer->n_chunks;
 
         if (need == 0) {
-                reply_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
+                client_send_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
                 goto done;
         }
         if (p && p->env) {
-                reply_error(s, c, e->request_id, E(INVALID), "offer",
-                            "a request with this id is already waiting for descriptors");
+                client_send_error(s, c, e->request_id, E(INVALID), "offer",
+                                  "a request with this id is already waiting for descriptors");
                 goto done;
         }
         if (p && p->n_fds > need) {
                 char msg[96];
                 snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds, need);
-                reply_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
+                client_send_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
                 client_free_pending(c, p);
                 goto done;
         }
-        if (!p && !(p = add_pending(s, c, e->request_id))) {
-                reply_error(s, c, e->request_id, E(THROTTLED), "offer",
-                            "too many requests waiting for descriptors");
+        if (!p && !(p = pending_add(s, c, e->request_id))) {
+                client_send_error(s, c, e->request_id, E(THROTTLED), "offer",
+                                  "too many requests waiting for descriptors");
                 goto done;
         }
         p->env = TAKE_PTR(e);
         if (p->n_fds == need)
-                complete(s, c, p);
+                dispatch_complete(s, c, p);
 done:
         if (e)
                 aqua__envelope__free_unpacked(e, NULL);
-}
-
-void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f, int *fds,
-                         size_t n_fds)
-{
-        struct pending *p;
-        /* Before its Hello, a re-registering producer may pass a handle per chunk it holds. */
-        size_t need,
-            cap = c->registered ? s->limits.max_repeated : (size_t)s->broker->settings.max_chunks;
-        int *a;
-
-        if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&
-            f->kind != AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS) {
-                log_debug("Client %" PRIu64 " sent a side frame of kind %d; ignored", c->id,
-                          f->kind);
-                side_close_fds(fds, n_fds);
-                return;
-        }
-        p = find_pending(c, f->request_id);
-        if (!p && !(p = add_pending(s, c, f->request_id))) {
-                log_notice("Client %" PRIu64 " sent descriptors for request %" PRIu64
-                           " beyond its pending limit; closed",
-                           c->id, f->request_id);
-                side_close_fds(fds, n_fds);
-                return;
-        }
-        need = p->env ? fds_needed(p->env) : cap;
-        if (!server_may_take_fds(s, c, n_fds)) {
-                s->stats.fds_refused += n_fds;
-                side_close_fds(fds, n_fds);
-                if (p->env && c->routing_id_len)
-                        reply_error(s, c, p->request_id, E(LIMIT), wire_body_name(p->env),
-                                    "more descriptors than aquad may hold now");
-                else
-                        log_debug("Client %" PRIu64 ": descriptors refused over its budget", c->id);
-                client_free_pending(c, p);
-                return;
-        }
-        if (p->n_fds + n_fds > need) {
-                char msg[128];
-                snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds + n_fds,
-                         need);
-                side_close_fds(fds, n_fds);
-                if (p->env && c->routing_id_len)
-                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL), wire_body_name(p->env),
-                                    msg);
-                else
-                        log_notice("Client %" PRIu64 ": %s", c->id, msg);
-                client_free_pending(c, p);
-                return;
-        }
-        a = reallocarray(p->fds, p->n_fds + n_fds + 1, sizeof(int));
-        if (!a) {
-                side_close_fds(fds, n_fds);
-                return;
-        }
-        p->fds = a;
-        memcpy(p->fds + p->n_fds, fds, n_fds * sizeof(int));
-        p->n_fds += n_fds;
-        if (p->env && p->n_fds == need)
-                complete(s, c, p);
-}
-
-void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns)
-{
-        struct list_node *pos, *tmp;
-
-        list_for_each(pos, tmp, &c->pending)
-        {
-                struct pending *p = list_entry(pos, struct pending, node);
-                char msg[160];
-
-                if (now_ns < p->deadline_ns)
-                        continue;
-                if (p->env && c->routing_id_len) {
-                        snprintf(msg, sizeof(msg),
-                                 "%zu of %zu descriptors arrived on the side channel in time",
-                                 p->n_fds, fds_needed(p->env));
-                        reply_error(s, c, p->request_id, E(SIDE_CHANNEL), wire_body_name(p->env),
-                                    msg);
-                } else
-                        log_notice("Client %" PRIu64 ": descriptors for request %" PRIu64
-                                   " came without a request; closed",
-                                   c->id, p->request_id);
-                client_free_pending(c, p);
-        }
 }
 
 /* ------------------------------------------------------------------------------ borrow */
@@ -647,9 +515,9 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
                                  "could not pass the descriptors of lease %" PRIu64 ": %s",
                                  pg.lease->id, strerror(-code));
                         broker_undo_grant(s->broker, c->gpu, &pg);
-                        reply_error(s, c, e->request_id,
-                                    code == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL), "borrow",
-                                    msg);
+                        client_send_error(s, c, e->request_id,
+                                          code == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL),
+                                          "borrow", msg);
                         server_flush_notices(s);
                         return;
                 }

@@ -88,6 +88,13 @@ int server_send_error(struct server *s, const void *routing_id, size_t len, uint
         return server_send_to(s, routing_id, len, &e);
 }
 
+int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                      const char *what, const char *err)
+{
+        return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
+                                 what ? what : "", what ? ": " : "", err);
+}
+
 /*
  * Notices are state, not datagrams: each client has an outbox that holds them until the ROUTER
  * takes them (past ZeroMQ's high-water mark a send fails, and a dropped ReclaimNotice would bar

@@ -139,6 +139,9 @@ int server_send(struct server *s, struct client *c, Aqua__Envelope *e);
 int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
 int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
                       int code, const char *fmt, ...) _printf_(6, 7);
+/* An error to a client: "what: err", or err alone when what is NULL. */
+int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                      const char *what, const char *err);
 /* Send the notices the pool queued. */
 void server_flush_notices(struct server *s);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
@@ -154,6 +157,15 @@ bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
 /* dispatch.c */
 void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,
                        const void *data, size_t size);
+/* A request whose descriptors have all arrived (p is freed). */
+void dispatch_complete(struct server *s, struct client *c, struct pending *p);
+
+/* descriptors.c: requests and the descriptors they wait for */
+/* How many descriptors a waiting request needs. */
+size_t pending_fds_needed(const Aqua__Envelope *e);
+struct pending *pending_find(struct client *c, uint64_t request_id);
+/* NULL over the client's pending limit (before its Hello: one), or out of memory. */
+struct pending *pending_add(struct server *s, struct client *c, uint64_t request_id);
 void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *frame, int *fds,
                          size_t n_fds);
 /* A request still waiting at now_ns past its deadline is answered with an error. */
