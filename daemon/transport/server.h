@@ -126,7 +126,7 @@ void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
 /* Serve until SIGTERM or SIGINT; returns 0 after a clean stop. */
 int server_run(struct server *s);
 
-/* settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
+/* ops/settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
 void server_apply_settings(struct server *s);
 int server_apply_pins(struct server *s);
 void server_reload(struct server *s);
