@@ -42,6 +42,7 @@ struct fuzz {
 
 static const char *const names[GPUS] = {"GPU-P0", "GPU-P1", "GPU-C0", "GPU-C1"};
 static int memfd = -1;
+static int max_fd = -1; /* the highest descriptor a chunk handle ever had */
 
 static const struct broker_settings settings = {
     .dram_budget = 16 * MiB,
@@ -70,7 +71,7 @@ static int count_chunk_fds(void)
 
         if (fstat(memfd, &base) < 0)
                 return -1;
-        for (int fd = 0; fd < 4096; fd++)
+        for (int fd = 0; fd <= max_fd; fd++)
                 if (fd != memfd && fstat(fd, &st) == 0 && st.st_ino == base.st_ino &&
                     st.st_dev == base.st_dev)
                         n++;
@@ -173,6 +174,7 @@ static void offer(struct fuzz *f, size_t k, uint8_t b)
                 fds[i] = dup(memfd);
                 if (fds[i] < 0)
                         die("offer", "cannot dup");
+                max_fd = MAX(max_fd, fds[i]);
         }
         if (broker_offer(f->broker, f->gpus[k], sizes, refs, fds, n, ids, err) != 0) {
                 for (size_t i = 0; i < n; i++)
