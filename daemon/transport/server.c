@@ -95,180 +95,6 @@ int client_send_error(struct server *s, struct client *c, uint64_t request_id, i
                                  what ? what : "", what ? ": " : "", err);
 }
 
-/*
- * Notices are state, not datagrams: each client has an outbox that holds them until the ROUTER
- * takes them (past ZeroMQ's high-water mark a send fails, and a dropped ReclaimNotice would bar
- * a consumer for a deadline it never saw). Notices that a newer one supersedes are coalesced,
- * so an outbox holds at most one entry per lease and kind: bounded by what the client holds.
- */
-static bool ids_have(const uint64_t *ids, size_t n, uint64_t id)
-{
-        for (size_t i = 0; i < n; i++)
-                if (ids[i] == id)
-                        return true;
-        return false;
-}
-
-/* Fold m's chunk ids into into's; false when out of memory (m is kept apart then). */
-static bool merge_ids(struct notice *into, const struct notice *m)
-{
-        uint64_t *a =
-            reallocarray(into->chunk_ids, into->n_chunk_ids + m->n_chunk_ids + 1, sizeof(*a));
-
-        if (!a)
-                return false;
-        into->chunk_ids = a;
-        for (size_t i = 0; i < m->n_chunk_ids; i++)
-                if (!ids_have(a, into->n_chunk_ids, m->chunk_ids[i]))
-                        a[into->n_chunk_ids++] = m->chunk_ids[i];
-        return true;
-}
-
-static void outbox_put(struct server *s, struct client *c, struct notice *m)
-{
-        m->gpu = NULL; /* the client is the recipient now; the GPU may go */
-        for (struct list_node *n = c->outbox.next; n != &c->outbox; n = n->next) {
-                struct notice *o = list_entry(n, struct notice, node);
-
-                if (o->kind != m->kind)
-                        continue;
-                if (m->kind == NOTICE_PAIR_CHANGED) {
-                        /* Only the latest pair matters. */
-                        free(o->text);
-                        o->text = TAKE_PTR(m->text);
-                        notice_free(m);
-                        return;
-                }
-                if (m->kind == NOTICE_RECLAIM && o->lease_id != m->lease_id)
-                        continue;
-                if (!merge_ids(o, m))
-                        break;
-                if (m->kind == NOTICE_RECLAIM) {
-                        if (m->deadline_ms && (!o->deadline_ms || m->deadline_ms < o->deadline_ms))
-                                o->deadline_ms = m->deadline_ms;
-                        free(o->text);
-                        o->text = TAKE_PTR(m->text);
-                }
-                notice_free(m);
-                return;
-        }
-        list_append(&c->outbox, &m->node);
-        c->n_outbox++;
-        s->n_outbox++;
-}
-
-/* Send what m says; false when the ROUTER cannot take all of it now (m keeps the rest). */
-static bool send_notice(struct server *s, struct client *c, struct notice *m)
-{
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__ReclaimNotice rn = AQUA__RECLAIM_NOTICE__INIT;
-        Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
-        Aqua__PairChanged pc = AQUA__PAIR_CHANGED__INIT;
-        Aqua__ScrubRequest sr = AQUA__SCRUB_REQUEST__INIT;
-        size_t max = s->limits.max_repeated;
-        uint64_t **ids = NULL;
-        size_t *n_ids = NULL;
-
-        switch (m->kind) {
-        case NOTICE_RECLAIM:
-                rn.lease_id = m->lease_id;
-                rn.deadline_ms = m->deadline_ms;
-                rn.reason = m->text ? m->text : "";
-                e.body_case = AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
-                e.reclaim_notice = &rn;
-                ids = &rn.chunk_ids;
-                n_ids = &rn.n_chunk_ids;
-                break;
-        case NOTICE_RECLAIMED:
-                e.body_case = AQUA__ENVELOPE__BODY_RECLAIMED;
-                e.reclaimed = &rd;
-                ids = &rd.chunk_ids;
-                n_ids = &rd.n_chunk_ids;
-                break;
-        case NOTICE_SCRUB:
-                e.body_case = AQUA__ENVELOPE__BODY_SCRUB_REQUEST;
-                e.scrub_request = &sr;
-                ids = &sr.chunk_ids;
-                n_ids = &sr.n_chunk_ids;
-                break;
-        case NOTICE_PAIR_CHANGED:
-                pc.paired_with = m->text ? m->text : "";
-                e.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
-                e.pair_changed = &pc;
-                return server_send(s, c, &e) == 0;
-        default:
-                return true;
-        }
-        /* Split long lists so no message exceeds what the peer accepts; what was sent leaves. */
-        while (m->n_chunk_ids > 0) {
-                size_t k = MIN(max, m->n_chunk_ids);
-                int r;
-
-                *ids = m->chunk_ids;
-                *n_ids = k;
-                r = server_send(s, c, &e);
-                if (r < 0)
-                        return false;
-                if (m->kind == NOTICE_RECLAIM)
-                        broker_reclaim_delivered(s->broker, m->lease_id, m->chunk_ids, k,
-                                                 m->deadline_ms);
-                memmove(m->chunk_ids, m->chunk_ids + k, (m->n_chunk_ids - k) * sizeof(uint64_t));
-                m->n_chunk_ids -= k;
-        }
-        return true;
-}
-
-/* Send what the ROUTER takes now, oldest first; the rest waits for the next turn of the loop. */
-static void outbox_flush(struct server *s, struct client *c)
-{
-        while (!list_empty(&c->outbox)) {
-                struct notice *m = list_entry(c->outbox.next, struct notice, node);
-
-                if (!send_notice(s, c, m)) {
-                        s->stats.notices_deferred++;
-                        return;
-                }
-                notice_free(m);
-                c->n_outbox--;
-                s->n_outbox--;
-        }
-}
-
-static void outbox_clear(struct server *s, struct client *c)
-{
-        while (!list_empty(&c->outbox))
-                notice_free(list_entry(c->outbox.next, struct notice, node));
-        s->n_outbox -= c->n_outbox;
-        c->n_outbox = 0;
-}
-
-void server_flush_notices(struct server *s)
-{
-        struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
-
-        (void)broker_commit(s->broker);
-        broker_take_notices(s->broker, &list);
-        list_for_each(pos, tmp, &list)
-        {
-                struct notice *m = list_entry(pos, struct notice, node);
-                struct client *c = m->gpu->owner;
-
-                list_unlink(&m->node);
-                if (c)
-                        outbox_put(s, c, m);
-                else
-                        notice_free(m);
-        }
-        /* Most of the time every outbox is empty: no need to look at each client. */
-        for (struct list_node *n = s->clients.next; s->n_outbox && n != &s->clients; n = n->next) {
-                struct client *c = list_entry(n, struct client, node);
-                if (c->n_outbox)
-                        outbox_flush(s, c);
-        }
-        /* Deliveries start deadlines, which are journaled. */
-        (void)broker_commit(s->broker);
-}
-
 /* ------------------------------------------------------------------------------ clients */
 
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len)
@@ -320,7 +146,7 @@ void client_free_pending(struct client *c, struct pending *p)
 
 static void client_free(struct server *s, struct client *c)
 {
-        outbox_clear(s, c);
+        server_outbox_clear(s, c);
         free(c->held);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
@@ -655,254 +481,6 @@ static void read_router(struct server *s)
         }
 }
 
-/* ------------------------------------------------------------------------------ setup */
-
-/* Every chunk in the pool is a descriptor the daemon holds: as many as it may. Returns the
- * limit it runs with (0: none it can tell). */
-static uint64_t raise_fd_limit(void)
-{
-        struct rlimit rl;
-
-        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-                return 0;
-        if (rl.rlim_cur < rl.rlim_max) {
-                rl.rlim_cur = rl.rlim_max;
-                (void)setrlimit(RLIMIT_NOFILE, &rl);
-                (void)getrlimit(RLIMIT_NOFILE, &rl);
-        }
-        return rl.rlim_cur == RLIM_INFINITY ? 0 : rl.rlim_cur;
-}
-
-static int make_parent_dir(const char *path)
-{
-        _cleanup_free_ char *dir = strdup(path);
-        char *slash;
-
-        if (!dir)
-                return -ENOMEM;
-        slash = strrchr(dir, '/');
-        if (!slash || slash == dir)
-                return 0;
-        *slash = '\0';
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-                return -errno;
-        return 0;
-}
-
-static int set_socket_access(const struct config *c, const char *path)
-{
-        if (chmod(path, c->socket_mode) < 0)
-                return -errno;
-        if (c->socket_group) {
-                struct group *gr = getgrnam(c->socket_group);
-                gid_t gid = gr ? gr->gr_gid : (gid_t)strtoul(c->socket_group, NULL, 10);
-                if (chown(path, (uid_t)-1, gid) < 0)
-                        return -errno;
-        }
-        return 0;
-}
-
-/*
- * One aquad per socket: <path>.lock, locked for aquad's life and holding its pid, is taken before
- * the socket is unlinked. Without it a second aquad (another journal, so the journal's lock
- * cannot tell) would unlink the socket of one that runs, bind its own, and delete it at exit,
- * leaving the first one unreachable. The file stays when aquad exits: unlinking it would let two
- * aquads lock two different files of that name.
- */
-static int lock_socket(const char *path, int *ret_fd)
-{
-        _cleanup_free_ char *lock = NULL;
-        _cleanup_close_ int fd = -1;
-        char pid[32];
-        ssize_t n;
-        int r;
-
-        r = make_parent_dir(path);
-        if (r < 0)
-                return log_error_errno(r, "Failed to create the folder of %s: %m", path);
-        if (asprintf(&lock, "%s.lock", path) < 0)
-                return log_error_errno(-ENOMEM, "Failed to lock %s: %m", path);
-        fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-        if (fd < 0)
-                return log_error_errno(-errno, "Failed to open %s: %m", lock);
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-                if (errno != EWOULDBLOCK)
-                        return log_error_errno(-errno, "Failed to lock %s: %m", lock);
-                /* Empty for a moment while the holder writes it. */
-                n = pread(fd, pid, sizeof(pid) - 1, 0);
-                pid[MAX(n, 0)] = '\0';
-                pid[strcspn(pid, "\n")] = '\0';
-                return log_error_errno(-EBUSY,
-                                       "%s is served by another aquad (pid %s, holding %s); stop "
-                                       "it, or give this one another endpoint and side-socket",
-                                       path, pid[0] ? pid : "unknown", lock);
-        }
-        n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-                return log_error_errno(-errno, "Failed to write %s: %m", lock);
-        *ret_fd = TAKE_FD(fd);
-        return 0;
-}
-
-/* The side socket's lock, and the ipc:// endpoint's where that is another file. */
-static int lock_sockets(struct server *s)
-{
-        const char *ep = s->config->endpoint;
-        int r;
-
-        r = lock_socket(s->config->side_socket, &s->side_lock_fd);
-        if (r < 0 || strncmp(ep, "ipc://", 6) != 0)
-                return r;
-        s->ipc_path = strdup(ep + 6);
-        if (!s->ipc_path)
-                return log_error_errno(-ENOMEM, "Failed to lock %s: %m", ep + 6);
-        if (strcmp(s->ipc_path, s->config->side_socket) == 0)
-                return 0;
-        return lock_socket(s->ipc_path, &s->ipc_lock_fd);
-}
-
-static int open_side(struct server *s)
-{
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        const char *path = s->config->side_socket;
-        struct stat st;
-        int r;
-
-        s->side_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (s->side_fd < 0)
-                return log_error_errno(-errno, "Failed to create the side-channel socket: %m");
-        /* A socket left by an aquad that died: the socket's lock (ours now) says none runs. */
-        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-                unlink(path);
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-        if (bind(s->side_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-                return log_error_errno(-errno, "Failed to bind %s: %m", path);
-        r = set_socket_access(s->config, path);
-        if (r < 0)
-                return log_error_errno(r, "Failed to set the mode or group of %s: %m", path);
-        if (listen(s->side_fd, 128) < 0)
-                return log_error_errno(-errno, "Failed to listen on %s: %m", path);
-        return 0;
-}
-
-static int open_router(struct server *s)
-{
-        const char *ep = s->config->endpoint;
-        int one = 1, zero = 0;
-        /* Messages up to this size get an error reply; larger ones cost the peer its pipe. */
-        int64_t max = MAX((int64_t)s->config->limits.message_size * 4, INT64_C(16) << 20);
-        int r;
-
-        s->zctx = zmq_ctx_new();
-        if (!s->zctx)
-                return log_error_errno(-errno, "Failed to create a ZeroMQ context: %m");
-        s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
-        if (!s->router)
-                return log_error_errno(-errno, "Failed to create the ROUTER socket: %m");
-        if (zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
-            zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0)
-                return log_error_errno(-errno, "Failed to set ROUTER options: %m");
-        /* ZeroMQ unlinks an ipc:// file before it binds: lock_sockets() made that safe. */
-        if (zmq_bind(s->router, ep) < 0)
-                return log_error_errno(-errno, "Failed to bind %s: %s", ep, zmq_strerror(errno));
-        if (s->ipc_path) {
-                r = set_socket_access(s->config, s->ipc_path);
-                if (r < 0)
-                        return log_error_errno(r, "Failed to set the mode or group of %s: %m",
-                                               s->ipc_path);
-        }
-        return 0;
-}
-
-static int open_signals(struct server *s)
-{
-        sigset_t mask;
-
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGHUP);
-        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-                return -errno;
-        s->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-        if (s->signal_fd < 0)
-                return log_error_errno(-errno, "Failed to create a signalfd: %m");
-        signal(SIGPIPE, SIG_IGN);
-        /* A journal past the file size limit is a failed write to refuse on, not a crash. */
-        signal(SIGXFSZ, SIG_IGN);
-        return 0;
-}
-
-/* Where --repair-journal keeps the damaged journal: beside it, named by the time (UTC). */
-static int repair_copy_path(const char *journal, char **ret)
-{
-        char stamp[32];
-        time_t now = time(NULL);
-        struct tm tm;
-
-        if (!gmtime_r(&now, &tm) || !strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm))
-                return -EINVAL;
-        return asprintf(ret, "%s.corrupt-%s", journal, stamp) < 0 ? -ENOMEM : 0;
-}
-
-static int open_journal(struct server *s, bool repair)
-{
-        const char *path = s->config->journal;
-        struct journal_replay_stats st = {0};
-        _cleanup_free_ char *copy = NULL;
-        struct journal *j = NULL;
-        int r;
-
-        if (repair) {
-                r = repair_copy_path(path, &copy);
-                if (r < 0)
-                        return log_error_errno(r, "Failed to name a copy of %s: %m", path);
-        }
-        r = journal_open_repair(path, copy, broker_apply, s->broker, &j, &st);
-        if (r == -EBUSY)
-                return log_error_errno(r, "Journal %s is held by another aquad", path);
-        if (r == -EBADMSG)
-                return log_error_errno(r,
-                                       "%s is not an aqua journal (or a corrupt one); move it "
-                                       "away to start afresh",
-                                       path);
-        if (r == -EUCLEAN)
-                return log_error_errno(r,
-                                       "Journal %s is damaged at byte %" PRIu64 ", before its "
-                                       "end (intact records after it: %" PRIu64 "): not a torn "
-                                       "write, and cutting it would lose acknowledged changes; "
-                                       "not starting. `aquad -c %s --repair-journal` keeps a "
-                                       "copy of it and cuts it at that byte",
-                                       path, st.bad_offset, st.records_after, s->config_path);
-        if (r < 0 && copy)
-                return log_error_errno(r,
-                                       "Failed to open or repair the journal %s (a repair first "
-                                       "copies it to %s): %m",
-                                       path, copy);
-        if (r < 0)
-                return log_error_errno(r, "Failed to open the journal %s: %m", path);
-        broker_attach_journal(s->broker, j, s->config->journal_compact_bytes);
-        if (st.bad_offset)
-                log_warning("Journal %s was damaged at byte %" PRIu64 "; kept it as %s and cut it "
-                            "there: dropped %" PRIu64 " bytes, the bad record and the intact "
-                            "ones after it (%" PRIu64 "); leases only they knew come back to "
-                            "their clients as lost when they re-register",
-                            path, st.bad_offset, copy, st.dropped_bytes, st.records_after);
-        else if (st.dropped_bytes)
-                log_warning("Journal %s: cut off a torn tail of %" PRIu64 " bytes (a crash while "
-                            "writing)",
-                            path, st.dropped_bytes);
-        else if (repair)
-                log_notice("Journal %s is sound: nothing to repair", path);
-        if (s->broker->n_chunks || s->broker->n_leases)
-                log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
-                           " ms for clients to re-register",
-                           s->broker->n_chunks, s->broker->n_leases, s->config->journal,
-                           s->config->reconcile_timeout_ns / NSEC_PER_MSEC);
-        return 0;
-}
-
 int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
 {
         _cleanup_(server_freep) struct server *s = NULL;
@@ -927,19 +505,19 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         r = server_apply_pins(s);
         /* The sockets' locks first: an aquad that may not serve them touches nothing. */
         if (r >= 0)
-                r = lock_sockets(s);
+                r = server_lock_sockets(s);
         if (r >= 0)
-                r = open_journal(s, flags & SERVER_REPAIR_JOURNAL);
+                r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
         if (r < 0) {
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
         }
-        s->fd_limit = raise_fd_limit();
-        r = open_signals(s);
+        s->fd_limit = server_raise_fd_limit();
+        r = server_open_signals(s);
         if (r >= 0)
-                r = open_side(s);
+                r = server_open_side(s);
         if (r >= 0)
-                r = open_router(s);
+                r = server_open_router(s);
         if (r >= 0 && s->config->metrics)
                 r = metrics_new(s, s->config->metrics, &s->metrics);
         if (r >= 0)
@@ -960,7 +538,7 @@ struct server *server_free(struct server *s)
                 struct client *c = list_entry(s->clients.next, struct client, node);
                 /* Not a client death: their state stays in the journal for the next start. */
                 c->gpu = NULL;
-                outbox_clear(s, c);
+                server_outbox_clear(s, c);
                 free(c->held);
                 while (!list_empty(&c->pending))
                         client_free_pending(c, list_entry(c->pending.next, struct pending, node));

@@ -131,6 +131,15 @@ void server_apply_settings(struct server *s);
 int server_apply_pins(struct server *s);
 void server_reload(struct server *s);
 
+/* setup.c, for server_new(): each 0 or a negative errno, logged. */
+int server_lock_sockets(struct server *s);
+int server_open_journal(struct server *s, bool repair);
+/* As many descriptors as aquad may hold; returns the limit (0: none it can tell). */
+uint64_t server_raise_fd_limit(void);
+int server_open_signals(struct server *s);
+int server_open_side(struct server *s);
+int server_open_router(struct server *s);
+
 /* ------------------------------------------------------------ for dispatch.c and admin.c */
 
 /* Commit the journal, then send e to client c. */
@@ -142,8 +151,11 @@ int server_send_error(struct server *s, const void *routing_id, size_t len, uint
 /* An error to a client: "what: err", or err alone when what is NULL. */
 int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
                       const char *what, const char *err);
-/* Send the notices the pool queued. */
+/* outbox.c: commit, then put the notices the core queued into their clients' outboxes and
+ * send what the ROUTER takes now. */
 void server_flush_notices(struct server *s);
+/* Drop what c's outbox holds (c is going away). */
+void server_outbox_clear(struct server *s, struct client *c);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
 struct client *server_find_by_token(struct server *s, const void *token, size_t len);
 void client_free_pending(struct client *c, struct pending *p);
