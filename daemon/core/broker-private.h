@@ -5,7 +5,8 @@
 #include "broker.h"
 
 struct gpu *gpu_ensure(struct broker *p, const char *uuid);
-/* Free g if nothing refers to it any more (no client, chunks, leases, pins, budget or bar). */
+/* Free g if nothing refers to it any more (no client, chunks, leases of its own or lent from
+ * it, pins, budget or bar). */
 void gpu_gc(struct broker *p, struct gpu *g);
 /* Set or clear g's pair; queues PairChanged for both sides that have a client. */
 void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char *source,

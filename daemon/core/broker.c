@@ -229,6 +229,13 @@ void gpu_gc(struct broker *p, struct gpu *g)
                 if (list_entry(pos, struct notice, node)->gpu == g)
                         return;
         }
+        /* A lease names its producer even with none of its chunks left (all came back
+         * unusable): the consumer's Return still reaches it. */
+        list_for_each(pos, tmp, &p->leases)
+        {
+                if (list_entry(pos, struct lease, broker_node)->producer == g)
+                        return;
+        }
         gpu_destroy(p, g);
 }
 

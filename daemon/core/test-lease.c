@@ -400,6 +400,32 @@ Test(lease, producer_death_keeps_leased_chunks_and_asks_consumers_to_move_off)
         cr_assert_eq(pool->n_leases, 0);
 }
 
+/* Found by fuzz-core: a lease whose chunks all came back unusable still names its producer. */
+Test(lease, a_producer_gone_under_a_lease_emptied_by_unusable_chunks_outlives_it)
+{
+        struct broker_grant g;
+        uint64_t ids[2];
+        struct lease *l;
+        struct gpu *p;
+
+        offer(2, NULL);
+        l = borrow(4 * MiB, 4 * MiB, false, &g);
+        for (size_t i = 0; i < 2; i++)
+                ids[i] =
+                    list_entry(i ? l->chunks.next->next : l->chunks.next, struct chunk, lease_node)
+                        ->id;
+        cr_assert_eq(broker_return_unusable(pool, consumer, l->id, ids, 2, err), 0, "%s", err);
+        cr_assert_eq(l->n_chunks, 0, "the lease stays, empty, for the consumer's Return");
+        drain_notices(); /* the producer heard of them: nothing else holds it */
+        broker_gpu_gone(pool, producer);
+        p = broker_find_gpu(pool, "GPU-P");
+        cr_assert_not_null(p, "the lease still names its producer");
+        cr_assert_eq(l->producer, p);
+        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0, "%s", err);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker_check(pool, err), 0, "%s", err);
+}
+
 Test(lease, drain_takes_everything_back_and_stops_grants)
 {
         struct broker_reclaim r;
