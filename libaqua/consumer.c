@@ -98,7 +98,7 @@ static int grant_fds(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, int
  * the chunks whose descriptors could not be imported (their number in *ret_unusable) so that
  * they are not granted again.
  */
-static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool pool,
+static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, bool tensor_pool,
                      aqua_lease **ret_lease, size_t *ret_unusable)
 {
         _cleanup_free_ struct lease_grant_chunk *chunks = NULL;
@@ -122,8 +122,8 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
                 for (size_t i = 0; i < g->n_chunks; i++)
                         chunks[i] = (struct lease_grant_chunk){
                             .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
-                r = lease_create(&ctx->leases, ctx->gpu, g->lease_id, chunks, g->n_chunks, pool,
-                                 ret_lease);
+                r = lease_create(&ctx->consumer.leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
+                                 tensor_pool, ret_lease);
         }
         side_close_fds(fds, g->n_chunks);
         if (r == 0)
@@ -175,10 +175,10 @@ static int borrow_once(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsign
                         return r == -ENOTCONN || r == -ETIMEDOUT || r == -ENOMEM ? r : -EIO;
                 }
         }
-        ctx->dram_granted += g->dram_bytes;
+        ctx->consumer.dram_granted += g->dram_bytes;
         *ret = (struct aqua_grant){
             .lease = lease,
-            .dptr = lease && !lease->pool ? lease->dptr : 0,
+            .dptr = lease && !lease->tensor_pool ? lease->dptr : 0,
             .bytes = lease ? lease->size : 0,
             .dram_bytes = g->dram_bytes,
             .partial = g->partial,
@@ -228,7 +228,7 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
         r = check_consumer(ctx);
         if (r < 0)
                 return r;
-        if (!lease_valid(&ctx->leases, lease))
+        if (!lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         if (lease_in_use(lease))
                 return -EBUSY;
@@ -248,7 +248,7 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
         copies_wait_all(ctx);
         /* Unmapped first: the daemon may hand the memory back to its producer at once. */
         ctx_forget_lease_events(ctx, lease);
-        lease_destroy(&ctx->leases, ctx->gpu, lease);
+        lease_destroy(&ctx->consumer.leases, ctx->gpu, lease);
         if (n == 0)
                 return 0;
 
@@ -275,7 +275,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
         r = check_consumer(ctx);
         if (r < 0)
                 return r;
-        if (bytes == 0 || bytes > ctx->dram_granted)
+        if (bytes == 0 || bytes > ctx->consumer.dram_granted)
                 return -EINVAL;
         ret.dram_bytes = bytes;
         env.body_case = AQUA__ENVELOPE__BODY_RETURN;
@@ -283,7 +283,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
         r = ctx_call(ctx, &env, ctx_deadline(ctx), &reply);
         if (r != 0)
                 return r;
-        ctx->dram_granted -= bytes;
+        ctx->consumer.dram_granted -= bytes;
         aqua__envelope__free_unpacked(reply, NULL);
         return 0;
 }
@@ -291,7 +291,7 @@ _public_ int aqua_return_dram(aqua_ctx *ctx, uint64_t bytes)
 _public_ int aqua_lease_get_info(aqua_ctx *ctx, const aqua_lease *lease,
                                  struct aqua_lease_info *ret)
 {
-        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+        if (!ctx || !ret || !lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         *ret = (struct aqua_lease_info){
             .lease_id = lease->id,
@@ -310,7 +310,7 @@ _public_ int aqua_lease_get_chunk(aqua_ctx *ctx, const aqua_lease *lease, size_t
 {
         const struct lease_chunk *c;
 
-        if (!ctx || !ret || !lease_valid(&ctx->leases, lease))
+        if (!ctx || !ret || !lease_valid(&ctx->consumer.leases, lease))
                 return -EINVAL;
         if (index >= lease->n_chunks)
                 return -ERANGE;
@@ -342,6 +342,40 @@ static void report_run(aqua_ctx *ctx, struct aqua_event *run, const struct aqua_
 }
 
 /*
+ * The two kinds of lease differ only here: where a chunk's data lives (a plain lease's range, or
+ * the tensor a tensor-pool chunk backs) and what the engine hears once it moved.
+ */
+static void chunk_move_prepare(aqua_lease *l, struct lease_chunk *c, struct move *ret)
+{
+        if (l->tensor_pool)
+                tensor_move_prepare(c->user, c->user_index, ret);
+        else
+                lease_move_prepare(l, c, ret);
+}
+
+static void chunk_moved(aqua_ctx *ctx, aqua_lease *l, struct lease_chunk *c, struct move *m,
+                        struct aqua_event *ret)
+{
+        aqua_tensor *t = c->user;
+        size_t idx = c->user_index;
+
+        if (!l->tensor_pool) {
+                lease_moved(&ctx->consumer.leases, ctx->gpu, l, c, m);
+                ret->type = AQUA_EVENT_MIGRATED;
+                ret->tier = AQUA_TIER_DRAM;
+                return;
+        }
+        tensor_moved(ctx, t, idx, m);
+        lease_chunk_give_back(&ctx->consumer.leases, ctx->gpu, l, c);
+        *ret = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
+                                   .tensor = t,
+                                   .offset = (uint64_t)idx * t->chunk_bytes,
+                                   .bytes = t->chunk_bytes,
+                                   .tier = m->tier,
+                                   .host = m->host};
+}
+
+/*
  * Move the listed chunks of l off their producer, all in one batch: a plain lease's chunks to
  * DRAM at the lease's addresses, a pool lease's chunks that back tensors to DRAM (or local
  * memory) at the tensors' addresses; free pool chunks need no copy. Collect the chunks that may
@@ -359,7 +393,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
         if (!moves || !movers)
                 r = -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                struct lease_chunk *c = lease_chunk_by_id(&ctx->leases, chunk_ids[i]);
+                struct lease_chunk *c = lease_chunk_by_id(&ctx->consumer.leases, chunk_ids[i]);
 
                 if (!c || c < l->chunks || c >= l->chunks + l->n_chunks ||
                     c->tier != AQUA_TIER_PEER) {
@@ -367,24 +401,21 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         done[n_done++] = chunk_ids[i];
                         continue;
                 }
-                if (l->pool && !c->user) {
-                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
+                if (l->tensor_pool && !c->user) {
+                        lease_chunk_give_back(&ctx->consumer.leases, ctx->gpu, l, c);
                         done[n_done++] = chunk_ids[i];
                         continue;
                 }
                 if (r < 0)
                         continue;
-                if (l->pool)
-                        tensor_move_prepare(c->user, c->user_index, &moves[n_moves]);
-                else
-                        lease_move_prepare(l, c, &moves[n_moves]);
+                chunk_move_prepare(l, c, &moves[n_moves]);
                 movers[n_moves++] = c;
         }
         /* A batch still reading or writing this memory must finish before it moves. */
         if (n_moves && r == 0)
                 r = copies_wait_all(ctx);
         if (n_moves && r == 0)
-                r = move_out(ctx->gpu, moves, n_moves, &ctx->leases.no_host_map);
+                r = move_out(ctx->gpu, moves, n_moves, &ctx->consumer.leases.no_host_map);
         for (size_t k = 0; k < n_moves; k++) {
                 struct lease_chunk *c = movers[k];
                 struct move *m = &moves[k];
@@ -400,25 +431,9 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
                         ctx_push_event(ctx, &ev);
                         continue;
                 }
-                ctx->migrations++;
-                ctx->bytes_moved += c->size;
-                if (l->pool) {
-                        aqua_tensor *t = c->user;
-                        size_t idx = c->user_index;
-
-                        tensor_moved(ctx, t, idx, m);
-                        lease_chunk_give_back(&ctx->leases, ctx->gpu, l, c);
-                        ev = (struct aqua_event){.type = AQUA_EVENT_TENSOR_MIGRATED,
-                                                 .tensor = t,
-                                                 .offset = (uint64_t)idx * t->chunk_bytes,
-                                                 .bytes = t->chunk_bytes,
-                                                 .tier = m->tier,
-                                                 .host = m->host};
-                } else {
-                        lease_moved(&ctx->leases, ctx->gpu, l, c, m);
-                        ev.type = AQUA_EVENT_MIGRATED;
-                        ev.tier = AQUA_TIER_DRAM;
-                }
+                ctx->consumer.migrations++;
+                ctx->consumer.bytes_moved += c->size;
+                chunk_moved(ctx, l, c, m, &ev);
                 report_run(ctx, &run, &ev);
                 done[n_done++] = c->id;
         }
@@ -430,7 +445,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
 static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
 {
         _cleanup_free_ uint64_t *all = NULL, *done = NULL;
-        aqua_lease *l = lease_get(&ctx->leases, rn->lease_id);
+        aqua_lease *l = lease_get(&ctx->consumer.leases, rn->lease_id);
         const uint64_t *ids = rn->chunk_ids;
         size_t n = rn->n_chunk_ids;
 
@@ -458,7 +473,7 @@ static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
         return return_async(ctx, rn->lease_id, done, n, 0, NULL, 0);
 }
 
-int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+static int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
 {
         *ret_handled = e->body_case == AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
         if (!*ret_handled)
@@ -466,7 +481,7 @@ int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
         return handle_reclaim(ctx, e->reclaim_notice);
 }
 
-void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
+static void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
 {
         const Aqua__Grant *g = e->grant;
         struct side_msg *m = NULL;
@@ -479,12 +494,12 @@ void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
                 return_async(ctx, g->lease_id, NULL, 0, g->dram_bytes, NULL, 0);
 }
 
-int consumer_held(aqua_ctx *ctx, struct held *ret)
+static int consumer_held(aqua_ctx *ctx, struct held *ret)
 {
         struct held h = {0};
         size_t n = 0;
 
-        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+        for (aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
                 for (size_t i = 0; i < l->n_chunks; i++)
                         n += l->chunks[i].tier == AQUA_TIER_PEER;
         if (n == 0) {
@@ -497,7 +512,7 @@ int consumer_held(aqua_ctx *ctx, struct held *ret)
                 held_clear(&h);
                 return -ENOMEM;
         }
-        for (aqua_lease *l = ctx->leases.head; l; l = l->next)
+        for (aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
                 for (size_t i = 0; i < l->n_chunks; i++) {
                         Aqua__HeldChunk *hc = &h.items[h.n];
 
@@ -513,9 +528,9 @@ int consumer_held(aqua_ctx *ctx, struct held *ret)
         return 0;
 }
 
-void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
+static void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
 {
-        aqua_lease *l = lease_get(&ctx->leases, lease_id);
+        aqua_lease *l = lease_get(&ctx->consumer.leases, lease_id);
         struct aqua_event ev = {.type = AQUA_EVENT_LEASE_LOST, .lease = l};
         _cleanup_free_ uint64_t *ids = NULL, *done = NULL;
         size_t n = 0;
@@ -533,3 +548,16 @@ void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
         }
         ctx_push_event(ctx, &ev);
 }
+
+static void consumer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+{
+        if (p->kind == PENDING_BORROW && e->body_case == AQUA__ENVELOPE__BODY_GRANT)
+                consumer_late_grant(ctx, e);
+}
+
+const struct role_ops consumer_role = {
+    .held = consumer_held,
+    .dispatch = consumer_dispatch,
+    .late_reply = consumer_late_reply,
+    .lease_lost = consumer_lease_lost,
+};

@@ -1,6 +1,10 @@
 /*
- * The state of one aqua_ctx, shared by the modules that implement the public API: session.c
- * (open, close, registration, reconnecting, aqua_poll), producer.c and consumer.c.
+ * The state of one aqua_ctx: the session's (session.c: open, close, registration, reconnecting,
+ * pending requests, the event queue, aqua_poll), what both roles use (the GPU, the transport,
+ * batched copies), and each role's own (struct producer_state, struct consumer_state). The
+ * session hands a role its messages through struct role_ops; it reads a role's state itself
+ * only for aqua_get_info() and aqua_report_load(), clears it in aqua_close(), and looks at
+ * producer.scrub_n in aqua_poll()'s fast path.
  */
 #pragma once
 
@@ -12,7 +16,7 @@
 #include "gpu.h"
 #include "lease.h"
 #include "move.h"
-#include "pool.h"
+#include "offers.h"
 #include "tensor.h"
 #include "transport.h"
 
@@ -28,7 +32,7 @@ enum pending_kind {
 struct pending {
         uint64_t request_id;
         enum pending_kind kind;
-        uint64_t arg; /* PENDING_OFFER: the pool ref of the batch's first chunk */
+        uint64_t arg; /* PENDING_OFFER: the offers ref of the batch's first chunk */
 };
 
 /* What a client holds, for re-registering after the daemon restarted. */
@@ -48,9 +52,31 @@ enum session_state {
         SESSION_AWAIT_WELCOME, /* Hello sent */
 };
 
+/* What only a producer keeps (producer.c). */
+struct producer_state {
+        struct offers offers;
+        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
+        uint64_t reclaim_freed; /* bytes it has seen freed so far */
+        size_t reclaim_waiting; /* its chunks still waiting */
+        uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
+        size_t scrub_n, scrub_cap;
+        void *scrub_buf; /* pinned host memory chunks are read back into */
+};
+
+/* What only a consumer keeps (consumer.c, tensor.c). */
+struct consumer_state {
+        struct lease_table leases;
+        uint64_t dram_granted;
+        uint64_t migrations, bytes_moved;
+        /* aqua tensors (tensor.c), bytes of their chunks per tier */
+        struct aqua_tensor *tensors;
+        uint64_t tensor_bytes[4];
+};
+
 struct aqua_ctx {
         int device;
         enum aqua_role role;
+        const struct role_ops *ops; /* NULL: neutral */
         char *endpoint, *side_path, *client_name;
         int timeout_ms;
         uint64_t chunk_bytes;
@@ -67,23 +93,8 @@ struct aqua_ctx {
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
 
-        /* producer */
-        struct pool pool;
-        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
-        uint64_t reclaim_freed; /* bytes it has seen freed so far */
-        size_t reclaim_waiting; /* its chunks still waiting */
-        uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
-        size_t scrub_n, scrub_cap;
-        void *scrub_buf; /* pinned host memory chunks are read back into */
-
-        /* consumer */
-        struct lease_table leases;
-        uint64_t dram_granted;
-        uint64_t migrations, bytes_moved;
-
-        /* consumer: aqua tensors (tensor.c), bytes of their chunks per tier */
-        struct aqua_tensor *tensors;
-        uint64_t tensor_bytes[4];
+        struct producer_state producer;
+        struct consumer_state consumer;
 
         /* batched copies still in flight, oldest first, and spare events (copy.c) */
         struct copy_inflight *copies;
@@ -127,17 +138,30 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e);
 /* Read and dispatch what is already there without blocking. */
 int ctx_pump(aqua_ctx *ctx);
 
-/* producer.c */
-int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
-/* The chunks in the daemon's pool, each with a fresh exported fd. */
-int producer_held(aqua_ctx *ctx, struct held *ret);
-/* The daemon that knew of these offers is gone: release chunks still waiting for an id. */
-void producer_session_lost(aqua_ctx *ctx);
+/*
+ * A role: what the session asks of the producer (producer.c) or the consumer (consumer.c).
+ * Members may be NULL; a neutral context has no role (ctx->ops NULL).
+ */
+struct role_ops {
+        /* What it holds, for re-registering after the daemon restarted. */
+        int (*held)(aqua_ctx *ctx, struct held *ret);
+        /* A notice (request id 0) the session does not handle itself. */
+        int (*dispatch)(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
+        /* The reply to a request whose caller stopped waiting for it. */
+        void (*late_reply)(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e);
+        /* The daemon went away: forget what only it knew. */
+        void (*session_lost)(aqua_ctx *ctx);
+        /* A restarted daemon does not know this lease any more. */
+        void (*lease_lost)(aqua_ctx *ctx, uint64_t lease_id);
+};
+
+/* producer.c: the chunks it holds are in the daemon's pool (re-registered with fresh fds); a
+ * late OfferReply names the batch of a PENDING_OFFER; chunks still waiting for an id are
+ * released when the daemon that would have named them is gone. */
+extern const struct role_ops producer_role;
 /* Scrub some of the chunks the daemon asked for (a bounded amount per call) and report them. */
 void producer_scrub_step(aqua_ctx *ctx);
 void producer_free(aqua_ctx *ctx);
-/* A late OfferReply for the batch starting at ref first_ref. */
-void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e);
 
 /* tensor.c */
 void tensor_free_all(aqua_ctx *ctx);
@@ -154,11 +178,6 @@ int copies_wait_all(aqua_ctx *ctx);
 /* Wait, then free the events (aqua_close). */
 void copies_clear(aqua_ctx *ctx);
 
-/* consumer.c */
-int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
-/* The leased chunks still mapped from a producer. */
-int consumer_held(aqua_ctx *ctx, struct held *ret);
-/* A Grant nobody waits for any more: give it back. */
-void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e);
-/* The daemon does not know lease_id any more: move its data off and forget it there. */
-void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id);
+/* consumer.c: it holds the leased chunks still mapped from a producer; a late Grant goes
+ * back; a lease the daemon lost has its data moved off and is forgotten there. */
+extern const struct role_ops consumer_role;

@@ -346,11 +346,6 @@ int gpu_alloc_local(struct gpu *g, uint64_t size, gpu_handle *ret)
         return 0;
 }
 
-bool gpu_has_batch_copy(const struct gpu *g)
-{
-        return g->d->cuMemcpyBatchAsync != NULL;
-}
-
 CUstream gpu_stream(struct gpu *g, CUstream s)
 {
         return s ? s : g->stream;
@@ -398,12 +393,6 @@ void gpu_event_free(struct gpu *g, CUevent e)
 {
         WITH_PRIMARY(g);
         g->d->cuEventDestroy(e);
-}
-
-int gpu_event_record(struct gpu *g, CUevent e, CUstream s)
-{
-        WITH_PRIMARY(g);
-        return CU(g, cuEventRecord(e, gpu_stream(g, s)));
 }
 
 int gpu_event_query(struct gpu *g, CUevent e)

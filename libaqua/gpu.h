@@ -71,7 +71,6 @@ struct CUstream_st;
 struct CUevent_st;
 struct aqua_copy_piece;
 
-bool gpu_has_batch_copy(const struct gpu *g);
 /* NULL: libaqua's own stream. */
 struct CUstream_st *gpu_stream(struct gpu *g, struct CUstream_st *s);
 int gpu_stream_new(struct gpu *g, struct CUstream_st **ret);
@@ -79,7 +78,6 @@ void gpu_stream_free(struct gpu *g, struct CUstream_st *s);
 int gpu_stream_sync(struct gpu *g, struct CUstream_st *s);
 int gpu_event_new(struct gpu *g, struct CUevent_st **ret);
 void gpu_event_free(struct gpu *g, struct CUevent_st *e);
-int gpu_event_record(struct gpu *g, struct CUevent_st *e, struct CUstream_st *s);
 /* 0: completed, AQUA_PENDING: not yet, or a negative errno. */
 int gpu_event_query(struct gpu *g, struct CUevent_st *e);
 int gpu_event_sync(struct gpu *g, struct CUevent_st *e);

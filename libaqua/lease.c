@@ -56,7 +56,8 @@ static void lease_free_parts(struct lease_table *t, struct gpu *g, struct aqua_l
 }
 
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 struct lease_grant_chunk *chunks, size_t n, bool pool, struct aqua_lease **ret)
+                 struct lease_grant_chunk *chunks, size_t n, bool tensor_pool,
+                 struct aqua_lease **ret)
 {
         struct aqua_lease *l;
         uint64_t size = 0;
@@ -117,8 +118,8 @@ int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
                 goto fail;
         l->peer_bytes = size;
         t->peer_bytes += size;
-        l->pool = pool;
-        if (pool) {
+        l->tensor_pool = tensor_pool;
+        if (tensor_pool) {
                 l->n_free = n;
                 t->pool_free_bytes += size;
         }
@@ -174,7 +175,7 @@ int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, st
         struct move m;
         int r;
 
-        if (c->tier != AQUA_TIER_PEER || l->pool)
+        if (c->tier != AQUA_TIER_PEER || l->tensor_pool)
                 return -EINVAL;
         lease_move_prepare(l, c, &m);
         r = move_out(g, &m, 1, &t->no_host_map);
@@ -202,11 +203,11 @@ void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lea
         t->peer_bytes -= c->size;
 }
 
-struct lease_chunk *lease_pool_find(struct lease_table *t, uint64_t size,
-                                    struct aqua_lease **ret_lease)
+struct lease_chunk *lease_tensor_pool_find(struct lease_table *t, uint64_t size,
+                                           struct aqua_lease **ret_lease)
 {
         for (struct aqua_lease *l = t->head; l; l = l->next) {
-                if (!l->pool || l->n_free == 0)
+                if (!l->tensor_pool || l->n_free == 0)
                         continue;
                 for (size_t i = 0; i < l->n_chunks; i++) {
                         struct lease_chunk *c = &l->chunks[i];
@@ -238,7 +239,7 @@ void lease_chunk_unuse(struct lease_table *t, struct aqua_lease *l, struct lease
 
 bool lease_in_use(const struct aqua_lease *l)
 {
-        for (size_t i = 0; l->pool && i < l->n_chunks; i++)
+        for (size_t i = 0; l->tensor_pool && i < l->n_chunks; i++)
                 if (l->chunks[i].user)
                         return true;
         return false;
@@ -252,7 +253,7 @@ void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
         lease_unlink(t, l);
         t->peer_bytes -= l->peer_bytes;
         t->dram_bytes -= l->dram_bytes;
-        if (l->pool)
+        if (l->tensor_pool)
                 for (size_t i = 0; i < l->n_chunks; i++)
                         if (l->chunks[i].tier == AQUA_TIER_PEER && !l->chunks[i].user)
                                 t->pool_free_bytes -= l->chunks[i].size;

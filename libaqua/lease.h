@@ -36,8 +36,8 @@ struct aqua_lease {
         uint64_t size;
         uint64_t peer_bytes;
         uint64_t dram_bytes;
-        bool pool;     /* AQUA_BORROW_TENSORS: its chunks back tensors; the range is internal */
-        size_t n_free; /* pool: PEER chunks with no user */
+        bool tensor_pool; /* AQUA_BORROW_TENSORS: its chunks back tensors; the range is internal */
+        size_t n_free;    /* pool: PEER chunks with no user */
         size_t n_chunks;
         struct lease_chunk chunks[];
 };
@@ -65,7 +65,8 @@ struct lease_grant_chunk {
  * descriptor could not be imported are marked unusable), -ENOMEM.
  */
 int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
-                 struct lease_grant_chunk *chunks, size_t n, bool pool, struct aqua_lease **ret);
+                 struct lease_grant_chunk *chunks, size_t n, bool tensor_pool,
+                 struct aqua_lease **ret);
 
 struct aqua_lease *lease_get(const struct lease_table *t, uint64_t id);
 bool lease_valid(const struct lease_table *t, const struct aqua_lease *l);
@@ -90,8 +91,8 @@ void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lea
                            struct lease_chunk *c);
 
 /* Pool chunks: the first free one of `size` in any pool lease, or NULL; take it and let it go. */
-struct lease_chunk *lease_pool_find(struct lease_table *t, uint64_t size,
-                                    struct aqua_lease **ret_lease);
+struct lease_chunk *lease_tensor_pool_find(struct lease_table *t, uint64_t size,
+                                           struct aqua_lease **ret_lease);
 void lease_chunk_use(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c,
                      struct aqua_tensor *user, size_t index);
 void lease_chunk_unuse(struct lease_table *t, struct aqua_lease *l, struct lease_chunk *c);

@@ -23,7 +23,7 @@ static int check_producer(aqua_ctx *ctx)
 }
 
 /* Offer chunks[0..n): fds first on the side channel, then the Offer. */
-static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
+static int offer_batch(aqua_ctx *ctx, struct offered_chunk **chunks, size_t n)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
         Aqua__Offer offer = AQUA__OFFER__INIT;
@@ -78,7 +78,8 @@ static int offer_batch(aqua_ctx *ctx, struct pool_chunk **chunks, size_t n)
                 goto out;
         }
         for (size_t i = 0; i < n; i++) {
-                r = pool_set_id(&ctx->pool, chunks[i], reply->offer_reply->chunk_ids[i]);
+                r = offers_set_id(&ctx->producer.offers, chunks[i],
+                                  reply->offer_reply->chunk_ids[i]);
                 if (r < 0)
                         goto out;
         }
@@ -104,12 +105,13 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
         n_chunks = bytes / ctx->chunk_bytes + (bytes % ctx->chunk_bytes != 0);
 
         while (n_chunks > 0) {
-                struct pool_chunk *batch[OFFER_BATCH];
+                struct offered_chunk *batch[OFFER_BATCH];
                 size_t n = 0, want = MIN(n_chunks, (uint64_t)OFFER_BATCH);
                 bool full = false;
 
                 for (; n < want; n++) {
-                        r = pool_alloc(&ctx->pool, ctx->gpu, ctx->chunk_bytes, &batch[n]);
+                        r = offers_alloc(&ctx->producer.offers, ctx->gpu, ctx->chunk_bytes,
+                                         &batch[n]);
                         if (r == -ENOMEM) {
                                 full = true;
                                 break;
@@ -119,7 +121,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
                 }
                 if (n == 0 || (r < 0 && !full)) {
                         for (size_t i = 0; i < n; i++)
-                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                                offers_release(&ctx->producer.offers, ctx->gpu, batch[i]);
                         if (offered > 0 && full)
                                 break;
                         return r < 0 ? r : -ENOMEM;
@@ -129,7 +131,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
                         return r;
                 if (r != 0) {
                         for (size_t i = 0; i < n; i++)
-                                pool_release(&ctx->pool, ctx->gpu, batch[i]);
+                                offers_release(&ctx->producer.offers, ctx->gpu, batch[i]);
                         /* A daemon limit ends an offer that got somewhere; report what did. */
                         if (r == AQUA_LIMIT && offered > 0)
                                 break;
@@ -151,16 +153,16 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
         uint64_t evented = 0;
 
         for (size_t i = 0; i < n; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->producer.offers, ids[i]);
 
                 if (!c)
                         continue;
-                if (ctx->reclaim_token && c->waiter == ctx->reclaim_token) {
-                        ctx->reclaim_freed += c->size;
-                        ctx->reclaim_waiting--;
+                if (ctx->producer.reclaim_token && c->waiter == ctx->producer.reclaim_token) {
+                        ctx->producer.reclaim_freed += c->size;
+                        ctx->producer.reclaim_waiting--;
                 } else
                         evented += c->size;
-                pool_release(&ctx->pool, ctx->gpu, c);
+                offers_release(&ctx->producer.offers, ctx->gpu, c);
         }
         if (evented > 0) {
                 struct aqua_event ev = {.type = AQUA_EVENT_RECLAIMED, .bytes = evented};
@@ -172,14 +174,14 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
 static void mark_pending(aqua_ctx *ctx, const uint64_t *ids, size_t n, uint64_t token)
 {
         for (size_t i = 0; i < n; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->producer.offers, ids[i]);
 
-                if (!c || c->state == POOL_RECLAIMING)
+                if (!c || c->state == OFFER_RECLAIMING)
                         continue;
-                c->state = POOL_RECLAIMING;
+                c->state = OFFER_RECLAIMING;
                 c->waiter = token;
                 if (token)
-                        ctx->reclaim_waiting++;
+                        ctx->producer.reclaim_waiting++;
         }
 }
 
@@ -220,19 +222,21 @@ static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint6
         }
         rr = reply->reclaim_reply;
         /* Pending ones first: a Reclaimed notice for them may already be queued. */
-        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, ctx->reclaim_token);
+        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids,
+                     ctx->producer.reclaim_token);
         for (size_t i = 0; i < rr->n_pending_chunk_ids; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, rr->pending_chunk_ids[i]);
+                struct offered_chunk *c =
+                    offers_get(&ctx->producer.offers, rr->pending_chunk_ids[i]);
                 if (c)
                         got += c->size;
         }
         for (size_t i = 0; i < rr->n_chunk_ids; i++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, rr->chunk_ids[i]);
+                struct offered_chunk *c = offers_get(&ctx->producer.offers, rr->chunk_ids[i]);
                 if (!c)
                         continue;
                 got += c->size;
-                c->waiter = ctx->reclaim_token;
-                ctx->reclaim_waiting++;
+                c->waiter = ctx->producer.reclaim_token;
+                ctx->producer.reclaim_waiting++;
         }
         release_ids(ctx, rr->chunk_ids, rr->n_chunk_ids);
         aqua__envelope__free_unpacked(reply, NULL);
@@ -249,17 +253,17 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         r = check_producer(ctx);
         if (r < 0)
                 return r;
-        if (bytes == 0 || timeout_ms < AQUA_FOREVER || ctx->reclaim_token)
+        if (bytes == 0 || timeout_ms < AQUA_FOREVER || ctx->producer.reclaim_token)
                 return -EINVAL;
         wait_until = timeout_ms == AQUA_FOREVER
                          ? UINT64_MAX
                          : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-        wanted = bytes == AQUA_ALL ? ctx->pool.offered_bytes : bytes;
+        wanted = bytes == AQUA_ALL ? ctx->producer.offers.offered_bytes : bytes;
 
         /* One blocking reclaim at a time per context, so one token value suffices. */
-        ctx->reclaim_token = 1;
-        ctx->reclaim_freed = 0;
-        ctx->reclaim_waiting = 0;
+        ctx->producer.reclaim_token = 1;
+        ctx->producer.reclaim_freed = 0;
+        ctx->producer.reclaim_waiting = 0;
         /* A reply names at most the daemon's repeated-items limit of chunks: ask on for more. */
         for (;;) {
                 uint64_t got = 0;
@@ -273,7 +277,7 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
                         break;
         }
         if (r != 0 && covered == 0 && r != -ETIMEDOUT) {
-                ctx->reclaim_token = 0;
+                ctx->producer.reclaim_token = 0;
                 return r;
         }
         if (r != 0 && covered > 0) {
@@ -283,28 +287,28 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         no_reply = r == -ETIMEDOUT;
 
         r = 0;
-        while (ctx->reclaim_waiting > 0) {
+        while (ctx->producer.reclaim_waiting > 0) {
                 r = ctx_pump(ctx);
                 if (r < 0 || ctx->state != SESSION_CONNECTED)
                         break;
-                if (ctx->reclaim_waiting == 0)
+                if (ctx->producer.reclaim_waiting == 0)
                         break;
                 if (transport_wait(ctx->t, wait_until) == -ETIMEDOUT)
                         break;
         }
-        freed = ctx->reclaim_freed;
-        if (ctx->reclaim_waiting > 0 || no_reply) {
+        freed = ctx->producer.reclaim_freed;
+        if (ctx->producer.reclaim_waiting > 0 || no_reply) {
                 /* Whatever is still out is reported by aqua_poll() when it comes. */
-                for (size_t i = 0; i < ctx->pool.n; i++)
-                        if (ctx->pool.chunks[i]->waiter == ctx->reclaim_token)
-                                ctx->pool.chunks[i]->waiter = 0;
+                for (size_t i = 0; i < ctx->producer.offers.n; i++)
+                        if (ctx->producer.offers.chunks[i]->waiter == ctx->producer.reclaim_token)
+                                ctx->producer.offers.chunks[i]->waiter = 0;
                 if (r >= 0)
                         r = ctx->state != SESSION_CONNECTED ? -ENOTCONN
                             : now_mono_ns() >= wait_until   ? AQUA_TIMEOUT
                                                             : -ETIMEDOUT; /* no answer in time */
         }
-        ctx->reclaim_token = 0;
-        ctx->reclaim_waiting = 0;
+        ctx->producer.reclaim_token = 0;
+        ctx->producer.reclaim_waiting = 0;
         if (r >= 0 && ret_freed)
                 *ret_freed = freed;
         return r;
@@ -339,20 +343,20 @@ _public_ int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes)
 
 static void scrub_queue(aqua_ctx *ctx, const uint64_t *ids, size_t n)
 {
-        if (ctx->scrub_n + n > ctx->scrub_cap) {
-                size_t cap = MAX(ctx->scrub_cap * 2, ctx->scrub_n + n);
-                uint64_t *a = reallocarray(ctx->scrub_ids, cap, sizeof(*a));
+        if (ctx->producer.scrub_n + n > ctx->producer.scrub_cap) {
+                size_t cap = MAX(ctx->producer.scrub_cap * 2, ctx->producer.scrub_n + n);
+                uint64_t *a = reallocarray(ctx->producer.scrub_ids, cap, sizeof(*a));
                 if (!a) {
                         /* The chunks stay unusable for others until aquad asks again (after a
                          * restart); nothing is exposed. */
                         alog_error("out of memory queueing %zu chunks to scrub", n);
                         return;
                 }
-                ctx->scrub_ids = a;
-                ctx->scrub_cap = cap;
+                ctx->producer.scrub_ids = a;
+                ctx->producer.scrub_cap = cap;
         }
-        memcpy(ctx->scrub_ids + ctx->scrub_n, ids, n * sizeof(*ids));
-        ctx->scrub_n += n;
+        memcpy(ctx->producer.scrub_ids + ctx->producer.scrub_n, ids, n * sizeof(*ids));
+        ctx->producer.scrub_n += n;
 }
 
 void producer_scrub_step(aqua_ctx *ctx)
@@ -364,23 +368,25 @@ void producer_scrub_step(aqua_ctx *ctx)
         size_t taken = 0;
         int r;
 
-        if (ctx->scrub_n == 0)
+        if (ctx->producer.scrub_n == 0)
                 return;
-        if (!ctx->scrub_buf && gpu_host_alloc(ctx->gpu, SCRUB_BUF, &ctx->scrub_buf) < 0) {
+        if (!ctx->producer.scrub_buf &&
+            gpu_host_alloc(ctx->gpu, SCRUB_BUF, &ctx->producer.scrub_buf) < 0) {
                 alog_warning("scrub: no host buffer to verify chunks; trying again later");
                 return;
         }
-        ok = calloc(ctx->scrub_n, sizeof(*ok));
-        failed = calloc(ctx->scrub_n, sizeof(*failed));
+        ok = calloc(ctx->producer.scrub_n, sizeof(*ok));
+        failed = calloc(ctx->producer.scrub_n, sizeof(*failed));
         if (!ok || !failed)
                 return;
-        for (; taken < ctx->scrub_n && spent < SCRUB_BUDGET; taken++) {
-                struct pool_chunk *c = pool_get(&ctx->pool, ctx->scrub_ids[taken]);
+        for (; taken < ctx->producer.scrub_n && spent < SCRUB_BUDGET; taken++) {
+                struct offered_chunk *c =
+                    offers_get(&ctx->producer.offers, ctx->producer.scrub_ids[taken]);
 
                 /* Released meanwhile (a reclaim): nothing left to scrub or to report. */
                 if (!c)
                         continue;
-                r = gpu_scrub(ctx->gpu, c->handle, c->size, ctx->scrub_buf, SCRUB_BUF);
+                r = gpu_scrub(ctx->gpu, c->handle, c->size, ctx->producer.scrub_buf, SCRUB_BUF);
                 if (r == 0)
                         ok[done.n_chunk_ids++] = c->id;
                 else {
@@ -390,9 +396,9 @@ void producer_scrub_step(aqua_ctx *ctx)
                 }
                 spent += c->size;
         }
-        memmove(ctx->scrub_ids, ctx->scrub_ids + taken,
-                (ctx->scrub_n - taken) * sizeof(*ctx->scrub_ids));
-        ctx->scrub_n -= taken;
+        memmove(ctx->producer.scrub_ids, ctx->producer.scrub_ids + taken,
+                (ctx->producer.scrub_n - taken) * sizeof(*ctx->producer.scrub_ids));
+        ctx->producer.scrub_n -= taken;
         if (done.n_chunk_ids + done.n_failed_chunk_ids == 0)
                 return;
         done.chunk_ids = ok;
@@ -410,15 +416,15 @@ void producer_scrub_step(aqua_ctx *ctx)
 
 void producer_free(aqua_ctx *ctx)
 {
-        if (ctx->scrub_buf)
-                gpu_host_free(ctx->gpu, ctx->scrub_buf);
-        ctx->scrub_buf = NULL;
-        free(ctx->scrub_ids);
-        ctx->scrub_ids = NULL;
-        ctx->scrub_n = ctx->scrub_cap = 0;
+        if (ctx->producer.scrub_buf)
+                gpu_host_free(ctx->gpu, ctx->producer.scrub_buf);
+        ctx->producer.scrub_buf = NULL;
+        free(ctx->producer.scrub_ids);
+        ctx->producer.scrub_ids = NULL;
+        ctx->producer.scrub_n = ctx->producer.scrub_cap = 0;
 }
 
-int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
+static int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
 {
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_SCRUB_REQUEST:
@@ -442,14 +448,14 @@ int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled)
         return 0;
 }
 
-int producer_held(aqua_ctx *ctx, struct held *ret)
+static int producer_held(aqua_ctx *ctx, struct held *ret)
 {
         struct held h = {0};
         size_t n = 0;
         int r;
 
-        for (size_t i = 0; i < ctx->pool.n; i++)
-                n += ctx->pool.chunks[i]->id != 0;
+        for (size_t i = 0; i < ctx->producer.offers.n; i++)
+                n += ctx->producer.offers.chunks[i]->id != 0;
         if (n == 0) {
                 *ret = h;
                 return 0;
@@ -462,8 +468,8 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
                 held_clear(&h);
                 return -ENOMEM;
         }
-        for (size_t i = 0; i < ctx->pool.n; i++) {
-                const struct pool_chunk *c = ctx->pool.chunks[i];
+        for (size_t i = 0; i < ctx->producer.offers.n; i++) {
+                const struct offered_chunk *c = ctx->producer.offers.chunks[i];
                 Aqua__HeldChunk *hc = &h.items[h.n];
 
                 if (c->id == 0)
@@ -483,28 +489,43 @@ int producer_held(aqua_ctx *ctx, struct held *ret)
         return 0;
 }
 
-void producer_session_lost(aqua_ctx *ctx)
+static void producer_session_lost(aqua_ctx *ctx)
 {
         /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
          * offer still in its call are the caller's to release. */
-        for (size_t i = ctx->pool.n; i-- > 0;)
-                if (ctx->pool.chunks[i]->state == POOL_OFFERING && !ctx->pool.chunks[i]->in_call)
-                        pool_release(&ctx->pool, ctx->gpu, ctx->pool.chunks[i]);
+        for (size_t i = ctx->producer.offers.n; i-- > 0;)
+                if (ctx->producer.offers.chunks[i]->state == OFFER_OFFERING &&
+                    !ctx->producer.offers.chunks[i]->in_call)
+                        offers_release(&ctx->producer.offers, ctx->gpu,
+                                       ctx->producer.offers.chunks[i]);
 }
 
-void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
+static void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelope *e)
 {
         bool ok = e->body_case == AQUA__ENVELOPE__BODY_OFFER_REPLY;
 
-        for (size_t i = ctx->pool.n; i-- > 0;) {
-                struct pool_chunk *c = ctx->pool.chunks[i];
+        for (size_t i = ctx->producer.offers.n; i-- > 0;) {
+                struct offered_chunk *c = ctx->producer.offers.chunks[i];
                 uint64_t k = c->ref - first_ref;
 
-                if (c->state != POOL_OFFERING || c->ref < first_ref || k >= OFFER_BATCH)
+                if (c->state != OFFER_OFFERING || c->ref < first_ref || k >= OFFER_BATCH)
                         continue;
                 if (ok && k < e->offer_reply->n_chunk_ids &&
-                    pool_set_id(&ctx->pool, c, e->offer_reply->chunk_ids[k]) == 0)
+                    offers_set_id(&ctx->producer.offers, c, e->offer_reply->chunk_ids[k]) == 0)
                         continue;
-                pool_release(&ctx->pool, ctx->gpu, c);
+                offers_release(&ctx->producer.offers, ctx->gpu, c);
         }
 }
+
+static void producer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+{
+        if (p->kind == PENDING_OFFER)
+                producer_late_offer(ctx, p->arg, e);
+}
+
+const struct role_ops producer_role = {
+    .held = producer_held,
+    .dispatch = producer_dispatch,
+    .late_reply = producer_late_reply,
+    .session_lost = producer_session_lost,
+};

@@ -155,10 +155,8 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         hello->n_links = gi->n_peers;
         hello->links = link_ptrs;
 
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                r = producer_held(ctx, held);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                r = consumer_held(ctx, held);
+        if (ctx->ops && ctx->ops->held)
+                r = ctx->ops->held(ctx, held);
         if (r < 0)
                 return r;
         hello->n_held = held->n;
@@ -220,8 +218,8 @@ static void session_welcome(aqua_ctx *ctx, const Aqua__Welcome *w)
         ctx->state = SESSION_CONNECTED;
         ctx->backoff_ms = 0;
         transport_set_timer(ctx->t, 0);
-        for (size_t i = 0; i < w->n_lost_leases; i++)
-                consumer_lease_lost(ctx, w->lost_leases[i]);
+        for (size_t i = 0; ctx->ops && ctx->ops->lease_lost && i < w->n_lost_leases; i++)
+                ctx->ops->lease_lost(ctx, w->lost_leases[i]);
         alog_info("gpu %d registered with aquad as client %" PRIu64 "%s%s", ctx->device,
                   ctx->client_id, ctx->paired_with[0] ? ", paired with " : "", ctx->paired_with);
 }
@@ -301,8 +299,8 @@ static void session_lost(aqua_ctx *ctx, const char *why)
         }
         ctx->client_id = 0;
         ctx->n_pending = 0;
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                producer_session_lost(ctx);
+        if (ctx->ops && ctx->ops->session_lost)
+                ctx->ops->session_lost(ctx);
         schedule_retry(ctx);
 }
 
@@ -455,11 +453,9 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                 }
                 return;
         case PENDING_OFFER:
-                producer_late_offer(ctx, p->arg, e);
-                return;
         case PENDING_BORROW:
-                if (e->body_case == AQUA__ENVELOPE__BODY_GRANT)
-                        consumer_late_grant(ctx, e);
+                if (ctx->ops && ctx->ops->late_reply)
+                        ctx->ops->late_reply(ctx, p, e);
                 return;
         case PENDING_RECLAIM:
         case PENDING_RETURN:
@@ -470,10 +466,8 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                              e->error->message ? e->error->message : "");
                 return;
         }
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                producer_dispatch(ctx, e, &handled);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                consumer_dispatch(ctx, e, &handled);
+        if (ctx->ops && ctx->ops->dispatch)
+                ctx->ops->dispatch(ctx, e, &handled);
 }
 
 int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
@@ -505,10 +499,8 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
         default:
                 break;
         }
-        if (ctx->role == AQUA_ROLE_PRODUCER)
-                r = producer_dispatch(ctx, e, &handled);
-        else if (ctx->role == AQUA_ROLE_CONSUMER)
-                r = consumer_dispatch(ctx, e, &handled);
+        if (ctx->ops && ctx->ops->dispatch)
+                r = ctx->ops->dispatch(ctx, e, &handled);
         if (!handled)
                 alog_debug("ignored a %s notice from aquad", wire_body_name(e));
         return r;
@@ -572,12 +564,14 @@ static int resolve_side_path(const char *given, const char *endpoint, char **ret
         return 0;
 }
 
+DEFINE_TRIVIAL_CLEANUP_FUNC(aqua_ctx *, aqua_close);
+
 _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_options *opts,
                        aqua_ctx **ret_ctx)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
         const char *endpoint, *env;
-        aqua_ctx *ctx;
+        _cleanup_(aqua_closep) aqua_ctx *ctx = NULL;
         int r;
 
         if (device < 0 || !ret_ctx ||
@@ -600,33 +594,31 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
                 return -ENOMEM;
         ctx->device = device;
         ctx->role = role;
+        ctx->ops = role == AQUA_ROLE_PRODUCER   ? &producer_role
+                   : role == AQUA_ROLE_CONSUMER ? &consumer_role
+                                                : NULL;
         ctx->timeout_ms = o.timeout_ms ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
         ctx->state = SESSION_RETRY;
         ctx->endpoint = strdup(endpoint);
         ctx->client_name = strdup(o.client_name ? o.client_name : program_invocation_short_name);
-        if (!ctx->endpoint || !ctx->client_name) {
-                r = -ENOMEM;
-                goto fail;
-        }
+        if (!ctx->endpoint || !ctx->client_name)
+                return -ENOMEM;
         r = resolve_side_path(o.side_path, endpoint, &ctx->side_path);
         if (r < 0)
-                goto fail;
+                return r;
         r = gpu_open(device, &ctx->gpu);
         if (r < 0)
-                goto fail;
+                return r;
         ctx->chunk_bytes = ALIGN_UP(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK_BYTES,
                                     gpu_info(ctx->gpu)->granularity);
         r = transport_new(ctx->endpoint, ctx->side_path, &ctx->t);
         if (r < 0)
-                goto fail;
+                return r;
         r = session_connect(ctx, ctx_deadline(ctx));
         if (r < 0)
-                goto fail;
-        *ret_ctx = ctx;
+                return r;
+        *ret_ctx = TAKE_PTR(ctx);
         return 0;
-fail:
-        aqua_close(ctx);
-        return r;
 }
 
 _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
@@ -638,8 +630,8 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 /* Tensors first: their chunks are leased chunks and copies may still read them. */
                 tensor_free_all(ctx);
                 copies_clear(ctx);
-                lease_table_clear(&ctx->leases, ctx->gpu);
-                pool_clear(&ctx->pool, ctx->gpu);
+                lease_table_clear(&ctx->consumer.leases, ctx->gpu);
+                offers_clear(&ctx->producer.offers, ctx->gpu);
                 producer_free(ctx);
         }
         transport_free(ctx->t);
@@ -670,14 +662,14 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
             .connected = ctx->state == SESSION_CONNECTED,
             .dram_budget = ctx->dram_budget,
             .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
-            .offered_bytes = ctx->pool.offered_bytes,
-            .borrowed_bytes = ctx->leases.peer_bytes,
-            .dram_bytes = ctx->leases.dram_bytes,
-            .tensor_peer_bytes = ctx->tensor_bytes[AQUA_TIER_PEER],
-            .tensor_local_bytes = ctx->tensor_bytes[AQUA_TIER_LOCAL],
-            .tensor_dram_bytes = ctx->tensor_bytes[AQUA_TIER_DRAM],
-            .pool_free_bytes = ctx->leases.pool_free_bytes,
-            .dram_granted = ctx->dram_granted,
+            .offered_bytes = ctx->producer.offers.offered_bytes,
+            .borrowed_bytes = ctx->consumer.leases.peer_bytes,
+            .dram_bytes = ctx->consumer.leases.dram_bytes,
+            .tensor_peer_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_PEER],
+            .tensor_local_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_LOCAL],
+            .tensor_dram_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_DRAM],
+            .pool_free_bytes = ctx->consumer.leases.pool_free_bytes,
+            .dram_granted = ctx->consumer.dram_granted,
         };
         snprintf(ret->gpu_uuid, sizeof(ret->gpu_uuid), "%s", gi->uuid);
         snprintf(ret->paired_with, sizeof(ret->paired_with), "%s", ctx->paired_with);
@@ -696,9 +688,9 @@ _public_ int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load)
         lr.load = load->load;
         lr.used_bytes = load->used_bytes;
         lr.free_bytes = load->free_bytes;
-        lr.migrations = ctx->migrations;
-        lr.bytes_moved = ctx->bytes_moved;
-        lr.dram_bytes = ctx->leases.dram_bytes;
+        lr.migrations = ctx->consumer.migrations;
+        lr.bytes_moved = ctx->consumer.bytes_moved;
+        lr.dram_bytes = ctx->consumer.leases.dram_bytes;
         env.body_case = AQUA__ENVELOPE__BODY_LOAD;
         env.load = &lr;
         /* An id, so that the daemon's Ack is recognised and dropped. */
@@ -715,7 +707,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
         if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t) &&
-                     ctx->scrub_n == 0)) {
+                     ctx->producer.scrub_n == 0)) {
                 *ret_n = 0;
                 return 0;
         }
@@ -724,7 +716,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
-        if (ctx->scrub_n && ctx->state == SESSION_CONNECTED)
+        if (ctx->producer.scrub_n && ctx->state == SESSION_CONNECTED)
                 producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);
         for (size_t i = 0; i < n; i++)

@@ -13,7 +13,7 @@
 static bool tensor_valid(const aqua_ctx *ctx, const aqua_tensor *t)
 {
         /* Compare pointers only: a freed tensor's memory must not be read. */
-        for (const aqua_tensor *i = ctx->tensors; i; i = i->next)
+        for (const aqua_tensor *i = ctx->consumer.tensors; i; i = i->next)
                 if (i == t)
                         return true;
         return false;
@@ -36,7 +36,7 @@ static uint64_t chunk_at(const aqua_tensor *t, size_t i)
 static void account(aqua_ctx *ctx, aqua_tensor *t, enum aqua_tier tier, int64_t delta)
 {
         t->bytes[tier] += (uint64_t)delta;
-        ctx->tensor_bytes[tier] += (uint64_t)delta;
+        ctx->consumer.tensor_bytes[tier] += (uint64_t)delta;
 }
 
 /* Give chunk i's memory back to where it came from; the chunk becomes NONE. */
@@ -53,7 +53,7 @@ static void chunk_release(aqua_ctx *ctx, aqua_tensor *t, size_t i)
         if (c->host)
                 gpu_host_free(ctx->gpu, c->host);
         if (c->lc)
-                lease_chunk_unuse(&ctx->leases, c->lease, c->lc);
+                lease_chunk_unuse(&ctx->consumer.leases, c->lease, c->lc);
         account(ctx, t, c->tier, -(int64_t)t->chunk_bytes);
         *c = (struct tensor_chunk){0};
 }
@@ -62,7 +62,7 @@ static int place_peer(aqua_ctx *ctx, aqua_tensor *t, size_t i)
 {
         struct tensor_chunk *c = &t->chunks[i];
         struct aqua_lease *l = NULL;
-        struct lease_chunk *lc = lease_pool_find(&ctx->leases, t->chunk_bytes, &l);
+        struct lease_chunk *lc = lease_tensor_pool_find(&ctx->consumer.leases, t->chunk_bytes, &l);
         int r;
 
         if (!lc)
@@ -70,7 +70,7 @@ static int place_peer(aqua_ctx *ctx, aqua_tensor *t, size_t i)
         r = gpu_map(ctx->gpu, chunk_at(t, i), t->chunk_bytes, lc->handle);
         if (r < 0)
                 return r;
-        lease_chunk_use(&ctx->leases, l, lc, t, i);
+        lease_chunk_use(&ctx->consumer.leases, l, lc, t, i);
         *c = (struct tensor_chunk){
             .tier = AQUA_TIER_PEER, .mapped = true, .handle = lc->handle, .lease = l, .lc = lc};
         return 0;
@@ -104,9 +104,10 @@ static int place_dram(aqua_ctx *ctx, aqua_tensor *t, size_t i)
         int r;
 
         /* Only what the daemon granted: that is the host memory this server lets us pin. */
-        if (ctx->tensor_bytes[AQUA_TIER_DRAM] + t->chunk_bytes > ctx->dram_granted)
+        if (ctx->consumer.tensor_bytes[AQUA_TIER_DRAM] + t->chunk_bytes >
+            ctx->consumer.dram_granted)
                 return AQUA_NO_MEMORY;
-        if (!ctx->leases.no_host_map) {
+        if (!ctx->consumer.leases.no_host_map) {
                 r = gpu_alloc_host_mappable(ctx->gpu, t->chunk_bytes, &h);
                 if (r == 0) {
                         r = gpu_map(ctx->gpu, chunk_at(t, i), t->chunk_bytes, h);
@@ -122,7 +123,7 @@ static int place_dram(aqua_ctx *ctx, aqua_tensor *t, size_t i)
                 }
                 if (r != -EOPNOTSUPP)
                         return r == -ENOMEM ? AQUA_NO_MEMORY : r;
-                ctx->leases.no_host_map = true;
+                ctx->consumer.leases.no_host_map = true;
         }
         r = gpu_host_alloc(ctx->gpu, t->chunk_bytes, &host);
         if (r < 0)
@@ -170,8 +171,8 @@ _public_ int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
                 return -EINVAL;
         if (o.chunk_bytes == 0) {
                 o.chunk_bytes = DEFAULT_CHUNK;
-                for (aqua_lease *l = ctx->leases.head; l; l = l->next)
-                        if (l->pool && l->n_chunks) {
+                for (aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
+                        if (l->tensor_pool && l->n_chunks) {
                                 o.chunk_bytes = l->chunks[0].size;
                                 break;
                         }
@@ -194,10 +195,10 @@ _public_ int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
         t->n_chunks = n;
         t->want = o.tier;
         t->flags = o.flags;
-        t->next = ctx->tensors;
+        t->next = ctx->consumer.tensors;
         if (t->next)
                 t->next->prev = t;
-        ctx->tensors = t;
+        ctx->consumer.tensors = t;
         *ret = t;
         return 0;
 }
@@ -213,7 +214,7 @@ _public_ aqua_tensor *aqua_tensor_free(aqua_ctx *ctx, aqua_tensor *t)
         if (t->prev)
                 t->prev->next = t->next;
         else
-                ctx->tensors = t->next;
+                ctx->consumer.tensors = t->next;
         if (t->next)
                 t->next->prev = t->prev;
         ctx_forget_tensor_events(ctx, t);
@@ -223,8 +224,8 @@ _public_ aqua_tensor *aqua_tensor_free(aqua_ctx *ctx, aqua_tensor *t)
 
 void tensor_free_all(aqua_ctx *ctx)
 {
-        while (ctx->tensors)
-                aqua_tensor_free(ctx, ctx->tensors);
+        while (ctx->consumer.tensors)
+                aqua_tensor_free(ctx, ctx->consumer.tensors);
 }
 
 _public_ uint64_t aqua_tensor_dptr(const aqua_tensor *t)
@@ -390,7 +391,7 @@ static void chunk_promoted(aqua_ctx *ctx, aqua_tensor *t, size_t i, struct aqua_
                 gpu_host_free(ctx->gpu, c->host);
         account(ctx, t, c->tier, -(int64_t)t->chunk_bytes);
         account(ctx, t, AQUA_TIER_PEER, (int64_t)t->chunk_bytes);
-        lease_chunk_use(&ctx->leases, l, lc, t, i);
+        lease_chunk_use(&ctx->consumer.leases, l, lc, t, i);
         *c = (struct tensor_chunk){
             .tier = AQUA_TIER_PEER, .mapped = true, .handle = lc->handle, .lease = l, .lc = lc};
         /* Its device address holds it again: the engine was told it had moved. */
@@ -415,7 +416,7 @@ static int promote_one(aqua_ctx *ctx, aqua_tensor *t, bool include_local, uint64
 
                 if (c->tier != AQUA_TIER_DRAM && !(include_local && c->tier == AQUA_TIER_LOCAL))
                         continue;
-                lc = lease_pool_find(&ctx->leases, t->chunk_bytes, &l);
+                lc = lease_tensor_pool_find(&ctx->consumer.leases, t->chunk_bytes, &l);
                 if (!lc)
                         return 0;
                 if (*n == *cap) {
@@ -428,7 +429,7 @@ static int promote_one(aqua_ctx *ctx, aqua_tensor *t, bool include_local, uint64
                         *cap = nc;
                 }
                 /* Reserved for this chunk until the copy is done. */
-                lease_chunk_use(&ctx->leases, l, lc, t, i);
+                lease_chunk_use(&ctx->consumer.leases, l, lc, t, i);
                 (*p)[(*n)++] = (struct promotion){t, i, l, lc};
                 *budget -= t->chunk_bytes;
         }
@@ -446,7 +447,7 @@ _public_ int aqua_tensor_promote(aqua_ctx *ctx, aqua_tensor *t, bool include_loc
 
         if (r < 0)
                 return r;
-        for (aqua_tensor *i = t ? t : ctx->tensors; i && r == 0; i = t ? NULL : i->next)
+        for (aqua_tensor *i = t ? t : ctx->consumer.tensors; i && r == 0; i = t ? NULL : i->next)
                 r = promote_one(ctx, i, include_local, &budget, &p, &n, &cap);
         if (r == 0 && n) {
                 pieces = calloc(n, sizeof(*pieces));
@@ -468,7 +469,7 @@ _public_ int aqua_tensor_promote(aqua_ctx *ctx, aqua_tensor *t, bool include_loc
                         r = gpu_stream_sync(ctx->gpu, NULL);
         }
         for (size_t k = 0; k < n; k++) {
-                lease_chunk_unuse(&ctx->leases, p[k].l, p[k].lc);
+                lease_chunk_unuse(&ctx->consumer.leases, p[k].l, p[k].lc);
                 if (r == 0) {
                         chunk_promoted(ctx, p[k].t, p[k].i, p[k].l, p[k].lc);
                         if (p[k].lc->user)

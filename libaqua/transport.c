@@ -95,10 +95,10 @@ struct side_msg *side_msg_free(struct side_msg *m)
 
 int transport_new(const char *endpoint, const char *side_path, struct transport **ret)
 {
-        struct transport *t;
+        _cleanup_(transport_freep) struct transport *t = NULL;
         struct epoll_event ev = {.events = EPOLLIN};
         size_t fd_len = sizeof(int);
-        int linger = 0, r;
+        int linger = 0;
         int64_t maxmsg = TRANSPORT_MAX_MESSAGE;
 
         t = calloc(1, sizeof(*t));
@@ -111,53 +111,37 @@ int transport_new(const char *endpoint, const char *side_path, struct transport 
         t->limits.max_message = TRANSPORT_MAX_MESSAGE;
         t->endpoint = strdup(endpoint);
         t->side_path = strdup(side_path);
-        if (!t->endpoint || !t->side_path) {
-                r = -ENOMEM;
-                goto fail;
-        }
-        if (strlen(side_path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path)) {
-                r = -ENAMETOOLONG;
-                goto fail;
-        }
-        if (!zctx_ref()) {
-                r = -errno;
-                goto fail;
-        }
+        if (!t->endpoint || !t->side_path)
+                return -ENOMEM;
+        if (strlen(side_path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path))
+                return -ENAMETOOLONG;
+        if (!zctx_ref())
+                return -errno;
         t->dealer = zmq_socket(zctx, ZMQ_DEALER);
         if (!t->dealer) {
-                r = -errno;
+                int r = -errno;
+
                 zctx_unref();
-                goto fail;
+                return r;
         }
         zmq_setsockopt(t->dealer, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_setsockopt(t->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         if (zmq_connect(t->dealer, endpoint) < 0 ||
-            zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0) {
-                r = -errno;
-                goto fail;
-        }
+            zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0)
+                return -errno;
         t->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
         t->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-        if (t->epoll_fd < 0 || t->timer_fd < 0) {
-                r = -errno;
-                goto fail;
-        }
+        if (t->epoll_fd < 0 || t->timer_fd < 0)
+                return -errno;
         ev.data.fd = t->zmq_fd;
-        if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->zmq_fd, &ev) < 0) {
-                r = -errno;
-                goto fail;
-        }
+        if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->zmq_fd, &ev) < 0)
+                return -errno;
         ev.data.fd = t->timer_fd;
-        if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->timer_fd, &ev) < 0) {
-                r = -errno;
-                goto fail;
-        }
+        if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->timer_fd, &ev) < 0)
+                return -errno;
         t->zmq_maybe_pending = true;
-        *ret = t;
+        *ret = TAKE_PTR(t);
         return 0;
-fail:
-        transport_free(t);
-        return r;
 }
 
 struct transport *transport_free(struct transport *t)

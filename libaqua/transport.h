@@ -12,6 +12,7 @@
 
 #include "aqua.pb-c.h"
 #include "side.h"
+#include "util.h"
 #include "wire.h"
 
 /* Positive outcomes. */
@@ -36,6 +37,7 @@ struct side_msg {
  */
 int transport_new(const char *endpoint, const char *side_path, struct transport **ret);
 struct transport *transport_free(struct transport *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct transport *, transport_free);
 
 /*
  * Connect the side channel (replacing a previous one) and wait until deadline_ns for the

@@ -1,0 +1,54 @@
+/* Operators' requests (aquactl): the GPU they name is looked up and checked, then acted on. */
+#include <string.h>
+
+#include "broker.h"
+
+#define E(name) BROKER_E_##name
+
+static int need_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
+                    char *err)
+{
+        struct gpu *g = p->n_gpus ? broker_find_gpu(p, key) : NULL;
+
+        if (!g)
+                return broker_fail(err, E(UNKNOWN_GPU), "%s: no GPU \"%s\"", what, key ? key : "");
+        *ret = g;
+        return 0;
+}
+
+int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
+                         struct broker_reclaim *ret, char *err)
+{
+        struct gpu *g = NULL;
+        int r;
+
+        r = need_gpu(p, gpu, "admin-reclaim", &g, err);
+        if (r != 0)
+                return r;
+        if (g->role != GPU_ROLE_PRODUCER)
+                return broker_fail(err, E(WRONG_ROLE), "admin-reclaim: %s is not a producer",
+                                   g->uuid);
+        return broker_reclaim(p, g, bytes, bytes == 0, true, "aquactl reclaim", ret, err);
+}
+
+int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err)
+{
+        struct gpu *g = NULL;
+        int r;
+
+        r = need_gpu(p, gpu, "admin-drain", &g, err);
+        if (r != 0)
+                return r;
+        return broker_drain(p, g, ret, err);
+}
+
+int broker_admin_release(struct broker *p, const char *gpu, char *err)
+{
+        struct gpu *g = NULL;
+        int r;
+
+        r = need_gpu(p, gpu, "admin-release", &g, err);
+        if (r != 0)
+                return r;
+        return broker_release(p, g, err);
+}

@@ -1,0 +1,561 @@
+/* The pool in the journal: the operations each change records, commit, replay, and snapshot. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-private.h"
+#include "log.h"
+#include "time-util.h"
+
+/* ------------------------------------------------------------------------------ journal ops */
+
+static void op_push(struct broker *p, Aquaj__JOp *op)
+{
+        if (p->replaying) {
+                if (op)
+                        aquaj__jop__free_unpacked(op, NULL);
+                return;
+        }
+        if (!op)
+                goto oom;
+        if (p->n_ops == p->alloc_ops) {
+                size_t n = p->alloc_ops ? p->alloc_ops * 2 : 16;
+                Aquaj__JOp **ops = reallocarray(p->ops, n, sizeof(*ops));
+                if (!ops)
+                        goto oom;
+                p->ops = ops;
+                p->alloc_ops = n;
+        }
+        p->ops[p->n_ops++] = op;
+        return;
+oom:
+        if (op)
+                aquaj__jop__free_unpacked(op, NULL);
+        p->stats.journal_errors++;
+        log_error("Out of memory recording a journal operation; state may not survive a restart");
+}
+
+static Aquaj__JOp *op_new(Aquaj__JOp__OpCase kind)
+{
+        Aquaj__JOp *op = malloc(sizeof(*op));
+
+        if (!op)
+                return NULL;
+        aquaj__jop__init(op);
+        op->op_case = kind;
+        return op;
+}
+
+static Aquaj__JChunk *jchunk_new(const struct chunk *c)
+{
+        Aquaj__JChunk *j = malloc(sizeof(*j));
+
+        if (!j)
+                return NULL;
+        aquaj__jchunk__init(j);
+        j->id = c->id;
+        j->producer = strdup(c->producer->uuid);
+        j->size = c->size;
+        j->client_ref = c->client_ref;
+        j->lease_id = c->lease ? c->lease->id : 0;
+        j->reclaiming = c->state == CHUNK_RECLAIMING;
+        j->orphan = c->orphan;
+        j->dirty = c->dirty;
+        j->deadline_ms = c->deadline_ms;
+        if (!j->producer) {
+                free(j);
+                return NULL;
+        }
+        return j;
+}
+
+static Aquaj__JLease *jlease_new(const struct lease *l)
+{
+        Aquaj__JLease *j = malloc(sizeof(*j));
+
+        if (!j)
+                return NULL;
+        aquaj__jlease__init(j);
+        j->id = l->id;
+        j->consumer = strdup(l->consumer->uuid);
+        j->producer = strdup(l->producer->uuid);
+        j->created_ms = l->created_ms;
+        if (l->reason)
+                j->reason = strdup(l->reason);
+        if (!j->consumer || !j->producer || (l->reason && !j->reason)) {
+                aquaj__jlease__free_unpacked(j, NULL);
+                return NULL;
+        }
+        return j;
+}
+
+static Aquaj__JGpu *jgpu_new(const struct gpu *g)
+{
+        Aquaj__JGpu *j = malloc(sizeof(*j));
+
+        if (!j)
+                return NULL;
+        aquaj__jgpu__init(j);
+        j->uuid = strdup(g->uuid);
+        j->dram_bytes = g->dram_bytes;
+        j->barred = g->barred;
+        j->draining = g->draining;
+        j->pid = g->process.pid > 0 ? (uint32_t)g->process.pid : 0;
+        j->start_time = g->process.start_time;
+        if (g->process.boot_id[0] && !(j->boot_id = strdup(g->process.boot_id))) {
+                free(j->uuid);
+                free(j);
+                return NULL;
+        }
+        if (!j->uuid) {
+                free(j);
+                return NULL;
+        }
+        return j;
+}
+
+static Aquaj__JPair *jpair_new(const char *producer, const char *consumer, const char *source)
+{
+        Aquaj__JPair *j = malloc(sizeof(*j));
+
+        if (!j)
+                return NULL;
+        aquaj__jpair__init(j);
+        j->producer = strdup(producer);
+        j->consumer = strdup(consumer);
+        j->source = strdup(source);
+        if (!j->producer || !j->consumer || !j->source) {
+                aquaj__jpair__free_unpacked(j, NULL);
+                return NULL;
+        }
+        return j;
+}
+
+/* An op carrying payload, or NULL (counted by op_push) when either allocation failed. */
+static Aquaj__JOp *op_with(Aquaj__JOp *op, const void *payload)
+{
+        if (op && !payload) {
+                free(op);
+                return NULL;
+        }
+        return op;
+}
+
+void journal_chunk(struct broker *p, const struct chunk *c)
+{
+        Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_CHUNK_SET);
+
+        if (op)
+                op->chunk_set = jchunk_new(c);
+        op_push(p, op_with(op, op ? op->chunk_set : NULL));
+}
+
+void journal_lease(struct broker *p, const struct lease *l)
+{
+        Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_LEASE_SET);
+
+        if (op)
+                op->lease_set = jlease_new(l);
+        op_push(p, op_with(op, op ? op->lease_set : NULL));
+}
+
+void journal_gpu(struct broker *p, const struct gpu *g)
+{
+        Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_GPU_SET);
+
+        if (op)
+                op->gpu_set = jgpu_new(g);
+        op_push(p, op_with(op, op ? op->gpu_set : NULL));
+}
+
+void journal_del(struct broker *p, bool chunk, uint64_t id)
+{
+        Aquaj__JOp *op = op_new(chunk ? AQUAJ__JOP__OP_CHUNK_DEL : AQUAJ__JOP__OP_LEASE_DEL);
+
+        if (op) {
+                if (chunk)
+                        op->chunk_del = id;
+                else
+                        op->lease_del = id;
+        }
+        op_push(p, op);
+}
+
+void journal_pin(struct broker *p, const char *producer, const char *consumer, bool del)
+{
+        Aquaj__JOp *op = op_new(del ? AQUAJ__JOP__OP_PAIR_DEL : AQUAJ__JOP__OP_PAIR_SET);
+
+        if (!op)
+                return op_push(p, NULL);
+        if (del) {
+                op->pair_del = strdup(producer);
+                op = op_with(op, op->pair_del);
+        } else {
+                op->pair_set = jpair_new(producer, consumer, "aquactl");
+                op = op_with(op, op->pair_set);
+        }
+        op_push(p, op);
+}
+
+void broker_ops_clear(struct broker *p)
+{
+        for (size_t i = 0; i < p->n_ops; i++)
+                aquaj__jop__free_unpacked(p->ops[i], NULL);
+        p->n_ops = 0;
+}
+
+/* Compaction that fails is retried after a back-off, not on every commit. */
+#define COMPACT_BACKOFF_MIN_NS (UINT64_C(1) * NSEC_PER_SEC)
+#define COMPACT_BACKOFF_MAX_NS (UINT64_C(300) * NSEC_PER_SEC)
+/* Operations queued while the journal cannot be written, before one snapshot replaces them. */
+#define MAX_QUEUED_OPS 65536
+
+static void compact(struct broker *p)
+{
+        Aquaj__JournalRecord *snap = NULL;
+        uint64_t now = now_mono_ns();
+        int r;
+
+        if (!journal_wants_compaction(p->journal, p->compact_threshold) ||
+            now < p->compact_retry_ns)
+                return;
+        r = broker_snapshot(p, &snap);
+        if (r >= 0)
+                r = journal_compact(p->journal, snap);
+        if (snap)
+                aquaj__journal_record__free_unpacked(snap, NULL);
+        if (r < 0) {
+                /* The log itself is intact: only its size grows. */
+                p->stats.compaction_failures++;
+                p->compact_backoff_ns = p->compact_backoff_ns
+                                            ? MIN(p->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
+                                            : COMPACT_BACKOFF_MIN_NS;
+                p->compact_retry_ns = now + p->compact_backoff_ns;
+                if (!p->compact_error)
+                        log_warning_errno(r,
+                                          "Failed to compact the journal: %m; retrying with "
+                                          "back-off (at most every %" PRIu64 " s)",
+                                          COMPACT_BACKOFF_MAX_NS / NSEC_PER_SEC);
+                p->compact_error = r;
+                return;
+        }
+        if (p->compact_error)
+                log_notice("Compacted the journal again");
+        p->compact_error = 0;
+        p->compact_backoff_ns = 0;
+        p->compact_retry_ns = 0;
+}
+
+/* Too many operations waiting for a writable journal: one snapshot says all they say. */
+static void fold_queued_ops(struct broker *p)
+{
+        Aquaj__JournalRecord *snap = NULL;
+
+        if (p->n_ops < MAX_QUEUED_OPS || broker_snapshot(p, &snap) < 0)
+                return;
+        broker_ops_clear(p);
+        p->ops[p->n_ops++] = snap->ops[0];
+        snap->n_ops = 0;
+        aquaj__journal_record__free_unpacked(snap, NULL);
+}
+
+int broker_commit(struct broker *p)
+{
+        Aquaj__JournalRecord rec = AQUAJ__JOURNAL_RECORD__INIT;
+        int r;
+
+        if (!p->journal) {
+                broker_ops_clear(p);
+                return 0;
+        }
+        if (p->n_ops == 0 && !p->journal_error)
+                return 0;
+        rec.n_ops = p->n_ops;
+        rec.ops = p->ops;
+        r = journal_append(p->journal, &rec);
+        if (r < 0) {
+                p->stats.journal_errors++;
+                if (!p->journal_error)
+                        log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
+                                           "grants until it can be written");
+                p->journal_error = r;
+                fold_queued_ops(p);
+                return r;
+        }
+        if (p->journal_error)
+                log_notice("The journal can be written again");
+        p->journal_error = 0;
+        broker_ops_clear(p);
+        compact(p);
+        return 0;
+}
+
+const char *broker_degraded(const struct broker *p, char *buf, size_t size)
+{
+        if (p->journal_error)
+                snprintf(buf, size, "the journal cannot be written: %s",
+                         strerror(-p->journal_error));
+        else if (p->compact_error)
+                snprintf(buf, size, "the journal cannot be compacted: %s",
+                         strerror(-p->compact_error));
+        else
+                return NULL;
+        return buf;
+}
+
+/* ------------------------------------------------------------------------------ replay */
+
+static struct gpu *restored_gpu(struct broker *p, const char *uuid, enum gpu_role role)
+{
+        struct gpu *g;
+
+        if (!uuid || !uuid[0])
+                return NULL;
+        g = gpu_ensure(p, uuid);
+        if (!g)
+                return NULL;
+        if (!g->owner)
+                g->restored = true;
+        if (g->role == GPU_ROLE_UNSPECIFIED)
+                g->role = role;
+        return g;
+}
+
+static int apply_lease(struct broker *p, const Aquaj__JLease *j)
+{
+        struct lease *l = broker_find_lease(p, j->id);
+        struct gpu *consumer, *producer;
+
+        if (!l) {
+                consumer = restored_gpu(p, j->consumer, GPU_ROLE_CONSUMER);
+                producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
+                if (!consumer || !producer || j->id == 0)
+                        return -EBADMSG;
+                l = lease_new(p, j->id, consumer, producer);
+                if (!l)
+                        return -ENOMEM;
+        }
+        l->created_ms = j->created_ms;
+        free(l->reason);
+        l->reason = j->reason && j->reason[0] ? strdup(j->reason) : NULL;
+        return 0;
+}
+
+static int apply_chunk(struct broker *p, const Aquaj__JChunk *j)
+{
+        struct chunk *c = broker_find_chunk(p, j->id);
+        struct lease *l = j->lease_id ? broker_find_lease(p, j->lease_id) : NULL;
+        uint64_t now_ms = now_real_ns() / NSEC_PER_MSEC;
+
+        if (!c) {
+                struct gpu *producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
+                if (!producer || j->id == 0)
+                        return -EBADMSG;
+                c = chunk_new(p, producer, j->id, j->size, j->client_ref, -1);
+                if (!c)
+                        return -ENOMEM;
+        }
+        if (c->lease != l) {
+                chunk_release(p, c);
+                if (l)
+                        chunk_lease(p, c, l);
+        }
+        c->orphan = j->orphan;
+        /* Whose data a dirty chunk holds does not survive a restart: it is scrubbed for all. */
+        c->dirty = j->dirty;
+        c->dirty_for = 0;
+        c->scrubbing = false;
+        c->state = !l ? CHUNK_FREE : j->reclaiming ? CHUNK_RECLAIMING : CHUNK_LEASED;
+        c->deadline_ms = l ? j->deadline_ms : 0;
+        c->deadline_ns = 0;
+        /* Reclaiming with no deadline yet: its notice was never delivered. */
+        c->deadline_pending = c->state == CHUNK_RECLAIMING && !c->orphan && !c->deadline_ms;
+        if (c->deadline_ms) {
+                /* Deadlines survive a restart as wall-clock times. */
+                uint64_t left = c->deadline_ms > now_ms ? c->deadline_ms - now_ms : 0;
+                c->deadline_ns = now_mono_ns() + left * NSEC_PER_MSEC;
+        }
+        if (l)
+                lease_update_state(l);
+        chunk_set_free_listed(c);
+        return 0;
+}
+
+static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
+{
+        struct gpu *g = restored_gpu(p, j->uuid, GPU_ROLE_UNSPECIFIED);
+
+        if (!g)
+                return -EBADMSG;
+        p->dram_granted = p->dram_granted - g->dram_bytes + j->dram_bytes;
+        g->dram_bytes = j->dram_bytes;
+        g->barred = j->barred;
+        g->draining = j->draining;
+        g->process = (struct proc_id){.pid = (pid_t)j->pid, .start_time = j->start_time};
+        if (j->boot_id && strlen(j->boot_id) == PROC_BOOT_ID_LEN - 1)
+                memcpy(g->process.boot_id, j->boot_id, PROC_BOOT_ID_LEN);
+        return 0;
+}
+
+static int apply_op(struct broker *p, const Aquaj__JOp *op)
+{
+        struct chunk *c;
+        struct lease *l;
+        int r;
+
+        switch (op->op_case) {
+        case AQUAJ__JOP__OP_SNAPSHOT: {
+                const Aquaj__JSnapshot *s = op->snapshot;
+                /* A snapshot replaces all state; config pins are set again after replay. */
+                broker_clear(p);
+                pins_clear(p, false);
+                for (size_t i = 0; i < s->n_leases; i++)
+                        if ((r = apply_lease(p, s->leases[i])) < 0)
+                                return r;
+                for (size_t i = 0; i < s->n_chunks; i++)
+                        if ((r = apply_chunk(p, s->chunks[i])) < 0)
+                                return r;
+                for (size_t i = 0; i < s->n_gpus; i++)
+                        if ((r = apply_gpu(p, s->gpus[i])) < 0)
+                                return r;
+                for (size_t i = 0; i < s->n_pairs; i++)
+                        if ((r = broker_pins_add(p, s->pairs[i]->producer, s->pairs[i]->consumer,
+                                                 "aquactl")) < 0)
+                                return r;
+                p->next_chunk_id = MAX(p->next_chunk_id, s->next_chunk_id);
+                p->next_lease_id = MAX(p->next_lease_id, s->next_lease_id);
+                return 0;
+        }
+        case AQUAJ__JOP__OP_CHUNK_SET:
+                return apply_chunk(p, op->chunk_set);
+        case AQUAJ__JOP__OP_CHUNK_DEL:
+                c = broker_find_chunk(p, op->chunk_del);
+                if (c)
+                        chunk_destroy(p, c);
+                return 0;
+        case AQUAJ__JOP__OP_LEASE_SET:
+                return apply_lease(p, op->lease_set);
+        case AQUAJ__JOP__OP_LEASE_DEL:
+                l = broker_find_lease(p, op->lease_del);
+                if (l)
+                        lease_destroy(p, l);
+                return 0;
+        case AQUAJ__JOP__OP_GPU_SET:
+                return apply_gpu(p, op->gpu_set);
+        case AQUAJ__JOP__OP_PAIR_SET:
+                return broker_pins_add(p, op->pair_set->producer, op->pair_set->consumer,
+                                       "aquactl");
+        case AQUAJ__JOP__OP_PAIR_DEL:
+                broker_pins_remove(p, op->pair_del);
+                return 0;
+        default:
+                /* An operation a newer aquad wrote: skipping it is safer than refusing to start. */
+                return 0;
+        }
+}
+
+int broker_apply(const Aquaj__JournalRecord *rec, void *userdata)
+{
+        struct broker *p = userdata;
+        int r = 0;
+
+        p->replaying = true;
+        for (size_t i = 0; i < rec->n_ops && r >= 0; i++)
+                r = apply_op(p, rec->ops[i]);
+        p->replaying = false;
+        return r;
+}
+
+void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold)
+{
+        bool any = false;
+
+        p->journal = j;
+        p->compact_threshold = compact_threshold;
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                struct gpu *g = list_entry(n, struct gpu, node);
+                if (g->restored)
+                        any = true;
+        }
+        for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next) {
+                struct lease *l = list_entry(n, struct lease, broker_node);
+                for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next)
+                        broker_note_deadline(p,
+                                             list_entry(k, struct chunk, lease_node)->deadline_ns);
+        }
+        if (any) {
+                p->reconcile_deadline_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
+                broker_note_deadline(p, p->reconcile_deadline_ns);
+        }
+}
+
+/* ------------------------------------------------------------------------------ snapshot */
+
+int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
+{
+        Aquaj__JournalRecord *rec;
+        Aquaj__JSnapshot *s;
+        Aquaj__JOp *op;
+        size_t n_gpus = 0;
+
+        rec = malloc(sizeof(*rec));
+        op = malloc(sizeof(*op));
+        s = malloc(sizeof(*s));
+        if (!rec || !op || !s) {
+                free(rec);
+                free(op);
+                free(s);
+                return -ENOMEM;
+        }
+        aquaj__journal_record__init(rec);
+        aquaj__jop__init(op);
+        aquaj__jsnapshot__init(s);
+        op->op_case = AQUAJ__JOP__OP_SNAPSHOT;
+        op->snapshot = s;
+        rec->ops = malloc(sizeof(*rec->ops));
+        if (!rec->ops)
+                goto oom;
+        rec->ops[0] = op;
+        rec->n_ops = 1;
+        op = NULL;
+
+        s->next_chunk_id = p->next_chunk_id;
+        s->next_lease_id = p->next_lease_id;
+        s->chunks = calloc(p->n_chunks ? p->n_chunks : 1, sizeof(*s->chunks));
+        s->leases = calloc(p->n_leases ? p->n_leases : 1, sizeof(*s->leases));
+        s->gpus = calloc(p->n_gpus ? p->n_gpus : 1, sizeof(*s->gpus));
+        s->pairs = calloc(p->n_pins ? p->n_pins : 1, sizeof(*s->pairs));
+        if (!s->chunks || !s->leases || !s->gpus || !s->pairs)
+                goto oom;
+        for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next)
+                if (!(s->leases[s->n_leases++] =
+                          jlease_new(list_entry(n, struct lease, broker_node))))
+                        goto oom;
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                struct gpu *g = list_entry(n, struct gpu, node);
+                for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next)
+                        if (!(s->chunks[s->n_chunks++] =
+                                  jchunk_new(list_entry(k, struct chunk, producer_node))))
+                                goto oom;
+                if ((g->dram_bytes || g->barred || g->draining || g->process.pid) &&
+                    n_gpus < p->n_gpus) {
+                        if (!(s->gpus[s->n_gpus++] = jgpu_new(g)))
+                                goto oom;
+                        n_gpus++;
+                }
+        }
+        for (size_t i = 0; i < p->n_pins; i++) {
+                if (strcmp(p->pins[i].source, "aquactl") != 0)
+                        continue;
+                if (!(s->pairs[s->n_pairs++] =
+                          jpair_new(p->pins[i].producer, p->pins[i].consumer, "aquactl")))
+                        goto oom;
+        }
+        *ret = rec;
+        return 0;
+oom:
+        /* Counted entries may include a NULL last one; free_unpacked skips NULL submessages. */
+        free(op);
+        aquaj__journal_record__free_unpacked(rec, NULL);
+        return -ENOMEM;
+}

@@ -1,0 +1,59 @@
+/* Object lifecycle shared by the broker core's modules (broker.c, lease.c, register.c, scrub.c);
+ * not for callers. */
+#pragma once
+
+#include "broker.h"
+
+struct gpu *gpu_ensure(struct broker *p, const char *uuid);
+/* Free g if nothing refers to it any more (no client, chunks, leases of its own or lent from
+ * it, pins, budget or bar). */
+void gpu_gc(struct broker *p, struct gpu *g);
+/* Set or clear g's pair; queues PairChanged for both sides that have a client. */
+void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char *source,
+                  double bandwidth);
+
+struct chunk *chunk_new(struct broker *p, struct gpu *producer, uint64_t id, uint64_t size,
+                        uint64_t client_ref, int fd);
+/* Remove a chunk from the pool for good: journaled, its handle closed. */
+void chunk_drop(struct broker *p, struct chunk *c);
+/* FREE -> LEASED into l. */
+void chunk_lease(struct broker *p, struct chunk *c, struct lease *l);
+/* LEASED or RECLAIMING -> FREE (back in its producer's free list when grantable). */
+void chunk_release(struct broker *p, struct chunk *c);
+/* Whether the chunk can be granted: free, with a handle, producer connected and not draining,
+ * not being scrubbed. */
+bool chunk_grantable(const struct chunk *c);
+/* Whether a grantable chunk may go to consumer: clean, or dirty with that consumer's own data. */
+bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer);
+void chunk_set_free_listed(struct chunk *c);
+
+struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer);
+/* Free an empty lease (remaining chunks are released first); journaled. */
+void lease_free(struct broker *p, struct lease *l);
+/* Derive the lease state from its chunks. */
+void lease_update_state(struct lease *l);
+
+void journal_chunk(struct broker *p, const struct chunk *c);
+void journal_lease(struct broker *p, const struct lease *l);
+void journal_gpu(struct broker *p, const struct gpu *g);
+void journal_del(struct broker *p, bool chunk, uint64_t id);
+void journal_pin(struct broker *p, const char *producer, const char *consumer, bool del);
+
+/* Destroy without journaling (replay, snapshots, teardown). */
+void chunk_destroy(struct broker *p, struct chunk *c);
+void lease_destroy(struct broker *p, struct lease *l);
+/* Forget all chunks, leases and per-GPU state; drop config pins (config_only) or all pins. */
+void broker_clear(struct broker *p);
+void pins_clear(struct broker *p, bool config_only);
+void broker_ops_clear(struct broker *p);
+
+/* scrub.c: consumer stopped mapping c, which is free again: dirty with its data. */
+void chunk_dirty(struct broker *p, struct chunk *c, const struct gpu *consumer);
+/* Ask producer to scrub its dirty chunks that its paired consumer did not leave (journaled). */
+void scrub_check(struct broker *p, struct gpu *producer);
+
+void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+                  const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
+
+/* Bring the pool's earliest deadline forward to at least deadline_ns. */
+void broker_note_deadline(struct broker *p, uint64_t deadline_ns);

@@ -1,0 +1,574 @@
+/* The pool's objects (gpu, chunk, lease, pins), their lifecycle, and the notices they queue. */
+#include "broker-private.h"
+
+#include <search.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "parse-util.h"
+#include "time-util.h"
+
+static int cmp_id(const void *a, const void *b)
+{
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+        return x < y ? -1 : x > y;
+}
+
+static void *tree_find(void *const *root, uint64_t id)
+{
+        void **n = tfind(&id, root, cmp_id);
+
+        return n ? *n : NULL;
+}
+
+int broker_fail(char *err, int code, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (err) {
+                va_start(ap, fmt);
+                vsnprintf(err, BROKER_ERR_MAX, fmt, ap);
+                va_end(ap);
+        }
+        return code;
+}
+
+const char *chunk_state_to_string(enum chunk_state s)
+{
+        static const char *const names[_CHUNK_STATE_MAX] = {"free", "leased", "reclaiming"};
+
+        return s < _CHUNK_STATE_MAX ? names[s] : "invalid";
+}
+
+const char *lease_state_to_string(enum lease_state s)
+{
+        static const char *const names[_LEASE_STATE_MAX] = {"granted", "reclaiming", "returned",
+                                                            "lost"};
+
+        return s < _LEASE_STATE_MAX ? names[s] : "invalid";
+}
+
+const char *gpu_role_to_string(enum gpu_role r)
+{
+        static const char *const names[_GPU_ROLE_MAX] = {"unspecified", "producer", "consumer",
+                                                         "neutral"};
+
+        return r < _GPU_ROLE_MAX ? names[r] : "invalid";
+}
+
+void broker_note_deadline(struct broker *p, uint64_t deadline_ns)
+{
+        if (deadline_ns && (!p->next_deadline_ns || deadline_ns < p->next_deadline_ns))
+                p->next_deadline_ns = deadline_ns;
+}
+
+/* ------------------------------------------------------------------------------ notices */
+
+void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+                  const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text)
+{
+        struct notice *m;
+
+        if (!to || !to->owner || p->replaying)
+                return;
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                goto oom;
+        m->kind = kind;
+        m->gpu = to;
+        m->lease_id = lease_id;
+        m->deadline_ms = deadline_ms;
+        if (n > 0) {
+                m->chunk_ids = malloc(n * sizeof(*ids));
+                if (!m->chunk_ids)
+                        goto oom;
+                memcpy(m->chunk_ids, ids, n * sizeof(*ids));
+                m->n_chunk_ids = n;
+        }
+        if (text && !(m->text = strdup(text)))
+                goto oom;
+        list_append(&p->notices, &m->node);
+        return;
+oom:
+        notice_free(m);
+        log_error("Out of memory queueing a notice for %s", to->uuid);
+}
+
+struct notice *notice_free(struct notice *n)
+{
+        if (!n)
+                return NULL;
+        list_unlink(&n->node);
+        free(n->chunk_ids);
+        free(n->text);
+        free(n);
+        return NULL;
+}
+
+void broker_take_notices(struct broker *p, struct list_node *into)
+{
+        struct list_node *pos, *tmp;
+
+        list_for_each(pos, tmp, &p->notices)
+        {
+                list_unlink(pos);
+                list_append(into, pos);
+        }
+}
+
+/* ------------------------------------------------------------------------------ objects */
+
+bool gpu_is(const struct gpu *g, const char *key)
+{
+        int64_t ordinal;
+
+        if (strcmp(g->uuid, key) == 0 || strcmp(g->device, key) == 0)
+                return true;
+        return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
+}
+
+struct gpu *broker_find_gpu(struct broker *p, const char *key)
+{
+        struct list_node *pos, *tmp;
+        struct gpu *other = NULL;
+
+        if (!key || !key[0])
+                return NULL;
+        list_for_each(pos, tmp, &p->gpus)
+        {
+                struct gpu *g = list_entry(pos, struct gpu, node);
+                if (strcmp(g->uuid, key) == 0)
+                        return g;
+                /* Prefer a connected GPU when an ordinal (across restarts) or a device with a
+                 * registration per role is ambiguous. */
+                if (gpu_is(g, key) && (!other || g->owner))
+                        other = g;
+        }
+        return other;
+}
+
+struct chunk *broker_find_chunk(struct broker *p, uint64_t id)
+{
+        return tree_find(&p->chunks_by_id, id);
+}
+
+struct lease *broker_find_lease(struct broker *p, uint64_t id)
+{
+        return tree_find(&p->leases_by_id, id);
+}
+
+struct gpu *gpu_ensure(struct broker *p, const char *uuid)
+{
+        struct gpu *g;
+
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                g = list_entry(n, struct gpu, node);
+                if (strcmp(g->uuid, uuid) == 0)
+                        return g;
+        }
+        g = calloc(1, sizeof(*g));
+        if (!g)
+                return NULL;
+        g->uuid = strdup(uuid);
+        /* A name "UUID/ROLE" is one role's registration of the device UUID. */
+        g->device = g->uuid ? strndup(uuid, strcspn(uuid, "/")) : NULL;
+        if (!g->uuid || !g->device) {
+                free(g->uuid);
+                free(g);
+                return NULL;
+        }
+        g->role = GPU_ROLE_UNSPECIFIED;
+        list_init(&g->chunks);
+        list_init(&g->free_chunks);
+        list_init(&g->leases);
+        list_append(&p->gpus, &g->node);
+        p->n_gpus++;
+        return g;
+}
+
+static void gpu_free_links(struct gpu *g)
+{
+        for (size_t i = 0; i < g->n_links; i++)
+                free(g->links[i].uuid);
+        free(g->links);
+        g->links = NULL;
+        g->n_links = 0;
+}
+
+static void gpu_destroy(struct broker *p, struct gpu *g)
+{
+        list_unlink(&g->node);
+        p->n_gpus--;
+        gpu_free_links(g);
+        free(g->client_name);
+        free(g->uuid);
+        free(g->device);
+        free(g);
+}
+
+static bool pinned(const struct broker *p, const struct gpu *g)
+{
+        for (size_t i = 0; i < p->n_pins; i++)
+                if (gpu_is(g, p->pins[i].producer) || gpu_is(g, p->pins[i].consumer))
+                        return true;
+        return false;
+}
+
+void gpu_gc(struct broker *p, struct gpu *g)
+{
+        struct list_node *pos, *tmp;
+
+        if (!g || g->owner || g->restored || !list_empty(&g->chunks) || !list_empty(&g->leases) ||
+            g->dram_bytes || g->barred || g->draining || g->paired || pinned(p, g))
+                return;
+        list_for_each(pos, tmp, &p->notices)
+        {
+                if (list_entry(pos, struct notice, node)->gpu == g)
+                        return;
+        }
+        /* A lease names its producer even with none of its chunks left (all came back
+         * unusable): the consumer's Return still reaches it. */
+        list_for_each(pos, tmp, &p->leases)
+        {
+                if (list_entry(pos, struct lease, broker_node)->producer == g)
+                        return;
+        }
+        gpu_destroy(p, g);
+}
+
+void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char *source,
+                  double bandwidth)
+{
+        if (g->paired == mate)
+                return;
+        g->paired = mate;
+        g->pair_source = mate ? source : NULL;
+        g->pair_bandwidth = mate ? bandwidth : 0;
+        notice_queue(p, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
+}
+
+bool chunk_grantable(const struct chunk *c)
+{
+        return c->state == CHUNK_FREE && c->fd >= 0 && !c->orphan && !c->scrubbing &&
+               c->producer->owner && !c->producer->draining;
+}
+
+void chunk_set_free_listed(struct chunk *c)
+{
+        list_unlink(&c->free_node);
+        if (chunk_grantable(c))
+                list_append(&c->producer->free_chunks, &c->free_node);
+}
+
+struct chunk *chunk_new(struct broker *p, struct gpu *producer, uint64_t id, uint64_t size,
+                        uint64_t client_ref, int fd)
+{
+        struct chunk *c = calloc(1, sizeof(*c));
+
+        if (!c)
+                return NULL;
+        *c = (struct chunk){.id = id,
+                            .producer = producer,
+                            .size = size,
+                            .client_ref = client_ref,
+                            .fd = fd,
+                            .state = CHUNK_FREE};
+        list_init(&c->producer_node);
+        list_init(&c->free_node);
+        list_init(&c->lease_node);
+        if (!tsearch(c, &p->chunks_by_id, cmp_id)) {
+                free(c);
+                return NULL;
+        }
+        list_append(&producer->chunks, &c->producer_node);
+        producer->offered_bytes += size;
+        p->pool_bytes += size;
+        p->n_chunks++;
+        if (id >= p->next_chunk_id)
+                p->next_chunk_id = id + 1;
+        chunk_set_free_listed(c);
+        return c;
+}
+
+static void chunk_unlink_lease(struct broker *p, struct chunk *c)
+{
+        struct lease *l = c->lease;
+
+        if (!l)
+                return;
+        list_unlink(&c->lease_node);
+        l->n_chunks--;
+        l->bytes -= c->size;
+        l->consumer->borrowed_bytes -= c->size;
+        c->producer->lent_bytes -= c->size;
+        p->lent_bytes -= c->size;
+        c->lease = NULL;
+        c->deadline_ns = 0;
+        c->deadline_ms = 0;
+        c->deadline_pending = false;
+        lease_update_state(l);
+}
+
+void chunk_destroy(struct broker *p, struct chunk *c)
+{
+        chunk_unlink_lease(p, c);
+        list_unlink(&c->free_node);
+        list_unlink(&c->producer_node);
+        tdelete(c, &p->chunks_by_id, cmp_id);
+        c->producer->offered_bytes -= c->size;
+        p->pool_bytes -= c->size;
+        p->n_chunks--;
+        safe_close(c->fd);
+        free(c);
+}
+
+void chunk_drop(struct broker *p, struct chunk *c)
+{
+        journal_del(p, true, c->id);
+        chunk_destroy(p, c);
+}
+
+void chunk_lease(struct broker *p, struct chunk *c, struct lease *l)
+{
+        list_unlink(&c->free_node);
+        c->state = CHUNK_LEASED;
+        c->lease = l;
+        list_append(&l->chunks, &c->lease_node);
+        l->n_chunks++;
+        l->bytes += c->size;
+        l->consumer->borrowed_bytes += c->size;
+        c->producer->lent_bytes += c->size;
+        p->lent_bytes += c->size;
+}
+
+void chunk_release(struct broker *p, struct chunk *c)
+{
+        chunk_unlink_lease(p, c);
+        c->state = CHUNK_FREE;
+        chunk_set_free_listed(c);
+}
+
+void lease_update_state(struct lease *l)
+{
+        struct list_node *pos, *tmp;
+
+        if (l->state == LEASE_LOST)
+                return;
+        if (l->n_chunks == 0) {
+                l->state = LEASE_RETURNED;
+                return;
+        }
+        l->state = LEASE_GRANTED;
+        list_for_each(pos, tmp, &l->chunks)
+        {
+                if (list_entry(pos, struct chunk, lease_node)->state == CHUNK_RECLAIMING) {
+                        l->state = LEASE_RECLAIMING;
+                        return;
+                }
+        }
+}
+
+struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer)
+{
+        struct lease *l = calloc(1, sizeof(*l));
+
+        if (!l)
+                return NULL;
+        *l = (struct lease){.id = id,
+                            .consumer = consumer,
+                            .producer = producer,
+                            .state = LEASE_GRANTED,
+                            .created_ms = now_real_ns() / NSEC_PER_MSEC,
+                            .created_ns = now_mono_ns()};
+        list_init(&l->chunks);
+        list_init(&l->consumer_node);
+        list_init(&l->broker_node);
+        if (!tsearch(l, &p->leases_by_id, cmp_id)) {
+                free(l);
+                return NULL;
+        }
+        list_append(&consumer->leases, &l->consumer_node);
+        list_append(&p->leases, &l->broker_node);
+        p->n_leases++;
+        if (id >= p->next_lease_id)
+                p->next_lease_id = id + 1;
+        return l;
+}
+
+void lease_destroy(struct broker *p, struct lease *l)
+{
+        while (!list_empty(&l->chunks))
+                chunk_release(p, list_entry(l->chunks.next, struct chunk, lease_node));
+        tdelete(l, &p->leases_by_id, cmp_id);
+        list_unlink(&l->consumer_node);
+        list_unlink(&l->broker_node);
+        p->n_leases--;
+        free(l->reason);
+        free(l);
+}
+
+void lease_free(struct broker *p, struct lease *l)
+{
+        if (!l)
+                return;
+        journal_del(p, false, l->id);
+        lease_destroy(p, l);
+}
+
+/* ------------------------------------------------------------------------------ lifecycle */
+
+int broker_new(const struct broker_settings *settings, struct broker **ret)
+{
+        struct broker *p = calloc(1, sizeof(*p));
+        int r;
+
+        if (!p)
+                return -ENOMEM;
+        p->settings = *settings;
+        list_init(&p->gpus);
+        list_init(&p->leases);
+        list_init(&p->notices);
+        p->next_chunk_id = p->next_lease_id = 1;
+        r = events_init(&p->events, EVENTS_DEFAULT_SIZE);
+        if (r < 0) {
+                free(p);
+                return r;
+        }
+        *ret = p;
+        return 0;
+}
+
+void pins_clear(struct broker *p, bool config_only)
+{
+        size_t k = 0;
+
+        for (size_t i = 0; i < p->n_pins; i++) {
+                if (!config_only || strcmp(p->pins[i].source, "config") != 0) {
+                        p->pins[k++] = p->pins[i];
+                        continue;
+                }
+                free(p->pins[i].producer);
+                free(p->pins[i].consumer);
+        }
+        if (!config_only) {
+                for (size_t i = 0; i < k; i++) {
+                        free(p->pins[i].producer);
+                        free(p->pins[i].consumer);
+                }
+                k = 0;
+        }
+        p->n_pins = k;
+}
+
+/* Forget all state (a snapshot replaces it, or the pool goes away). */
+void broker_clear(struct broker *p)
+{
+        while (!list_empty(&p->leases))
+                lease_destroy(p, list_entry(p->leases.next, struct lease, broker_node));
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                struct gpu *g = list_entry(n, struct gpu, node);
+                while (!list_empty(&g->chunks))
+                        chunk_destroy(p, list_entry(g->chunks.next, struct chunk, producer_node));
+                p->dram_granted -= g->dram_bytes;
+                g->dram_bytes = 0;
+                g->barred = g->draining = false;
+        }
+}
+
+struct broker *broker_free(struct broker *p)
+{
+        struct list_node *pos, *tmp;
+
+        if (!p)
+                return NULL;
+        broker_clear(p);
+        list_for_each(pos, tmp, &p->notices)
+        {
+                notice_free(list_entry(pos, struct notice, node));
+        }
+        list_for_each(pos, tmp, &p->gpus)
+        {
+                gpu_destroy(p, list_entry(pos, struct gpu, node));
+        }
+        broker_ops_clear(p);
+        free(p->ops);
+        pins_clear(p, false);
+        free(p->pins);
+        events_deinit(&p->events);
+        journal_free(p->journal);
+        free(p);
+        return NULL;
+}
+
+static int pin_add(struct broker *p, const char *producer, const char *consumer, const char *source)
+{
+        struct broker_pin *pins = reallocarray(p->pins, p->n_pins + 1, sizeof(*pins));
+
+        if (!pins)
+                return -ENOMEM;
+        p->pins = pins;
+        pins[p->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source};
+        if (!pins[p->n_pins].producer || !pins[p->n_pins].consumer) {
+                free(pins[p->n_pins].producer);
+                free(pins[p->n_pins].consumer);
+                return -ENOMEM;
+        }
+        p->n_pins++;
+        return 0;
+}
+
+/* Remove every pin that names uuid on either side; returns how many. */
+size_t broker_pins_remove(struct broker *p, const char *uuid)
+{
+        size_t k = 0, removed = 0;
+
+        for (size_t i = 0; i < p->n_pins; i++) {
+                if (strcmp(p->pins[i].producer, uuid) == 0 ||
+                    strcmp(p->pins[i].consumer, uuid) == 0) {
+                        free(p->pins[i].producer);
+                        free(p->pins[i].consumer);
+                        removed++;
+                        continue;
+                }
+                p->pins[k++] = p->pins[i];
+        }
+        p->n_pins = k;
+        return removed;
+}
+
+int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+                    const char *source)
+{
+        if (producer[0])
+                broker_pins_remove(p, producer);
+        if (consumer[0])
+                broker_pins_remove(p, consumer);
+        return pin_add(p, producer, consumer, source);
+}
+
+int broker_set_config_pins(struct broker *p, const char *const *producers,
+                           const char *const *consumers, size_t n)
+{
+        int r;
+
+        pins_clear(p, true);
+        for (size_t i = 0; i < n; i++) {
+                /* An operator's pin on either GPU wins over the config. */
+                bool taken = false;
+                for (size_t k = 0; k < p->n_pins; k++)
+                        if (strcmp(p->pins[k].producer, producers[i]) == 0 ||
+                            strcmp(p->pins[k].consumer, consumers[i]) == 0 ||
+                            strcmp(p->pins[k].producer, consumers[i]) == 0 ||
+                            strcmp(p->pins[k].consumer, producers[i]) == 0)
+                                taken = true;
+                if (taken)
+                        continue;
+                r = pin_add(p, producers[i], consumers[i], "config");
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}

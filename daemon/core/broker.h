@@ -1,0 +1,419 @@
+/*
+ * The broker core: aquad's model of the domain (GPUs, pairs, the lending pool of chunks, leases
+ * and the DRAM budget), with every flow of the control plane as an operation on it. "Pool" is
+ * only ever the lending pool: the chunks producers offered. No I/O here: operations
+ * queue journal operations (written by broker_commit() before any reply) and notices for clients
+ * (taken by the caller after the commit), so every flow can be tested without sockets.
+ *
+ * Outcomes: 0, a negative errno, or a positive enum broker_error with a message in err that names
+ * the problem; the caller answers the client with it. The core speaks no wire protocol and holds
+ * no sockets: its types are its own, and the transport translates (transport/translate.h).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "events.h"
+#include "journal.h"
+#include "journal.pb-c.h"
+#include "list.h"
+#include "proc.h"
+
+#define BROKER_ERR_MAX 256
+
+/* Outcomes a caller must handle, each with a message that names the problem. */
+enum broker_error {
+        BROKER_E_INVALID = 1, /* a value out of range or inconsistent */
+        BROKER_E_UNKNOWN_GPU,
+        BROKER_E_UNKNOWN_LEASE,
+        BROKER_E_UNKNOWN_CHUNK,
+        BROKER_E_LIMIT,      /* a configured limit (chunks, leases) reached */
+        BROKER_E_WRONG_ROLE, /* e.g. draining a consumer */
+        BROKER_E_NO_MEMORY,  /* nothing at all could be granted */
+        BROKER_E_BARRED,     /* a consumer that missed a reclaim deadline */
+        BROKER_E_BUSY,       /* the GPU is registered by another live client */
+        _BROKER_E_MAX,
+};
+
+enum gpu_role {
+        GPU_ROLE_UNSPECIFIED, /* known from the journal only, before its client registers */
+        GPU_ROLE_PRODUCER,    /* lends its memory */
+        GPU_ROLE_CONSUMER,    /* borrows */
+        GPU_ROLE_NEUTRAL,     /* registered, neither lends nor borrows */
+        _GPU_ROLE_MAX,
+};
+
+/* The transport's connection a GPU is registered by; the pool never looks inside. */
+struct client;
+/* How often a silent holder's process is looked at after a restart. */
+#define BROKER_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
+
+enum chunk_state {
+        CHUNK_FREE,       /* in the pool, grantable when the daemon holds its fd */
+        CHUNK_LEASED,     /* mapped by a consumer */
+        CHUNK_RECLAIMING, /* its consumer was asked to return it */
+        _CHUNK_STATE_MAX,
+};
+
+enum lease_state {
+        LEASE_GRANTED,
+        LEASE_RECLAIMING, /* some of its chunks are being reclaimed */
+        LEASE_RETURNED,   /* all chunks back: about to be freed */
+        LEASE_LOST,       /* could not be reconciled after a restart */
+        _LEASE_STATE_MAX,
+};
+
+struct gpu_link {
+        char *uuid;
+        double bandwidth;
+};
+
+struct gpu {
+        struct list_node node; /* broker.gpus */
+        /* Its name in the pool: the device's uuid, or with colocated-lending "UUID/producer" or
+         * "UUID/consumer" (one device, a registration per role). */
+        char *uuid;
+        char *device; /* the device's uuid */
+        uint32_t ordinal;
+        uint64_t capacity;
+        uint64_t granularity;
+        enum gpu_role role;
+        struct client *owner; /* the connected client, NULL when none */
+        uint64_t serial;      /* of this registration, never reused; 0 while none is connected */
+        char *client_name;
+        pid_t pid;
+        struct proc_id process; /* of the registering client, journaled; pid 0: none known */
+        struct gpu_link *links;
+        size_t n_links;
+
+        struct gpu *paired;
+        const char *pair_source; /* "config", "auto", "aquactl" (static strings) */
+        double pair_bandwidth;
+
+        struct list_node chunks;      /* producer: every chunk it offered (chunk.producer_node) */
+        struct list_node free_chunks; /* producer: grantable chunks (chunk.free_node) */
+        struct list_node leases;      /* consumer: its leases (lease.consumer_node) */
+        uint64_t offered_bytes;       /* producer: chunks in the pool, leased or not */
+        uint64_t lent_bytes;          /* producer: chunks leased out */
+        uint64_t borrowed_bytes;      /* consumer */
+        uint64_t dram_bytes;          /* consumer: DRAM budget granted */
+
+        bool barred;     /* missed a reclaim deadline: no new leases */
+        bool draining;   /* operator drain: no new offers or grants */
+        bool restored;   /* known from the journal, its client has not re-registered yet */
+        bool held_alive; /* restored past the reconcile window: its process may still map */
+
+        double load;
+        uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
+};
+
+struct chunk {
+        uint64_t id; /* first member: the key of broker.chunks_by_id */
+        struct gpu *producer;
+        struct lease *lease; /* NULL when free */
+        uint64_t size;
+        uint64_t client_ref;
+        int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
+        enum chunk_state state;
+        bool orphan;           /* producer gone: dropped once the consumer returns it */
+        bool dirty;            /* free, last mapped by a consumer, not yet scrubbed */
+        bool scrubbing;        /* dirty, its producer asked to scrub it: granted to nobody */
+        uint64_t dirty_for;    /* serial of the consumer registration that last mapped it */
+        uint64_t deadline_ns;  /* reclaiming: monotonic; 0: no deadline (or not started) */
+        bool deadline_pending; /* reclaiming: its deadline starts when the notice is delivered */
+        uint64_t deadline_ms;  /* the same as wall clock, for the journal */
+        uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
+        struct list_node producer_node, free_node, lease_node;
+};
+
+struct lease {
+        uint64_t id; /* first member: the key of broker.leases_by_id */
+        struct gpu *consumer;
+        struct gpu *producer;
+        enum lease_state state;
+        struct list_node chunks;
+        struct list_node consumer_node, broker_node;
+        size_t n_chunks;
+        uint64_t bytes;
+        uint64_t created_ms; /* wall clock */
+        uint64_t created_ns; /* monotonic */
+        bool overdue;        /* a deadline passed with chunks still mapped */
+        bool confirmed;      /* restored: its consumer re-registered it */
+        char *reason;        /* why it is being reclaimed */
+};
+
+/* A pinned pair (from the config or an operator), by uuid: either GPU may not exist yet. */
+struct broker_pin {
+        char *producer, *consumer;
+        const char *source;
+};
+
+enum notice_kind {
+        NOTICE_RECLAIM,      /* ReclaimNotice to a consumer */
+        NOTICE_RECLAIMED,    /* Reclaimed to a producer */
+        NOTICE_PAIR_CHANGED, /* PairChanged to either */
+        NOTICE_SCRUB,        /* ScrubRequest to a producer */
+        _NOTICE_KIND_MAX,
+};
+
+struct notice {
+        struct list_node node;
+        enum notice_kind kind;
+        struct gpu *gpu; /* recipient; the pool never frees a GPU with notices queued */
+        uint64_t lease_id;
+        uint64_t *chunk_ids;
+        size_t n_chunk_ids;
+        uint64_t deadline_ms;
+        char *text; /* reason, or the new pair */
+};
+
+struct broker_settings {
+        uint64_t dram_budget;
+        uint64_t reclaim_deadline_ns;
+        uint64_t reconcile_timeout_ns;
+        uint64_t max_chunks;
+        uint64_t max_leases;
+        uint64_t max_grant_chunks; /* chunks in one Grant (the peer's repeated-field limit) */
+        bool auto_pairing;
+        const struct topology
+            *links;    /* bandwidths for links GPUs report without one; may be NULL */
+        bool scrub;    /* chunks a consumer mapped are scrubbed before another consumer gets them */
+        bool colocate; /* producer and consumer registrations of one GPU are separate GPUs */
+        /* Whether a holder that has not re-registered after a restart is provably gone
+         * (proc_liveness by default; tests replace it). */
+        enum proc_liveness (*liveness)(const struct proc_id *id);
+};
+
+struct broker_stats {
+        uint64_t deadline_misses;
+        uint64_t leases_granted;
+        uint64_t leases_lost;
+        uint64_t chunks_offered;
+        uint64_t journal_errors;
+        uint64_t compaction_failures;
+        uint64_t scrubs_requested; /* chunks producers were asked to scrub */
+        uint64_t chunks_scrubbed;
+        uint64_t scrub_failures;
+        uint64_t chunks_unusable; /* consumers could not import them (dropped) */
+};
+
+struct broker {
+        struct broker_settings settings;
+        struct list_node gpus;
+        size_t n_gpus;
+        void *chunks_by_id;      /* tsearch tree of struct chunk * */
+        void *leases_by_id;      /* tsearch tree of struct lease * */
+        struct list_node leases; /* every lease, oldest first */
+        size_t n_chunks, n_leases;
+        uint64_t pool_bytes, lent_bytes;
+        uint64_t next_chunk_id, next_lease_id;
+        uint64_t next_serial; /* of GPU registrations */
+        uint64_t dram_granted;
+        struct broker_pin *pins;
+        size_t n_pins;
+        struct broker_stats stats;
+        struct events events;
+
+        uint64_t
+            next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
+        uint64_t reconcile_deadline_ns;
+
+        bool replaying;
+        struct journal *journal; /* NULL: nothing persists (tests) */
+        int journal_error;       /* the last write failed (negative errno): degraded; 0: durable */
+        int compact_error;       /* the last compaction failed; 0: it did not */
+        uint64_t compact_retry_ns; /* no compaction before this (monotonic) after a failure */
+        uint64_t compact_backoff_ns;
+        uint64_t compact_threshold;
+        Aquaj__JOp **ops; /* not yet committed */
+        size_t n_ops, alloc_ops;
+        struct list_node notices;
+
+        /* Told each time a reclaimed chunk is back from its consumer, with how long it took. */
+        void (*on_reclaimed)(void *userdata, uint64_t latency_ns);
+        void *on_reclaimed_userdata;
+};
+
+/* ----------------------------------------------------------- broker.c: objects and persistence */
+
+int broker_new(const struct broker_settings *settings, struct broker **ret);
+struct broker *broker_free(struct broker *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct broker *, broker_free);
+
+/* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
+int broker_set_config_pins(struct broker *p, const char *const *producers,
+                           const char *const *consumers, size_t n);
+
+/* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
+int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+                    const char *source);
+size_t broker_pins_remove(struct broker *p, const char *uuid);
+
+/* Replay a journal record into an empty pool (the journal_open() callback). */
+int broker_apply(const Aquaj__JournalRecord *rec, void *userdata);
+/* After replay: take ownership of j, start the reconcile window for restored state. */
+void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold);
+/*
+ * Write the queued journal operations (one record, fsync'd); compact when the log has grown.
+ * On failure the operations stay queued and go out with the next commit that succeeds, and
+ * p->journal_error says aquad is degraded; with none queued, an empty record probes the file.
+ */
+int broker_commit(struct broker *p);
+/* Why aquad is degraded, in a sentence, or NULL when it is not. */
+const char *broker_degraded(const struct broker *p, char *buf, size_t size);
+/* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
+int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret);
+
+/* Take the queued notices (append them to `into`, an initialized list head). */
+void broker_take_notices(struct broker *p, struct list_node *into);
+struct notice *notice_free(struct notice *n);
+
+/* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
+ * and plans may). */
+bool gpu_is(const struct gpu *g, const char *key);
+struct gpu *broker_find_gpu(struct broker *p, const char *uuid_or_ordinal);
+struct chunk *broker_find_chunk(struct broker *p, uint64_t id);
+struct lease *broker_find_lease(struct broker *p, uint64_t id);
+
+/* snprintf into a BROKER_ERR_MAX buffer and return code: here a positive enum broker_error; the
+ * transport uses it for its own (wire) codes too. */
+int broker_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+
+/* broker-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
+int broker_check(struct broker *p, char *err);
+
+const char *chunk_state_to_string(enum chunk_state s);
+const char *gpu_role_to_string(enum gpu_role r);
+const char *lease_state_to_string(enum lease_state s);
+
+/* ----------------------------------------------------- register.c: hello, reconcile, pairing */
+
+/* A link the registering GPU reports to another GPU. */
+struct broker_link {
+        const char *uuid;
+        double bandwidth; /* GB/s; 0 when unknown */
+};
+
+/* A chunk a re-registering client says it still holds. */
+struct broker_held {
+        uint64_t chunk_id;
+        uint64_t size;
+        uint64_t lease_id; /* 0: held unleased (a producer's chunk in the pool) */
+};
+
+struct broker_hello {
+        const char *uuid;
+        enum gpu_role role;
+        uint32_t ordinal;
+        uint64_t capacity;
+        uint64_t granularity;
+        const char *client_name;
+        pid_t pid;
+        const struct proc_id *process; /* NULL: not known (not on this host) */
+        const struct broker_link *links;
+        size_t n_links;
+        const struct broker_held *held;
+        size_t n_held;
+        int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
+};
+
+struct broker_welcome {
+        struct gpu *gpu;
+        uint64_t *lost_leases;
+        size_t n_lost_leases;
+};
+
+/* Register a client's GPU (owner: the client), reconciling what it says it holds. */
+int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+                    struct broker_welcome *ret, char *err);
+/* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
+void broker_gpu_gone(struct broker *p, struct gpu *g);
+/* Operator: g's client did not come back after a restart and is known to be gone. */
+int broker_release(struct broker *p, struct gpu *g, char *err);
+/* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
+int broker_repair(struct broker *p);
+/* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
+int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err);
+int broker_unpin(struct broker *p, const char *gpu, char *err);
+
+/* ------------------------------------------------------ lease.c: the lease state machine */
+
+/* Producer: put chunks into the pool; fds are taken on success. ret_ids gets n daemon ids. */
+int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err);
+
+struct broker_grant {
+        struct lease *lease; /* NULL when only DRAM was granted */
+        uint64_t dram_bytes;
+        bool partial;
+};
+
+/* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
+int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+                  bool allow_dram, struct broker_grant *ret, char *err);
+/* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
+void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g);
+/* Take back an offer whose record could not be journaled: its chunks leave the pool. */
+void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n);
+
+/*
+ * Consumer: chunks of lease_id it could not import leave the pool (the producer hears of them in
+ * a Reclaimed notice); the lease stays, empty or not, for broker_return() to finish. Returns 0 or
+ * a positive error code (ids not in the lease are skipped).
+ */
+int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                           const uint64_t *chunk_ids, size_t n, char *err);
+/* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
+int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                  const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
+                  char *err);
+
+struct broker_reclaim {
+        uint64_t *free_ids; /* dropped from the pool now */
+        size_t n_free;
+        uint64_t *pending_ids; /* leased: will come back as Reclaimed notices */
+        size_t n_pending;
+        uint64_t deadline_ms; /* relative, as sent to consumers */
+};
+void broker_reclaim_clear(struct broker_reclaim *r);
+
+/*
+ * Producer (or an operator for it): take memory back. bytes == 0 && all: everything. With
+ * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
+ * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
+ */
+int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err);
+
+/* Operator drain: no new offers or grants from producer; everything goes back to it. */
+int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err);
+
+/* ------------------------------------------------- admin.c: operators' requests (aquactl) */
+
+/* The GPU is named by uuid or ordinal; BROKER_E_UNKNOWN_GPU when there is none. Reclaim and
+ * drain take a producer (BROKER_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
+ * leased memory back, leaving free chunks in the pool. */
+int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
+                         struct broker_reclaim *ret, char *err);
+int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err);
+int broker_admin_release(struct broker *p, const char *gpu, char *err);
+
+/* ------------------------------------------------------------ scrub.c: scrubbing chunks */
+
+/*
+ * Producer: these chunks are zeroed and verified (ids), or could not be (failed: they leave the
+ * pool, the producer is told with Reclaimed). Only chunks of this producer that it was asked to
+ * scrub count; ret_done gets how many did.
+ */
+int broker_scrub_done(struct broker *p, struct gpu *producer, const uint64_t *ids, size_t n,
+                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
+
+/* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
+void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                              uint64_t deadline_ms);
+
+/* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
+void broker_tick(struct broker *p, uint64_t now_ns);

@@ -1,0 +1,701 @@
+/*
+ * The lease state machine: offer, borrow, return, reclaim, drain, deadlines, and the death of
+ * either side. A chunk goes free -> leased -> reclaiming -> (dropped, producer told); a lease
+ * lives while it has chunks. A producer never gets back a chunk a live consumer still maps.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-private.h"
+#include "log.h"
+#include "parse-util.h"
+#include "time-util.h"
+
+#define E(name) BROKER_E_##name
+
+static const char *fmt_size(char *buf, uint64_t bytes)
+{
+        return format_size(buf, 32, bytes);
+}
+
+int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err)
+{
+        size_t made = 0;
+
+        if (producer->draining)
+                return broker_fail(err, E(INVALID), "offer: GPU %s is draining", producer->uuid);
+        if (n == 0)
+                return broker_fail(err, E(INVALID), "offer: no chunks");
+        if (p->n_chunks + n > p->settings.max_chunks)
+                return broker_fail(err, E(LIMIT),
+                                   "offer: %zu more chunks would exceed the pool limit of %" PRIu64,
+                                   n, p->settings.max_chunks);
+        for (size_t i = 0; i < n; i++) {
+                if (sizes[i] == 0)
+                        return broker_fail(err, E(INVALID), "offer: chunk %zu has size 0", i);
+                if (producer->granularity && sizes[i] % producer->granularity)
+                        return broker_fail(err, E(INVALID),
+                                           "offer: chunk %zu of %" PRIu64
+                                           " bytes is not a multiple of the granularity %" PRIu64,
+                                           i, sizes[i], producer->granularity);
+        }
+        for (; made < n; made++) {
+                struct chunk *c = chunk_new(p, producer, p->next_chunk_id, sizes[made],
+                                            client_refs[made], fds[made]);
+                if (!c)
+                        goto oom;
+                ret_ids[made] = c->id;
+        }
+        for (size_t i = 0; i < n; i++) {
+                journal_chunk(p, broker_find_chunk(p, ret_ids[i]));
+                fds[i] = -1;
+        }
+        p->stats.chunks_offered += n;
+        return 0;
+oom:
+        /* Undo without closing: the caller still owns the descriptors on failure. */
+        while (made-- > 0) {
+                struct chunk *c = broker_find_chunk(p, ret_ids[made]);
+                c->fd = -1;
+                chunk_drop(p, c);
+        }
+        return -ENOMEM;
+}
+
+int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+                  bool allow_dram, struct broker_grant *ret, char *err)
+{
+        struct gpu *producer = consumer->paired;
+        struct list_node *pos, *tmp;
+        struct lease *l = NULL;
+        uint64_t got = 0, dram = 0, avail;
+        size_t n = 0;
+        bool lease_limit = p->n_leases >= p->settings.max_leases;
+        char a[32], b[32], c[32];
+
+        if (bytes == 0)
+                return broker_fail(err, E(INVALID), "borrow: bytes is 0");
+        if (min_bytes > bytes)
+                return broker_fail(err, E(INVALID), "borrow: min_bytes %s > bytes %s",
+                                   fmt_size(a, min_bytes), fmt_size(b, bytes));
+        if (consumer->barred)
+                return broker_fail(
+                    err, E(BARRED),
+                    "borrow: GPU %s missed a reclaim deadline and gets no new leases",
+                    consumer->uuid);
+
+        /* Count what the paired producer can give before changing anything. */
+        if (producer && producer->owner && !producer->draining && !lease_limit)
+                list_for_each(pos, tmp, &producer->free_chunks)
+                {
+                        struct chunk *ch = list_entry(pos, struct chunk, free_node);
+                        if (got >= bytes || n >= p->settings.max_grant_chunks)
+                                break;
+                        if (!chunk_grantable_to(ch, consumer))
+                                continue;
+                        got += ch->size;
+                        n++;
+                }
+        if (got < bytes && allow_dram) {
+                avail = p->settings.dram_budget > p->dram_granted
+                            ? p->settings.dram_budget - p->dram_granted
+                            : 0;
+                dram = MIN(bytes - got, avail);
+        }
+        if (got + dram == 0 || got + dram < min_bytes) {
+                if (lease_limit && !dram)
+                        return broker_fail(err, E(LIMIT),
+                                           "borrow: the limit of %" PRIu64 " leases is reached",
+                                           p->settings.max_leases);
+                return broker_fail(err, E(NO_MEMORY),
+                                   "borrow: %s from %s and %s of DRAM budget available, less than "
+                                   "the %s asked for",
+                                   fmt_size(a, got),
+                                   producer ? producer->uuid : "no paired producer",
+                                   fmt_size(b, dram), fmt_size(c, min_bytes ? min_bytes : bytes));
+        }
+
+        if (n > 0) {
+                l = lease_new(p, p->next_lease_id, consumer, producer);
+                if (!l)
+                        return -ENOMEM;
+                journal_lease(p, l);
+                list_for_each(pos, tmp, &producer->free_chunks)
+                {
+                        struct chunk *ch = list_entry(pos, struct chunk, free_node);
+                        if (n == 0)
+                                break;
+                        if (!chunk_grantable_to(ch, consumer))
+                                continue;
+                        chunk_lease(p, ch, l);
+                        journal_chunk(p, ch);
+                        n--;
+                }
+                p->stats.leases_granted++;
+                events_add(&p->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
+                           fmt_size(a, l->bytes), producer->uuid, consumer->uuid);
+        }
+        if (dram) {
+                consumer->dram_bytes += dram;
+                p->dram_granted += dram;
+                journal_gpu(p, consumer);
+        }
+        *ret = (struct broker_grant){.lease = l, .dram_bytes = dram, .partial = got + dram < bytes};
+        return 0;
+}
+
+void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g)
+{
+        if (g->lease) {
+                struct lease *l = g->lease;
+                while (!list_empty(&l->chunks)) {
+                        struct chunk *c = list_entry(l->chunks.next, struct chunk, lease_node);
+                        chunk_release(p, c);
+                        journal_chunk(p, c);
+                }
+                events_add(&p->events, "lease", "lease %" PRIu64 " taken back: not delivered",
+                           l->id);
+                lease_free(p, l);
+        }
+        if (g->dram_bytes) {
+                consumer->dram_bytes -= MIN(g->dram_bytes, consumer->dram_bytes);
+                p->dram_granted -= MIN(g->dram_bytes, p->dram_granted);
+                journal_gpu(p, consumer);
+        }
+}
+
+void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                struct chunk *c = broker_find_chunk(p, ids[i]);
+                if (c && c->state == CHUNK_FREE)
+                        chunk_drop(p, c);
+        }
+        p->stats.chunks_offered -= MIN(n, p->stats.chunks_offered);
+}
+
+/* Collects chunk ids that go back to one producer, for one Reclaimed notice. */
+struct reclaimed {
+        struct gpu *producer;
+        uint64_t *ids;
+        size_t n, alloc;
+};
+
+static void reclaimed_add(struct reclaimed *r, uint64_t id)
+{
+        if (r->n == r->alloc) {
+                size_t n = r->alloc ? r->alloc * 2 : 16;
+                uint64_t *ids = reallocarray(r->ids, n, sizeof(*ids));
+                if (!ids) {
+                        log_error("Out of memory: chunk %" PRIu64 " not reported as reclaimed", id);
+                        return;
+                }
+                r->ids = ids;
+                r->alloc = n;
+        }
+        r->ids[r->n++] = id;
+}
+
+static void reclaimed_flush(struct broker *p, struct reclaimed *r)
+{
+        if (r->n > 0 && r->producer)
+                notice_queue(p, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
+        free(r->ids);
+        *r = (struct reclaimed){0};
+}
+
+/*
+ * A consumer no longer maps c (it returned it or died). Where it goes depends on why it was
+ * leased: orphans are dropped, reclaimed chunks go back to their producer, others to the pool.
+ */
+static void chunk_unmapped(struct broker *p, struct chunk *c, struct reclaimed *back)
+{
+        if (c->orphan) {
+                chunk_drop(p, c);
+        } else if (c->state == CHUNK_RECLAIMING || c->producer->draining) {
+                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && p->on_reclaimed)
+                        p->on_reclaimed(p->on_reclaimed_userdata,
+                                        now_mono_ns() - c->reclaim_start_ns);
+                if (back->producer == c->producer)
+                        reclaimed_add(back, c->id);
+                chunk_drop(p, c);
+        } else {
+                struct gpu *consumer = c->lease->consumer;
+
+                chunk_release(p, c);
+                chunk_dirty(p, c, consumer);
+                journal_chunk(p, c);
+        }
+}
+
+/* The lease lease_id of consumer, or a positive error code (what names it in err). */
+static int consumer_lease(struct broker *p, struct gpu *consumer, uint64_t lease_id, char *err,
+                          struct lease **ret)
+{
+        struct lease *l = broker_find_lease(p, lease_id);
+
+        if (!l || l->consumer != consumer)
+                return broker_fail(err, E(UNKNOWN_LEASE),
+                                   "return: lease %" PRIu64 " is not held by GPU %s", lease_id,
+                                   consumer->uuid);
+        *ret = l;
+        return 0;
+}
+
+int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                           const uint64_t *chunk_ids, size_t n, char *err)
+{
+        struct reclaimed back = {0};
+        struct lease *l = NULL;
+        int r;
+
+        r = consumer_lease(p, consumer, lease_id, err, &l);
+        if (r != 0)
+                return r;
+        back.producer = l->producer;
+        for (size_t i = 0; i < n; i++) {
+                /* Looked up each time: a duplicate id was already dropped. */
+                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+
+                if (!c || c->lease != l)
+                        continue;
+                /* Granting it again would fail the same way: it leaves the pool, and its
+                 * producer learns so as of any chunk it does not get back as it lent it. */
+                if (!c->orphan)
+                        reclaimed_add(&back, c->id);
+                chunk_drop(p, c);
+        }
+        if (back.n > 0) {
+                log_warning("GPU %s could not import %zu chunks of GPU %s (lease %" PRIu64
+                            "); they leave the pool",
+                            consumer->uuid, back.n, l->producer->uuid, l->id);
+                events_add(&p->events, "unusable", "%s could not import %zu chunks of %s; dropped",
+                           consumer->uuid, back.n, l->producer->uuid);
+                p->stats.chunks_unusable += back.n;
+        }
+        reclaimed_flush(p, &back);
+        return 0;
+}
+
+int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+                  const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
+                  char *err)
+{
+        struct reclaimed back = {0};
+        struct lease *l = NULL;
+        uint32_t returned = 0;
+        char a[32], b[32];
+
+        if (lease_id == 0 && dram_bytes == 0)
+                return broker_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
+        if (lease_id) {
+                int r = consumer_lease(p, consumer, lease_id, err, &l);
+                if (r != 0)
+                        return r;
+        } else if (n > 0)
+                return broker_fail(err, E(INVALID), "return: chunk ids without a lease");
+        /* Ids no longer in the lease are skipped, not refused: a consumer that moved off a
+         * producer that died returns again what it may have returned already (ids are never
+         * reused, so a stale one names nobody else's chunk). None in it at all is an error. */
+        if (n > 0) {
+                size_t in_lease = 0;
+                for (size_t i = 0; i < n; i++) {
+                        struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+                        in_lease += c && c->lease == l;
+                }
+                if (in_lease == 0)
+                        return broker_fail(err, E(UNKNOWN_CHUNK),
+                                           "return: chunk %" PRIu64 " is not in lease %" PRIu64,
+                                           chunk_ids[0], lease_id);
+        }
+        if (dram_bytes > consumer->dram_bytes)
+                return broker_fail(err, E(INVALID), "return: %s of DRAM, but GPU %s holds %s",
+                                   fmt_size(a, dram_bytes), consumer->uuid,
+                                   fmt_size(b, consumer->dram_bytes));
+
+        if (l) {
+                back.producer = l->producer;
+                if (n == 0) {
+                        while (!list_empty(&l->chunks)) {
+                                chunk_unmapped(
+                                    p, list_entry(l->chunks.next, struct chunk, lease_node), &back);
+                                returned++;
+                        }
+                } else
+                        for (size_t i = 0; i < n; i++) {
+                                /* Looked up again: a duplicate id was already handled. */
+                                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+                                if (!c || c->lease != l)
+                                        continue;
+                                chunk_unmapped(p, c, &back);
+                                returned++;
+                        }
+                struct gpu *producer = l->producer;
+                if (l->n_chunks == 0) {
+                        events_add(&p->events, "lease", "lease %" PRIu64 " returned by %s", l->id,
+                                   consumer->uuid);
+                        lease_free(p, l);
+                }
+                reclaimed_flush(p, &back);
+                /* Paired with another consumer meanwhile: that one must not see this data. */
+                if (producer->paired != consumer)
+                        scrub_check(p, producer);
+        }
+        if (dram_bytes) {
+                consumer->dram_bytes -= dram_bytes;
+                p->dram_granted -= MIN(dram_bytes, p->dram_granted);
+                journal_gpu(p, consumer);
+        }
+        if (ret_returned)
+                *ret_returned = returned;
+        return 0;
+}
+
+void broker_reclaim_clear(struct broker_reclaim *r)
+{
+        free(r->free_ids);
+        free(r->pending_ids);
+        *r = (struct broker_reclaim){0};
+}
+
+static int ids_push(uint64_t **ids, size_t *n, uint64_t id)
+{
+        uint64_t *a = reallocarray(*ids, *n + 1, sizeof(*a));
+
+        if (!a)
+                return -ENOMEM;
+        a[(*n)++] = id;
+        *ids = a;
+        return 0;
+}
+
+/* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
+static int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *got,
+                         const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret)
+{
+        struct list_node *pos, *tmp;
+        size_t first = ret->n_pending;
+        uint64_t deadline_ms = deadline_ns ? p->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        int r;
+
+        list_for_each(pos, tmp, &l->chunks)
+        {
+                struct chunk *c = list_entry(pos, struct chunk, lease_node);
+                if (*got >= want || (deadline_ns && ret->n_pending >= p->settings.max_grant_chunks))
+                        break;
+                if (c->state != CHUNK_LEASED || (c->orphan && deadline_ns))
+                        continue;
+                r = ids_push(&ret->pending_ids, &ret->n_pending, c->id);
+                if (r < 0)
+                        return r;
+                c->state = CHUNK_RECLAIMING;
+                c->reclaim_start_ns = now_mono_ns();
+                /* The deadline runs from the notice's delivery (broker_reclaim_delivered). */
+                c->deadline_ns = 0;
+                c->deadline_ms = 0;
+                c->deadline_pending = deadline_ns != 0;
+                *got += c->size;
+                journal_chunk(p, c);
+        }
+        if (ret->n_pending == first)
+                return 0;
+        free(l->reason);
+        l->reason = strdup(reason);
+        l->overdue = false;
+        lease_update_state(l);
+        journal_lease(p, l);
+        notice_queue(p, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
+                     ret->n_pending - first, deadline_ms, reason);
+        return 0;
+}
+
+int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err)
+{
+        _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
+        struct list_node *pos, *tmp;
+        uint64_t want = all ? UINT64_MAX : bytes, got = 0;
+        uint64_t deadline_ns = now_mono_ns() + p->settings.reclaim_deadline_ns;
+        int r;
+
+        if (want == 0)
+                return broker_fail(err, E(INVALID), "reclaim: bytes is 0 and all is not set");
+        if (!leased_only)
+                list_for_each(pos, tmp, &producer->chunks)
+                {
+                        struct chunk *c = list_entry(pos, struct chunk, producer_node);
+                        if (got >= want || res.n_free >= p->settings.max_grant_chunks)
+                                break;
+                        if (c->state != CHUNK_FREE || c->orphan)
+                                continue;
+                        r = ids_push(&res.free_ids, &res.n_free, c->id);
+                        if (r < 0)
+                                return r;
+                        got += c->size;
+                        chunk_drop(p, c);
+                }
+        list_for_each(pos, tmp, &p->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                if (got >= want || res.n_pending >= p->settings.max_grant_chunks)
+                        break;
+                if (l->producer != producer)
+                        continue;
+                r = reclaim_lease(p, l, want, &got, reason, deadline_ns, &res);
+                if (r < 0)
+                        return r;
+        }
+        res.deadline_ms = res.n_pending ? p->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        if (res.n_free || res.n_pending)
+                events_add(&p->events, "reclaim",
+                           "%s: %zu chunks free at once, %zu asked back from consumers (%s)",
+                           producer->uuid, res.n_free, res.n_pending, reason);
+        *ret = res;
+        res = (struct broker_reclaim){0};
+        return 0;
+}
+
+int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err)
+{
+        int r;
+
+        if (producer->role != GPU_ROLE_PRODUCER)
+                return broker_fail(err, E(WRONG_ROLE), "drain: GPU %s is not a producer",
+                                   producer->uuid);
+        if (!producer->draining) {
+                producer->draining = true;
+                journal_gpu(p, producer);
+                /* Nothing of it is grantable any more. */
+                for (struct list_node *n = producer->chunks.next; n != &producer->chunks;
+                     n = n->next)
+                        chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
+        }
+        r = broker_reclaim(p, producer, 0, true, false, "drain", ret, err);
+        if (r != 0)
+                return r;
+        /* The producer did not ask: tell it what is free already. */
+        notice_queue(p, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
+        return 0;
+}
+
+/* A consumer's client is gone: its mappings died with it. */
+static void consumer_gone(struct broker *p, struct gpu *g)
+{
+        while (!list_empty(&g->leases)) {
+                struct lease *l = list_entry(g->leases.next, struct lease, consumer_node);
+                struct reclaimed back = {.producer = l->producer};
+
+                while (!list_empty(&l->chunks))
+                        chunk_unmapped(p, list_entry(l->chunks.next, struct chunk, lease_node),
+                                       &back);
+                reclaimed_flush(p, &back);
+                events_add(&p->events, "lease", "lease %" PRIu64 " back in the pool: %s is gone",
+                           l->id, g->uuid);
+                lease_free(p, l);
+        }
+        if (g->dram_bytes || g->barred) {
+                p->dram_granted -= MIN(g->dram_bytes, p->dram_granted);
+                g->dram_bytes = 0;
+                g->barred = false;
+                journal_gpu(p, g);
+        }
+}
+
+/*
+ * A producer's client is gone: free chunks die with it, leased ones stay alive where consumers
+ * map them; consumers are asked to move off at their own pace.
+ */
+static void producer_gone(struct broker *p, struct gpu *g)
+{
+        struct list_node *pos, *tmp;
+
+        list_for_each(pos, tmp, &g->chunks)
+        {
+                struct chunk *c = list_entry(pos, struct chunk, producer_node);
+                if (c->state == CHUNK_FREE) {
+                        chunk_drop(p, c);
+                        continue;
+                }
+                if (c->orphan)
+                        continue;
+                c->orphan = true;
+                c->fd = safe_close(c->fd);
+                /* Deadlines of an earlier reclaim no longer matter: nobody waits for it. */
+                c->state = CHUNK_LEASED;
+                c->deadline_ns = c->deadline_ms = 0;
+                c->deadline_pending = false;
+        }
+        list_for_each(pos, tmp, &p->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                struct broker_reclaim res = {0};
+                uint64_t got = 0;
+
+                if (l->producer != g)
+                        continue;
+                if (reclaim_lease(p, l, UINT64_MAX, &got, "producer gone", 0, &res) < 0)
+                        log_error("Out of memory telling %s that %s is gone", l->consumer->uuid,
+                                  g->uuid);
+                broker_reclaim_clear(&res);
+        }
+        if (g->draining) {
+                g->draining = false;
+                journal_gpu(p, g);
+        }
+}
+
+void broker_gpu_gone(struct broker *p, struct gpu *g)
+{
+        consumer_gone(p, g);
+        producer_gone(p, g);
+        events_add(&p->events, "client", "%s %s (%s, pid %d) gone",
+                   g->restored ? "restored GPU" : "GPU", g->uuid,
+                   g->client_name ? g->client_name : "?", (int)g->pid);
+        g->owner = NULL;
+        g->serial = 0;
+        g->restored = false;
+        g->held_alive = false;
+        g->pid = 0;
+        if (g->process.pid) {
+                g->process = (struct proc_id){0};
+                journal_gpu(p, g);
+        }
+        /* Repairing also asks producers to scrub what a departed consumer left. */
+        broker_repair(p);
+        gpu_gc(p, g);
+}
+
+void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+                              uint64_t deadline_ms)
+{
+        struct lease *l = broker_find_lease(p, lease_id);
+        uint64_t now = now_mono_ns(), wall = now_real_ns() / NSEC_PER_MSEC;
+
+        if (!l || !deadline_ms)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                struct chunk *c = broker_find_chunk(p, ids[i]);
+                if (!c || c->lease != l || c->state != CHUNK_RECLAIMING || !c->deadline_pending)
+                        continue;
+                c->deadline_pending = false;
+                c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
+                c->deadline_ms = wall + deadline_ms;
+                journal_chunk(p, c);
+                broker_note_deadline(p, c->deadline_ns);
+        }
+}
+
+int broker_release(struct broker *p, struct gpu *g, char *err)
+{
+        size_t leases = list_length(&g->leases);
+
+        if (g->owner)
+                return broker_fail(
+                    err, E(BUSY),
+                    "release: GPU %s has a connected client (pid %d); it returns what "
+                    "it holds itself",
+                    g->uuid, (int)g->pid);
+        if (!g->restored)
+                return broker_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
+                                   g->uuid);
+        log_warning("Operator releases what GPU %s held before the restart (%zu leases, pid %d)",
+                    g->uuid, leases, (int)g->process.pid);
+        events_add(&p->events, "client", "%s released by an operator: %zu leases", g->uuid, leases);
+        p->stats.leases_lost += leases;
+        broker_gpu_gone(p, g);
+        return 0;
+}
+
+/*
+ * Silence is not death: after a restart aquad hears nothing from a consumer until it calls
+ * aqua_poll(), however long an idle engine takes. A consumer that has not re-registered keeps
+ * its leases (their chunks granted to nobody else) while its process may still map them: it
+ * runs, or nobody can tell. Checked again every BROKER_LIVENESS_RECHECK_NS; the first check
+ * after the process is gone releases them.
+ */
+static bool holder_may_map(struct broker *p, struct gpu *g)
+{
+        enum proc_liveness l;
+
+        if (list_empty(&g->leases))
+                return false;
+        l = p->settings.liveness ? p->settings.liveness(&g->process) : proc_liveness(&g->process);
+        if (l == PROC_GONE)
+                return false;
+        if (!g->held_alive) {
+                g->held_alive = true;
+                log_warning("Consumer %s did not re-register after the restart, but its process "
+                            "%s: its %zu leases stay reserved until it does or is gone",
+                            g->uuid, l == PROC_ALIVE ? "still runs" : "cannot be proven gone",
+                            list_length(&g->leases));
+                events_add(&p->events, "client",
+                           "%s silent after the restart, pid %d %s: leases kept", g->uuid,
+                           (int)g->process.pid, l == PROC_ALIVE ? "alive" : "unknown");
+        }
+        /* Look again soon: the window closing again is what makes the next check. */
+        p->reconcile_deadline_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
+        return true;
+}
+
+void broker_tick(struct broker *p, uint64_t now_ns)
+{
+        struct list_node *pos, *tmp;
+
+        if (!p->next_deadline_ns || now_ns < p->next_deadline_ns)
+                return;
+        p->next_deadline_ns = 0;
+        list_for_each(pos, tmp, &p->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
+                        struct chunk *c = list_entry(k, struct chunk, lease_node);
+                        if (c->state != CHUNK_RECLAIMING || !c->deadline_ns)
+                                continue;
+                        if (c->deadline_ns > now_ns) {
+                                broker_note_deadline(p, c->deadline_ns);
+                                continue;
+                        }
+                        /* Missed: report once per lease; the chunk stays mapped, so it stays
+                         * out of the producer's hands until the consumer returns it or dies. */
+                        c->deadline_ns = 0;
+                        if (l->overdue)
+                                continue;
+                        l->overdue = true;
+                        p->stats.deadline_misses++;
+                        events_add(&p->events, "deadline-miss",
+                                   "%s missed the reclaim deadline of lease %" PRIu64
+                                   "; barred from new leases",
+                                   l->consumer->uuid, l->id);
+                        log_warning("Consumer %s (%s) missed the reclaim deadline of lease %" PRIu64
+                                    "; it gets no new leases",
+                                    l->consumer->uuid,
+                                    l->consumer->client_name ? l->consumer->client_name : "?",
+                                    l->id);
+                        if (!l->consumer->barred) {
+                                l->consumer->barred = true;
+                                journal_gpu(p, l->consumer);
+                        }
+                }
+        }
+        if (p->reconcile_deadline_ns && now_ns >= p->reconcile_deadline_ns) {
+                p->reconcile_deadline_ns = 0;
+                list_for_each(pos, tmp, &p->gpus)
+                {
+                        struct gpu *g = list_entry(pos, struct gpu, node);
+                        if (!g->restored || g->owner || holder_may_map(p, g))
+                                continue;
+                        log_notice("GPU %s did not re-register after the restart%s; releasing "
+                                   "what it held",
+                                   g->uuid, g->held_alive ? " and its process is gone" : "");
+                        p->stats.leases_lost +=
+                            g->role == GPU_ROLE_CONSUMER ? list_length(&g->leases) : 0;
+                        broker_gpu_gone(p, g);
+                        /* broker_gpu_gone may free GPUs other than g: start over. */
+                        tmp = p->gpus.next;
+                }
+                broker_note_deadline(p, p->reconcile_deadline_ns);
+        } else
+                broker_note_deadline(p, p->reconcile_deadline_ns);
+}

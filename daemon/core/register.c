@@ -1,0 +1,517 @@
+/*
+ * Registration of a client's GPU, reconciliation of what it says it holds with the journal after
+ * a restart, and the pairing of producers with consumers.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-private.h"
+#include "log.h"
+#include "pairing.h"
+#include "time-util.h"
+#include "topology.h"
+
+#define E(name) BROKER_E_##name
+
+static int lost_add(struct broker_welcome *w, uint64_t id)
+{
+        uint64_t *a;
+
+        for (size_t i = 0; i < w->n_lost_leases; i++)
+                if (w->lost_leases[i] == id)
+                        return 0;
+        a = reallocarray(w->lost_leases, w->n_lost_leases + 1, sizeof(*a));
+        if (!a)
+                return -ENOMEM;
+        a[w->n_lost_leases++] = id;
+        w->lost_leases = a;
+        return 0;
+}
+
+static int set_links(struct gpu *g, const struct broker_link *links, size_t n)
+{
+        struct gpu_link *a = calloc(n ? n : 1, sizeof(*a));
+
+        if (!a)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                a[i].uuid = strdup(links[i].uuid ? links[i].uuid : "");
+                a[i].bandwidth = links[i].bandwidth;
+                if (!a[i].uuid) {
+                        while (i-- > 0)
+                                free(a[i].uuid);
+                        free(a);
+                        return -ENOMEM;
+                }
+        }
+        for (size_t i = 0; i < g->n_links; i++)
+                free(g->links[i].uuid);
+        free(g->links);
+        g->links = a;
+        g->n_links = n;
+        return 0;
+}
+
+/*
+ * The producer lists the chunks it still holds, with their handles. Known ones get their handle
+ * back; unknown ones are handed back to it (Reclaimed); journaled ones it no longer has are
+ * dropped, or, if a consumer maps them, treated as if their producer were gone.
+ */
+static int reconcile_producer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+                              struct broker_welcome *w)
+{
+        _cleanup_free_ uint64_t *unknown = NULL;
+        struct list_node *pos, *tmp;
+        size_t n_unknown = 0;
+        int r;
+
+        unknown = calloc(h->n_held ? h->n_held : 1, sizeof(*unknown));
+        if (!unknown)
+                return -ENOMEM;
+        for (size_t i = 0; i < h->n_held; i++) {
+                const struct broker_held *hc = &h->held[i];
+                struct chunk *c = broker_find_chunk(p, hc->chunk_id);
+
+                if (c && c->producer == g && !c->orphan && c->size == hc->size && c->fd < 0) {
+                        c->fd = h->held_fds[i];
+                        h->held_fds[i] = -1;
+                        chunk_set_free_listed(c);
+                        continue;
+                }
+                unknown[n_unknown++] = hc->chunk_id;
+                if (hc->lease_id && (r = lost_add(w, hc->lease_id)) < 0)
+                        return r;
+        }
+        list_for_each(pos, tmp, &g->chunks)
+        {
+                struct chunk *c = list_entry(pos, struct chunk, producer_node);
+                if (c->fd >= 0 || c->orphan)
+                        continue;
+                if (c->state == CHUNK_FREE) {
+                        chunk_drop(p, c);
+                        continue;
+                }
+                log_warning("Producer %s no longer lists chunk %" PRIu64 " that lease %" PRIu64
+                            " maps; its consumer is asked to move off",
+                            g->uuid, c->id, c->lease->id);
+                c->orphan = true;
+                c->state = CHUNK_LEASED;
+                journal_chunk(p, c);
+        }
+        if (n_unknown) {
+                log_warning("Producer %s holds %zu chunks this daemon does not know; handing them "
+                            "back",
+                            g->uuid, n_unknown);
+                notice_queue(p, NOTICE_RECLAIMED, g, 0, unknown, n_unknown, 0, NULL);
+        }
+        /* Orphaned leases: ask their consumers to move off, as when a producer dies. */
+        list_for_each(pos, tmp, &p->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                _cleanup_free_ uint64_t *ids = NULL;
+                size_t n = 0;
+
+                if (l->producer != g)
+                        continue;
+                for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
+                        struct chunk *c = list_entry(k, struct chunk, lease_node);
+                        if (!c->orphan || c->state != CHUNK_LEASED)
+                                continue;
+                        uint64_t *a = reallocarray(ids, n + 1, sizeof(*a));
+                        if (!a)
+                                return -ENOMEM;
+                        ids = a;
+                        ids[n++] = c->id;
+                        c->state = CHUNK_RECLAIMING;
+                        journal_chunk(p, c);
+                }
+                if (n) {
+                        lease_update_state(l);
+                        notice_queue(p, NOTICE_RECLAIM, l->consumer, l->id, ids, n, 0,
+                                     "producer gone");
+                }
+        }
+        return 0;
+}
+
+/*
+ * Reclaims asked while the consumer was away (or that it may have lost track of across the
+ * restart) are asked again, with the time that is left.
+ */
+static int renotice(struct broker *p, struct gpu *g)
+{
+        uint64_t now = now_mono_ns();
+
+        for (struct list_node *n = g->leases.next; n != &g->leases; n = n->next) {
+                struct lease *l = list_entry(n, struct lease, consumer_node);
+                _cleanup_free_ uint64_t *ids = calloc(l->n_chunks + 1, sizeof(uint64_t));
+                uint64_t deadline = 0;
+                size_t k = 0;
+
+                if (!ids)
+                        return -ENOMEM;
+                for (struct list_node *x = l->chunks.next; x != &l->chunks; x = x->next) {
+                        struct chunk *c = list_entry(x, struct chunk, lease_node);
+                        if (c->state != CHUNK_RECLAIMING)
+                                continue;
+                        ids[k++] = c->id;
+                        /* Never delivered: the whole deadline, from the coming delivery. */
+                        uint64_t d = c->deadline_pending ? now + p->settings.reclaim_deadline_ns
+                                                         : c->deadline_ns;
+                        if (d && (!deadline || d < deadline))
+                                deadline = d;
+                }
+                if (k == 0)
+                        continue;
+                /* A passed deadline is sent as 1 ms: "now", not "no deadline". */
+                notice_queue(p, NOTICE_RECLAIM, g, l->id, ids, k,
+                             !deadline        ? 0
+                             : deadline > now ? (deadline - now) / NSEC_PER_MSEC
+                                              : 1,
+                             l->reason ? l->reason : "reclaim");
+        }
+        return 0;
+}
+
+/*
+ * The consumer lists the chunks it maps, by lease. Leases the journal has for it are kept (and
+ * chunks of them it no longer lists go back to the pool); leases the daemon does not know, or
+ * knows for another GPU, are lost: the consumer keeps the mappings it has and moves off them.
+ */
+static int reconcile_consumer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+                              struct broker_welcome *w)
+{
+        struct list_node *pos, *tmp;
+        int r;
+
+        list_for_each(pos, tmp, &g->leases)
+        {
+                list_entry(pos, struct lease, consumer_node)->confirmed = false;
+        }
+        for (size_t i = 0; i < h->n_held; i++) {
+                const struct broker_held *hc = &h->held[i];
+                struct lease *l = hc->lease_id ? broker_find_lease(p, hc->lease_id) : NULL;
+
+                if (!hc->lease_id)
+                        continue;
+                if (!l || l->consumer != g) {
+                        if ((r = lost_add(w, hc->lease_id)) < 0)
+                                return r;
+                        continue;
+                }
+                l->confirmed = true;
+        }
+        list_for_each(pos, tmp, &g->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, consumer_node);
+                _cleanup_free_ uint64_t *back = calloc(l->n_chunks + 1, sizeof(uint64_t));
+                struct gpu *producer = l->producer;
+                struct list_node *k, *ktmp;
+                size_t n_back = 0;
+
+                if (!back)
+                        return -ENOMEM;
+                if (!l->confirmed) {
+                        log_notice("Consumer %s did not re-register lease %" PRIu64
+                                   "; its chunks go back to the pool",
+                                   g->uuid, l->id);
+                        p->stats.leases_lost++;
+                        events_add(&p->events, "lease",
+                                   "lease %" PRIu64 " lost: %s did not re-register it", l->id,
+                                   g->uuid);
+                }
+                list_for_each(k, ktmp, &l->chunks)
+                {
+                        struct chunk *c = list_entry(k, struct chunk, lease_node);
+                        bool listed = false;
+
+                        for (size_t i = 0; l->confirmed && i < h->n_held && !listed; i++)
+                                listed =
+                                    h->held[i].chunk_id == c->id && h->held[i].lease_id == l->id;
+                        if (listed)
+                                continue;
+                        if (c->orphan || c->state == CHUNK_RECLAIMING) {
+                                /* A reclaim it completed while aquad was away: the producer
+                                 * waits for these (if it is not back yet, it lists them and
+                                 * gets them back as unknown). */
+                                if (!c->orphan)
+                                        back[n_back++] = c->id;
+                                chunk_drop(p, c);
+                        } else {
+                                chunk_release(p, c);
+                                chunk_dirty(p, c, g);
+                                journal_chunk(p, c);
+                        }
+                }
+                if (n_back)
+                        notice_queue(p, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
+                if (l->n_chunks == 0)
+                        lease_free(p, l);
+        }
+        return renotice(p, g);
+}
+
+int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+                    struct broker_welcome *ret, char *err)
+{
+        struct broker_welcome w = {0};
+        struct gpu *g = NULL;
+        bool producer = h->role == GPU_ROLE_PRODUCER;
+        bool consumer = h->role == GPU_ROLE_CONSUMER;
+        size_t chunks = 0;
+        char name[256];
+        int r;
+
+        if (!h->uuid || !h->uuid[0])
+                return broker_fail(err, E(INVALID), "hello: gpu_uuid is empty");
+        if (!producer && !consumer && h->role != GPU_ROLE_NEUTRAL)
+                return broker_fail(err, E(INVALID),
+                                   "hello: role %d is not producer, consumer or "
+                                   "neutral",
+                                   h->role);
+        if (h->n_held && !producer && !consumer)
+                return broker_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
+        if (p->settings.colocate && (producer || consumer)) {
+                /* One device, a registration per role: the two may lend to each other. */
+                snprintf(name, sizeof(name), "%s/%s", h->uuid, producer ? "producer" : "consumer");
+                if (strchr(h->uuid, '/') || strlen(name) >= sizeof(name) - 1)
+                        return broker_fail(err, E(INVALID), "hello: gpu_uuid \"%s\" is not a uuid",
+                                           h->uuid);
+        } else
+                snprintf(name, sizeof(name), "%s", h->uuid);
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                struct gpu *x = list_entry(n, struct gpu, node);
+                if (strcmp(x->uuid, name) == 0)
+                        g = x;
+        }
+        if (g && g->owner)
+                return broker_fail(err, E(BUSY),
+                                   "hello: GPU %s is already registered by %s (pid %d)", g->uuid,
+                                   g->client_name ? g->client_name : "another client", (int)g->pid);
+        if (g) {
+                for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
+                        chunks += !list_entry(n, struct chunk, producer_node)->orphan;
+                if (chunks && !producer)
+                        return broker_fail(err, E(INVALID),
+                                           "hello: GPU %s still lends %zu chunks as a producer",
+                                           g->uuid, chunks);
+                if (!list_empty(&g->leases) && !consumer)
+                        return broker_fail(err, E(INVALID),
+                                           "hello: GPU %s still borrows as a consumer", g->uuid);
+        }
+        if (producer && h->n_held + p->n_chunks > p->settings.max_chunks + chunks)
+                return broker_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
+                                   h->n_held);
+
+        if (!g && !(g = gpu_ensure(p, name)))
+                return -ENOMEM;
+        r = set_links(g, h->links, h->n_links);
+        if (r < 0)
+                goto fail;
+        free(g->client_name);
+        g->client_name = h->client_name && h->client_name[0] ? strdup(h->client_name) : NULL;
+        g->ordinal = h->ordinal;
+        g->capacity = h->capacity;
+        g->granularity = h->granularity;
+        g->role = h->role;
+        g->pid = h->pid;
+        g->owner = owner;
+        g->serial = ++p->next_serial;
+        g->held_alive = false;
+        /* Journaled for consumers: after a restart, who may still map what this GPU borrows
+         * (what a producer lends, consumers map: its process does not matter). */
+        if (consumer) {
+                g->process = h->process ? *h->process : (struct proc_id){0};
+                journal_gpu(p, g);
+        }
+
+        if (producer)
+                r = reconcile_producer(p, g, h, &w);
+        else if (consumer)
+                r = reconcile_consumer(p, g, h, &w);
+        if (r < 0)
+                goto fail;
+        g->restored = false;
+        for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
+                chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
+        events_add(&p->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
+                   g->client_name ? g->client_name : "?", (int)g->pid,
+                   producer   ? "producer"
+                   : consumer ? "consumer"
+                              : "neutral",
+                   h->n_held ? ", re-registering what it holds" : "");
+        r = broker_repair(p);
+        if (r < 0)
+                goto fail;
+        w.gpu = g;
+        *ret = w;
+        return 0;
+fail:
+        free(w.lost_leases);
+        g->owner = NULL;
+        return r;
+}
+
+/* ------------------------------------------------------------------------------ pairing */
+
+static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
+{
+        for (size_t i = 0; i < n; i++)
+                if (gpu_is(gpus[i], key))
+                        return i;
+        return SIZE_MAX;
+}
+
+/* What a GPU reported for its k-th link, or the operator's topology file where it reported none. */
+static double link_bandwidth(const struct broker *p, const struct gpu *g, size_t k)
+{
+        if (g->links[k].bandwidth > 0 || !p->settings.links)
+                return g->links[k].bandwidth;
+        return (double)topology_link_by_uuid(p->settings.links, g->uuid, g->links[k].uuid) / 1e9;
+}
+
+int broker_repair(struct broker *p)
+{
+        _cleanup_free_ struct gpu **gpus = NULL;
+        _cleanup_free_ enum pairing_role *roles = NULL;
+        _cleanup_free_ struct pairing_link *links = NULL;
+        _cleanup_free_ struct pairing_pair *pinned = NULL, *current = NULL, *out = NULL;
+        _cleanup_free_ const char **source = NULL;
+        _cleanup_free_ struct gpu **mate = NULL;
+        _cleanup_free_ double *bw = NULL;
+        size_t n = 0, n_links = 0, n_pinned = 0, n_current = 0, n_out = 0, max_links = 0;
+        int r;
+
+        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next)
+                max_links += list_entry(x, struct gpu, node)->n_links;
+        gpus = calloc(p->n_gpus + 1, sizeof(*gpus));
+        roles = calloc(p->n_gpus + 1, sizeof(*roles));
+        mate = calloc(p->n_gpus + 1, sizeof(*mate));
+        source = calloc(p->n_gpus + 1, sizeof(*source));
+        bw = calloc(p->n_gpus + 1, sizeof(*bw));
+        /* A reported link may name a device's two registrations; a device's two are linked. */
+        links = calloc(2 * max_links + p->n_gpus + 1, sizeof(*links));
+        pinned = calloc(p->n_pins + 1, sizeof(*pinned));
+        current = calloc(p->n_gpus + 1, sizeof(*current));
+        if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
+                return -ENOMEM;
+
+        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next)
+                gpus[n++] = list_entry(x, struct gpu, node);
+        for (size_t i = 0; i < n; i++) {
+                struct gpu *g = gpus[i];
+                bool live = g->owner || g->restored;
+                roles[i] = !live                          ? PAIRING_OTHER
+                           : g->role == GPU_ROLE_PRODUCER ? PAIRING_PRODUCER
+                           : g->role == GPU_ROLE_CONSUMER ? PAIRING_CONSUMER
+                                                          : PAIRING_OTHER;
+        }
+        for (size_t k = 0; k < p->n_pins; k++) {
+                size_t a = index_of(gpus, n, p->pins[k].producer);
+                size_t b = index_of(gpus, n, p->pins[k].consumer);
+                /* A pin with one side empty keeps that GPU unpaired. */
+                if (!p->pins[k].consumer[0] && a != SIZE_MAX) {
+                        roles[a] = PAIRING_OTHER;
+                        continue;
+                }
+                if (a == SIZE_MAX || b == SIZE_MAX)
+                        continue;
+                if (gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
+                        continue;
+                roles[a] = PAIRING_PRODUCER;
+                roles[b] = PAIRING_CONSUMER;
+                pinned[n_pinned++] = (struct pairing_pair){a, b};
+                source[a] = source[b] = p->pins[k].source;
+        }
+        for (size_t i = 0; p->settings.auto_pairing && i < n; i++) {
+                if (!gpus[i]->owner)
+                        continue;
+                /* A device may have a registration per role: link to each of them. */
+                for (size_t k = 0; k < gpus[i]->n_links; k++)
+                        for (size_t j = 0; j < n; j++) {
+                                if (j == i || !gpus[j]->owner ||
+                                    !gpu_is(gpus[j], gpus[i]->links[k].uuid))
+                                        continue;
+                                links[n_links++] =
+                                    (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
+                        }
+                /* The two roles of one device: no link is faster than its own memory. */
+                for (size_t j = i + 1; j < n; j++)
+                        if (gpus[j]->owner && strcmp(gpus[i]->device, gpus[j]->device) == 0)
+                                links[n_links++] = (struct pairing_link){i, j, HUGE_VAL};
+        }
+        for (size_t i = 0; i < n; i++)
+                if (roles[i] == PAIRING_PRODUCER && gpus[i]->paired) {
+                        size_t j = index_of(gpus, n, gpus[i]->paired->uuid);
+                        if (j != SIZE_MAX && roles[j] == PAIRING_CONSUMER)
+                                current[n_current++] = (struct pairing_pair){i, j};
+                }
+        r = pairing_compute(roles, n, links, n_links, pinned, n_pinned, current, n_current, &out,
+                            &n_out);
+        if (r < 0)
+                return r;
+        for (size_t k = 0; k < n_out; k++) {
+                size_t a = out[k].producer, b = out[k].consumer;
+                mate[a] = gpus[b];
+                mate[b] = gpus[a];
+                for (size_t l = 0; l < n_links; l++)
+                        if (((links[l].a == a && links[l].b == b) ||
+                             (links[l].a == b && links[l].b == a)) &&
+                            !isinf(links[l].bandwidth))
+                                bw[a] = bw[b] = MAX(bw[a], links[l].bandwidth);
+                if (!source[a])
+                        source[a] = source[b] = "auto";
+        }
+        for (size_t i = 0; i < n; i++) {
+                struct gpu *before = gpus[i]->paired;
+                gpu_set_pair(p, gpus[i], mate[i], source[i], bw[i]);
+                if (before != mate[i])
+                        events_add(&p->events, "pair", "%s %s %s", gpus[i]->uuid,
+                                   mate[i] ? "paired with" : "unpaired",
+                                   mate[i] ? mate[i]->uuid : "");
+                else if (mate[i]) {
+                        gpus[i]->pair_source = source[i];
+                        gpus[i]->pair_bandwidth = bw[i];
+                }
+        }
+        /* A producer's consumer may have changed or gone: what the last one left is scrubbed. */
+        for (size_t i = 0; i < n; i++)
+                scrub_check(p, gpus[i]);
+        return 0;
+}
+
+int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err)
+{
+        struct gpu *a = broker_find_gpu(p, producer), *b = broker_find_gpu(p, consumer);
+        int r;
+
+        if (!a || !b)
+                return broker_fail(err, E(UNKNOWN_GPU), "pair: no GPU %s",
+                                   !a ? (producer ? producer : "") : consumer);
+        if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
+                return broker_fail(err, E(WRONG_ROLE),
+                                   "pair: %s must be a producer and %s a consumer", a->uuid,
+                                   b->uuid);
+        r = broker_pins_add(p, a->uuid, b->uuid, "aquactl");
+        if (r < 0)
+                return r;
+        journal_pin(p, a->uuid, b->uuid, false);
+        return broker_repair(p);
+}
+
+int broker_unpin(struct broker *p, const char *gpu, char *err)
+{
+        struct gpu *g = broker_find_gpu(p, gpu);
+        int r;
+
+        if (!g)
+                return broker_fail(err, E(UNKNOWN_GPU), "unpair: no GPU %s", gpu ? gpu : "");
+        /* Pinned to nobody: automatic pairing leaves it alone too. */
+        r = broker_pins_add(p, g->uuid, "", "aquactl");
+        if (r < 0)
+                return r;
+        journal_pin(p, g->uuid, "", false);
+        return broker_repair(p);
+}

@@ -1,0 +1,692 @@
+/* The lease state machine: grants, partial grants, reclaim with deadlines, death, restart. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "broker.h"
+#include "time-util.h"
+#include "topology.h"
+
+#define MiB     (UINT64_C(1) << 20)
+#define E(name) BROKER_E_##name
+
+static struct broker *pool;
+static struct gpu *producer, *consumer;
+/* The pool never looks inside the transport's clients: any object stands in for one. */
+struct client {
+        int unused;
+};
+static struct client producer_client, consumer_client;
+static char err[BROKER_ERR_MAX];
+static char dir[64], journal_path[128];
+
+static const struct broker_settings settings = {
+    .dram_budget = 8 * MiB,
+    .reclaim_deadline_ns = 100 * NSEC_PER_MSEC,
+    .reconcile_timeout_ns = NSEC_PER_SEC,
+    .max_chunks = 64,
+    .max_leases = 4,
+    .max_grant_chunks = 32,
+    .auto_pairing = true,
+};
+
+static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
+                         struct client *owner, const struct broker_held *held, size_t n_held,
+                         int *fds, struct broker_welcome *ret)
+{
+        struct broker_link links[] = {{.uuid = peer, .bandwidth = 400}};
+        struct broker_hello h = {.uuid = uuid,
+                                 .role = role,
+                                 .granularity = 2 * MiB,
+                                 .links = links,
+                                 .n_links = 1,
+                                 .held = held,
+                                 .n_held = n_held,
+                                 .held_fds = fds,
+                                 .client_name = uuid};
+        struct broker_welcome w = {0};
+
+        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        if (ret)
+                *ret = w;
+        else
+                free(w.lost_leases);
+        return w.gpu;
+}
+
+static void setup(void)
+{
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
+        consumer =
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL, NULL);
+        cr_assert_eq(consumer->paired, producer);
+        dir[0] = '\0';
+}
+
+static void drain_notices(void);
+
+static void teardown(void)
+{
+        drain_notices();
+        pool = broker_free(pool);
+        if (dir[0]) {
+                char cmd[128];
+                snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+                cr_assert_eq(system(cmd), 0);
+        }
+}
+
+TestSuite(lease, .init = setup, .fini = teardown);
+
+static void offer(size_t n, uint64_t *ret_ids)
+{
+        uint64_t sizes[16], refs[16], ids[16];
+        int fds[16];
+
+        for (size_t i = 0; i < n; i++) {
+                sizes[i] = 2 * MiB;
+                refs[i] = 100 + i;
+                fds[i] = memfd_create("chunk", MFD_CLOEXEC);
+                cr_assert_geq(fds[i], 0);
+        }
+        cr_assert_eq(
+            broker_offer(pool, producer, sizes, refs, fds, n, ret_ids ? ret_ids : ids, err), 0,
+            "%s", err);
+        for (size_t i = 0; i < n; i++)
+                cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
+}
+
+/* Take queued notices, delivered as the transport would (a reclaim's deadline starts); count
+ * those of kind for gpu (and copy the first one's ids). */
+static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size_t *n_ids,
+                      char *text, size_t text_len)
+{
+        struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
+        size_t count = 0;
+
+        broker_take_notices(pool, &list);
+        list_for_each(pos, tmp, &list)
+        {
+                struct notice *m = list_entry(pos, struct notice, node);
+                if (m->kind == NOTICE_RECLAIM)
+                        broker_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
+                                                 m->deadline_ms);
+                if (m->kind == kind && m->gpu == to) {
+                        if (count == 0 && ids) {
+                                memcpy(ids, m->chunk_ids, m->n_chunk_ids * sizeof(*ids));
+                                *n_ids = m->n_chunk_ids;
+                        }
+                        if (count == 0 && text)
+                                snprintf(text, text_len, "%s", m->text ? m->text : "");
+                        count++;
+                }
+                notice_free(m);
+        }
+        return count;
+}
+
+static void drain_notices(void)
+{
+        if (pool)
+                notices(_NOTICE_KIND_MAX, NULL, NULL, NULL, NULL, 0);
+}
+
+static struct lease *borrow(uint64_t bytes, uint64_t min, bool dram, struct broker_grant *g)
+{
+        cr_assert_eq(broker_borrow(pool, consumer, bytes, min, dram, g, err), 0, "%s", err);
+        return g->lease;
+}
+
+Test(lease, borrow_grants_chunks_of_the_paired_producer)
+{
+        struct broker_grant g;
+        struct lease *l;
+
+        offer(4, NULL);
+        l = borrow(6 * MiB, 6 * MiB, false, &g);
+        cr_assert_not_null(l);
+        cr_assert_eq(l->n_chunks, 3);
+        cr_assert_eq(l->bytes, 6 * MiB);
+        cr_assert_eq(l->state, LEASE_GRANTED);
+        cr_assert_eq(l->producer, producer);
+        cr_assert_not(g.partial);
+        cr_assert_eq(g.dram_bytes, 0);
+        cr_assert_eq(producer->lent_bytes, 6 * MiB);
+        cr_assert_eq(consumer->borrowed_bytes, 6 * MiB);
+        cr_assert_eq(list_length(&producer->free_chunks), 1);
+}
+
+Test(lease, a_return_naming_chunks_returned_already_returns_the_rest)
+{
+        struct broker_grant g;
+        struct lease *l;
+        uint64_t ids[3], first, stale[2];
+        uint64_t lease_id;
+        uint32_t n = 0;
+
+        offer(3, NULL);
+        l = borrow(6 * MiB, 6 * MiB, false, &g);
+        lease_id = l->id;
+        for (size_t i = 0; i < 3; i++) {
+                struct list_node *k = l->chunks.next;
+                for (size_t j = 0; j < i; j++)
+                        k = k->next;
+                ids[i] = list_entry(k, struct chunk, lease_node)->id;
+        }
+        first = ids[0];
+        cr_assert_eq(broker_return(pool, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(n, 1);
+        /* The first again, with the second: the second goes back, the first is skipped. */
+        stale[0] = ids[0];
+        stale[1] = ids[1];
+        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(l->n_chunks, 1);
+        /* Only stale ids: refused, nothing changes. */
+        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err),
+                     E(UNKNOWN_CHUNK));
+        cr_assert_eq(l->n_chunks, 1);
+}
+
+Test(lease, borrow_makes_up_the_rest_with_dram_budget)
+{
+        struct broker_grant g;
+
+        offer(1, NULL);
+        borrow(6 * MiB, 4 * MiB, true, &g);
+        cr_assert_eq(g.lease->bytes, 2 * MiB);
+        cr_assert_eq(g.dram_bytes, 4 * MiB);
+        cr_assert_not(g.partial);
+        cr_assert_eq(consumer->dram_bytes, 4 * MiB);
+        cr_assert_eq(pool->dram_granted, 4 * MiB);
+}
+
+Test(lease, borrow_grants_partially_when_min_bytes_is_met)
+{
+        struct broker_grant g;
+
+        offer(2, NULL);
+        borrow(32 * MiB, 2 * MiB, false, &g);
+        cr_assert(g.partial);
+        cr_assert_eq(g.lease->bytes, 4 * MiB);
+}
+
+Test(lease, borrow_grants_nothing_below_min_bytes)
+{
+        struct broker_grant g;
+
+        offer(1, NULL);
+        cr_assert_eq(broker_borrow(pool, consumer, 8 * MiB, 4 * MiB, false, &g, err), E(NO_MEMORY));
+        cr_assert(strstr(err, "GPU-P"), "%s", err);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(list_length(&producer->free_chunks), 1);
+}
+
+Test(lease, borrow_stops_at_the_lease_limit)
+{
+        struct broker_grant g;
+
+        offer(8, NULL);
+        for (int i = 0; i < 4; i++)
+                borrow(2 * MiB, 2 * MiB, false, &g);
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(LIMIT));
+}
+
+Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
+{
+        uint64_t sizes[65] = {0}, refs[65] = {0};
+        int fds[65];
+        uint64_t ids[65];
+
+        for (size_t i = 0; i < 65; i++) {
+                sizes[i] = 2 * MiB;
+                fds[i] = -1;
+        }
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 65, ids, err), E(LIMIT));
+        sizes[0] = 3 * MiB;
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 1, ids, err), E(INVALID));
+        cr_assert(strstr(err, "granularity"), "%s", err);
+}
+
+Test(lease, reclaim_frees_unleased_chunks_at_once)
+{
+        struct broker_reclaim r;
+        struct broker_grant g;
+
+        offer(4, NULL);
+        borrow(2 * MiB, 2 * MiB, false, &g);
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 4 * MiB, false, false, "producer load", &r, err), 0);
+        cr_assert_eq(r.n_free, 2);
+        cr_assert_eq(r.n_pending, 0);
+        cr_assert_eq(pool->n_chunks, 2);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 0);
+        broker_reclaim_clear(&r);
+}
+
+Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
+{
+        uint64_t ids[16];
+        size_t n = 0;
+        char reason[64];
+        struct broker_reclaim r;
+        struct broker_grant g;
+        struct lease *l;
+        uint32_t returned;
+
+        offer(2, NULL);
+        l = borrow(4 * MiB, 4 * MiB, false, &g);
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
+        cr_assert_eq(r.n_free, 0);
+        cr_assert_eq(r.n_pending, 1);
+        cr_assert_eq(r.deadline_ms, 100);
+        cr_assert_eq(l->state, LEASE_RECLAIMING);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
+        cr_assert_eq(n, 1);
+        cr_assert_eq(ids[0], r.pending_ids[0]);
+        cr_assert_str_eq(reason, "producer load");
+
+        /* Nothing goes back to the producer while the consumer maps it. */
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
+        cr_assert_eq(broker_return(pool, consumer, l->id, ids, 1, 0, &returned, err), 0, "%s", err);
+        cr_assert_eq(returned, 1);
+        n = 0;
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, ids, &n, NULL, 0), 1);
+        cr_assert_eq(ids[0], r.pending_ids[0]);
+        cr_assert_eq(l->state, LEASE_GRANTED);
+        cr_assert_eq(l->n_chunks, 1);
+        cr_assert_eq(pool->n_chunks, 1);
+        broker_reclaim_clear(&r);
+}
+
+Test(lease, a_missed_deadline_bars_the_consumer_and_keeps_its_chunks_from_the_producer)
+{
+        struct broker_reclaim r;
+        struct broker_grant g;
+        struct lease *l;
+        uint64_t lease_id;
+
+        offer(2, NULL);
+        l = borrow(4 * MiB, 4 * MiB, false, &g);
+        lease_id = l->id;
+        cr_assert_eq(broker_reclaim(pool, producer, 0, true, false, "producer load", &r, err), 0);
+        drain_notices();
+        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        cr_assert(consumer->barred);
+        cr_assert(l->overdue);
+        cr_assert_eq(pool->stats.deadline_misses, 1);
+        cr_assert_eq(l->n_chunks, 2, "overdue chunks stay with the consumer");
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
+        offer(1, NULL);
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 0, true, &g, err), E(BARRED));
+
+        /* Late, but returned: only now does the producer get them. */
+        cr_assert_eq(broker_return(pool, consumer, lease_id, NULL, 0, 0, NULL, err), 0, "%s", err);
+        cr_assert_null(broker_find_lease(pool, lease_id));
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
+        broker_reclaim_clear(&r);
+}
+
+Test(lease, return_refuses_a_chunk_of_another_lease)
+{
+        struct broker_grant a, b;
+        uint64_t other;
+
+        offer(2, NULL);
+        borrow(2 * MiB, 2 * MiB, false, &a);
+        borrow(2 * MiB, 2 * MiB, false, &b);
+        other = list_entry(b.lease->chunks.next, struct chunk, lease_node)->id;
+        cr_assert_eq(broker_return(pool, consumer, a.lease->id, &other, 1, 0, NULL, err),
+                     E(UNKNOWN_CHUNK));
+        cr_assert_eq(broker_return(pool, consumer, 999, NULL, 0, 0, NULL, err), E(UNKNOWN_LEASE));
+        cr_assert_eq(broker_return(pool, consumer, 0, NULL, 0, MiB, NULL, err), E(INVALID));
+}
+
+Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
+{
+        struct broker_grant g;
+
+        offer(2, NULL);
+        borrow(4 * MiB, 4 * MiB, true, &g);
+        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(list_length(&producer->free_chunks), 2);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
+}
+
+Test(lease, consumer_death_returns_its_chunks_and_dram_to_the_pool)
+{
+        struct broker_reclaim r;
+        struct broker_grant g;
+
+        offer(3, NULL);
+        borrow(8 * MiB, 2 * MiB, true, &g);
+        cr_assert_eq(broker_reclaim(pool, producer, 2 * MiB, false, false, "x", &r, err), 0);
+        cr_assert_eq(r.n_pending, 1);
+        drain_notices();
+        broker_gpu_gone(pool, consumer);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(pool->dram_granted, 0);
+        cr_assert_eq(list_length(&producer->free_chunks), 2);
+        /* The chunk it was asked to return goes to the producer now that nothing maps it. */
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
+        broker_reclaim_clear(&r);
+}
+
+Test(lease, producer_death_keeps_leased_chunks_and_asks_consumers_to_move_off)
+{
+        struct broker_grant g;
+        char reason[64];
+        uint64_t ids[16];
+        size_t n = 0;
+        struct lease *l;
+
+        offer(3, NULL);
+        l = borrow(4 * MiB, 4 * MiB, false, &g);
+        broker_gpu_gone(pool, producer);
+        cr_assert_eq(pool->n_chunks, 2, "the free chunk is dropped, the leased ones stay");
+        cr_assert_eq(l->state, LEASE_RECLAIMING);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
+        cr_assert_eq(n, 2);
+        cr_assert_str_eq(reason, "producer gone");
+        broker_tick(pool, now_mono_ns() + 100 * NSEC_PER_SEC);
+        cr_assert_not(consumer->barred, "no deadline when the producer is gone");
+        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(pool->n_chunks, 0);
+        cr_assert_eq(pool->n_leases, 0);
+}
+
+/* Found by fuzz-core: a lease whose chunks all came back unusable still names its producer. */
+Test(lease, a_producer_gone_under_a_lease_emptied_by_unusable_chunks_outlives_it)
+{
+        struct broker_grant g;
+        uint64_t ids[2];
+        struct lease *l;
+        struct gpu *p;
+
+        offer(2, NULL);
+        l = borrow(4 * MiB, 4 * MiB, false, &g);
+        for (size_t i = 0; i < 2; i++)
+                ids[i] =
+                    list_entry(i ? l->chunks.next->next : l->chunks.next, struct chunk, lease_node)
+                        ->id;
+        cr_assert_eq(broker_return_unusable(pool, consumer, l->id, ids, 2, err), 0, "%s", err);
+        cr_assert_eq(l->n_chunks, 0, "the lease stays, empty, for the consumer's Return");
+        drain_notices(); /* the producer heard of them: nothing else holds it */
+        broker_gpu_gone(pool, producer);
+        p = broker_find_gpu(pool, "GPU-P");
+        cr_assert_not_null(p, "the lease still names its producer");
+        cr_assert_eq(l->producer, p);
+        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0, "%s", err);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker_check(pool, err), 0, "%s", err);
+}
+
+Test(lease, drain_takes_everything_back_and_stops_grants)
+{
+        struct broker_reclaim r;
+        struct broker_grant g;
+
+        offer(3, NULL);
+        borrow(2 * MiB, 2 * MiB, false, &g);
+        cr_assert_eq(broker_drain(pool, producer, &r, err), 0);
+        cr_assert_eq(r.n_free, 2);
+        cr_assert_eq(r.n_pending, 1);
+        cr_assert(producer->draining);
+        cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
+        broker_reclaim_clear(&r);
+}
+
+/* ------------------------------------------------------------------------------ restart */
+
+static struct broker *restart(void)
+{
+        struct journal *j = NULL;
+        struct broker *p = NULL;
+
+        cr_assert_eq(broker_new(&settings, &p), 0);
+        cr_assert_eq(journal_open(journal_path, broker_apply, p, &j, NULL), 0);
+        broker_attach_journal(p, j, 1 << 20);
+        return p;
+}
+
+static void with_journal(void)
+{
+        struct journal *j = NULL;
+
+        snprintf(dir, sizeof(dir), "/tmp/test-lease-XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
+        cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
+        broker_attach_journal(pool, j, 1 << 20);
+}
+
+Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_lost)
+{
+        struct broker_held held[4];
+        struct broker_welcome w;
+        struct broker_grant g;
+        uint64_t chunk_ids[3], lease_id;
+        int fds[3];
+
+        with_journal();
+        offer(3, chunk_ids);
+        lease_id = borrow(4 * MiB, 4 * MiB, true, &g)->id;
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool); /* the daemon dies */
+
+        pool = restart();
+        cr_assert_eq(pool->n_chunks, 3);
+        cr_assert_eq(pool->n_leases, 1);
+        consumer = broker_find_gpu(pool, "GPU-C");
+        cr_assert(consumer->restored);
+
+        /* The consumer holds its lease and claims one the daemon never granted. */
+        for (int i = 0; i < 2; i++) {
+                held[i] = (struct broker_held){0};
+                held[i].chunk_id = chunk_ids[i];
+                held[i].size = 2 * MiB;
+                held[i].lease_id = lease_id;
+        }
+        held[2] = (struct broker_held){0};
+        held[2].chunk_id = 77;
+        held[2].lease_id = 4242;
+        consumer = hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 3, NULL, &w);
+        cr_assert_eq(w.n_lost_leases, 1);
+        cr_assert_eq(w.lost_leases[0], 4242);
+        free(w.lost_leases);
+
+        /* The producer re-registers its three chunks with their handles. */
+        for (int i = 0; i < 3; i++) {
+                held[i] = (struct broker_held){0};
+                held[i].chunk_id = chunk_ids[i];
+                held[i].size = 2 * MiB;
+                held[i].lease_id = i < 2 ? lease_id : 0;
+                fds[i] = memfd_create("chunk", MFD_CLOEXEC);
+        }
+        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, held, 3, fds, &w);
+        cr_assert_eq(w.n_lost_leases, 0);
+        free(w.lost_leases);
+        for (int i = 0; i < 3; i++)
+                cr_assert_eq(fds[i], -1);
+
+        cr_assert_eq(pool->n_leases, 1);
+        cr_assert_eq(broker_find_lease(pool, lease_id)->n_chunks, 2);
+        cr_assert_eq(list_length(&producer->free_chunks), 1);
+        /* A new grant does not reuse an id from before the restart. */
+        cr_assert_gt(borrow(2 * MiB, 2 * MiB, false, &g)->id, lease_id);
+}
+
+static enum proc_liveness holder_liveness = PROC_UNKNOWN;
+
+static enum proc_liveness liveness(const struct proc_id *id)
+{
+        return holder_liveness;
+}
+
+Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_gone)
+{
+        struct broker_grant g;
+
+        with_journal();
+        offer(2, NULL);
+        borrow(2 * MiB, 2 * MiB, false, &g);
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool);
+
+        pool = restart();
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
+        /* It re-registered holding nothing: everything of it is dropped, the lease orphaned. */
+        cr_assert_eq(pool->n_leases, 1);
+        pool->settings.liveness = liveness;
+        holder_liveness = PROC_UNKNOWN;
+        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        /* Silent, and nobody can say its process is gone: it may still map the lease. */
+        cr_assert_eq(pool->n_leases, 1);
+        cr_assert(broker_find_gpu(pool, "GPU-C")->held_alive);
+        holder_liveness = PROC_GONE;
+        broker_tick(pool, now_mono_ns() + 20 * NSEC_PER_SEC);
+        /* The consumer never came back and its process is gone: its lease is gone. */
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(pool->stats.leases_lost, 1);
+        cr_assert_eq(pool->n_chunks, 0);
+}
+
+Test(lease, a_snapshot_replays_to_the_same_state)
+{
+        Aquaj__JournalRecord *snap = NULL;
+        struct broker_grant g;
+        struct broker *copy;
+
+        offer(4, NULL);
+        borrow(4 * MiB, 4 * MiB, true, &g);
+        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        borrow(12 * MiB, 12 * MiB, true, &g);
+        cr_assert_eq(broker_pin(pool, "GPU-P", "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(broker_snapshot(pool, &snap), 0);
+        cr_assert_eq(broker_new(&settings, &copy), 0);
+        cr_assert_eq(broker_apply(snap, copy), 0);
+        cr_assert_eq(copy->n_chunks, 4);
+        cr_assert_eq(copy->n_leases, 1);
+        cr_assert_eq(copy->lent_bytes, 8 * MiB);
+        cr_assert_eq(copy->dram_granted, 4 * MiB);
+        cr_assert_eq(broker_find_gpu(copy, "GPU-C")->dram_bytes, 4 * MiB);
+        cr_assert_eq(copy->n_pins, 1);
+        cr_assert_eq(copy->next_lease_id, pool->next_lease_id);
+        aquaj__journal_record__free_unpacked(snap, NULL);
+        broker_free(copy);
+}
+
+Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_reclaimed)
+{
+        struct broker_held held[2];
+        struct broker_reclaim r;
+        struct broker_grant g;
+        uint64_t chunk_ids[2], lease_id, ids[4];
+        char reason[64];
+        size_t n = 0;
+
+        with_journal();
+        offer(2, chunk_ids);
+        lease_id = borrow(4 * MiB, 4 * MiB, false, &g)->id;
+        cr_assert_eq(
+            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
+        broker_reclaim_clear(&r);
+        cr_assert_eq(broker_commit(pool), 0);
+        drain_notices();
+        pool = broker_free(pool);
+
+        pool = restart();
+        for (int i = 0; i < 2; i++) {
+                held[i] = (struct broker_held){0};
+                held[i].chunk_id = chunk_ids[i];
+                held[i].size = 2 * MiB;
+                held[i].lease_id = lease_id;
+        }
+        consumer =
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 2, NULL, NULL);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
+        cr_assert_eq(n, 1);
+        cr_assert_str_eq(reason, "producer load");
+}
+
+/* Pins from a placer plan name GPUs by ordinal; they must win over automatic pairing. */
+Test(pins, pair_gpus_named_by_ordinal)
+{
+        static const char *const prod[] = {"2", "3"}, *const cons[] = {"1", "0"};
+        const char *uuids[] = {"GPU-A", "GPU-B", "GPU-C", "GPU-D"};
+        enum gpu_role roles[] = {GPU_ROLE_CONSUMER, GPU_ROLE_CONSUMER, GPU_ROLE_PRODUCER,
+                                 GPU_ROLE_PRODUCER};
+        struct broker_link links[4];
+        struct gpu *g[4];
+        struct client owners[4];
+
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 2), 0);
+        for (int i = 0; i < 4; i++) {
+                links[i] = (struct broker_link){.uuid = uuids[i], .bandwidth = 400};
+        }
+        for (uint32_t i = 0; i < 4; i++) {
+                struct broker_hello h = {.uuid = uuids[i],
+                                         .ordinal = i,
+                                         .role = roles[i],
+                                         .granularity = 2 * MiB,
+                                         .links = links,
+                                         .n_links = 4,
+                                         .client_name = uuids[i]};
+                struct broker_welcome w = {0};
+
+                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                free(w.lost_leases);
+                g[i] = w.gpu;
+        }
+        cr_assert_eq(g[0]->paired, g[3], "consumer 0 pinned to producer 3");
+        cr_assert_eq(g[1]->paired, g[2], "consumer 1 pinned to producer 2");
+        drain_notices();
+        pool = broker_free(pool);
+}
+
+/* GPUs report links without a bandwidth; the operator's probe file says which link is fast. */
+Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
+{
+        struct topology_device devs[3] = {
+            {.uuid = "GPU-C"}, {.uuid = "GPU-SLOW"}, {.uuid = "GPU-FAST"}};
+        uint64_t bw[9] = {
+            0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0, 900000000000ull, 0, 0};
+        struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
+        struct broker_settings with_links = settings;
+        const char *uuids[] = {"GPU-SLOW", "GPU-FAST", "GPU-C"};
+        enum gpu_role roles[] = {GPU_ROLE_PRODUCER, GPU_ROLE_PRODUCER, GPU_ROLE_CONSUMER};
+        struct broker_link links[3];
+        struct gpu *g[3];
+        struct client owners[3];
+
+        with_links.links = &topo;
+        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        for (int i = 0; i < 3; i++) {
+                links[i] = (struct broker_link){.uuid = uuids[i]};
+        }
+        for (uint32_t i = 0; i < 3; i++) {
+                struct broker_hello h = {.uuid = uuids[i],
+                                         .ordinal = i,
+                                         .role = roles[i],
+                                         .granularity = 2 * MiB,
+                                         .links = links,
+                                         .n_links = 3,
+                                         .client_name = uuids[i]};
+                struct broker_welcome w = {0};
+
+                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                free(w.lost_leases);
+                g[i] = w.gpu;
+        }
+        cr_assert_eq(g[2]->paired, g[1], "the consumer pairs over the 900 GB/s link");
+        drain_notices();
+        pool = broker_free(pool);
+}

@@ -1,0 +1,95 @@
+/* aquad's configuration: the YAML schema, its defaults, cross-field checks, and name resolution. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "topology.h"
+#include "util.h"
+
+#define CONFIG_DEFAULT_PATH     "/etc/aqua/aquad.yaml"
+#define CONFIG_DEFAULT_ENDPOINT "ipc:///run/aqua/aquad.sock"
+#define CONFIG_DEFAULT_SIDE     "/run/aqua/aquad.side"
+#define CONFIG_DEFAULT_JOURNAL  "/var/lib/aqua/journal"
+
+enum config_pairing {
+        CONFIG_PAIRING_STATIC,
+        CONFIG_PAIRING_AUTO,
+        _CONFIG_PAIRING_MAX,
+        _CONFIG_PAIRING_INVALID = -EINVAL,
+};
+
+struct config_pair {
+        char *producer; /* gpu uuid, or its ordinal in decimal */
+        char *consumer;
+};
+
+/* Who may do something: user and group names (or numeric ids) as written, and as resolved. */
+struct config_access {
+        char **users;
+        size_t n_users;
+        char **groups;
+        size_t n_groups;
+        uid_t *uids; /* resolved from users by config_load() */
+        gid_t *gids;
+};
+
+struct config_limits {
+        int64_t clients;          /* connected clients, admin tools included */
+        int64_t unregistered;     /* side channels that have not sent Hello yet */
+        int64_t chunks;           /* chunks in the lending pool, all producers together */
+        int64_t leases;           /* live leases */
+        int64_t pending_requests; /* per client: requests waiting for their side-channel fds */
+        uint64_t message_size;    /* bytes of one Envelope */
+        int64_t repeated_items;   /* items in any repeated field */
+        int64_t request_rate;     /* per client: requests per second sustained; 0: no limit */
+        int64_t request_burst;    /* per client: requests at once above the rate */
+};
+
+struct config {
+        char *endpoint;
+        char *side_socket;
+        uint32_t socket_mode;
+        char *socket_group; /* NULL: leave the group as created */
+        struct config_access allow;
+        struct config_access admin;
+        uint64_t dram_budget;
+        bool scrub_chunks;      /* chunks a consumer mapped are scrubbed before another gets them */
+        bool colocated_lending; /* a producer and a consumer on one GPU may be paired */
+        struct config_limits limits;
+        uint64_t reclaim_deadline_ns;
+        uint64_t reconcile_timeout_ns; /* after a restart: how long holders have to re-register */
+        uint64_t
+            request_timeout_ns; /* a request waiting for its fds, a side channel without Hello */
+        int pairing;            /* enum config_pairing */
+        struct config_pair *pairs;
+        size_t n_pairs;
+        char *plan;            /* aqua-place's pairs file for this server; its pairs join `pairs` */
+        char *topology;        /* aqua-profile probe's file: link bandwidths for auto pairing */
+        struct topology links; /* loaded from `topology`; empty without it */
+        char *journal;
+        uint64_t journal_compact_bytes; /* rewrite the journal as a snapshot past this size */
+        char *metrics;                  /* reserved: address of the metrics endpoint */
+        int log_level;                  /* enum log_level */
+};
+
+/*
+ * Load and validate a config from path (or from data when data is not NULL, path naming it in
+ * messages). Returns 0, -EINVAL with *ret_error "file:line:col: key: problem" (or "file: key:
+ * problem" for checks that span keys), or another negative errno for an unreadable file.
+ */
+int config_load(const char *path, const void *data, size_t size, struct config **ret,
+                char **ret_error);
+struct config *config_free(struct config *c);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct config *, config_free);
+
+/*
+ * Whether a peer with these credentials is admitted by a. groups are the peer's supplementary
+ * groups (may be NULL). An access list with no users and no groups admits root and the user
+ * aquad runs as.
+ */
+bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
+                          size_t n_groups);
+

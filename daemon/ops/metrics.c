@@ -1,0 +1,364 @@
+/* aquad's metrics: families rendered from the live server and pool, served from the poll loop. */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "prometheus.h"
+#include "server.h"
+#include "time-util.h"
+
+/* Reclaim latency buckets, seconds: from a consumer that returns at once to one near a deadline. */
+static const double reclaim_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25,  0.5,    1,     2.5,  5,     10,   30};
+
+struct metrics {
+        struct server *server;
+        struct prom_server *http;
+        struct prom_histogram reclaim;
+};
+
+/* The pool tells us each time a reclaimed chunk is back from its consumer. */
+static void observe_reclaim(void *userdata, uint64_t latency_ns)
+{
+        struct metrics *m = userdata;
+
+        prom_histogram_observe(&m->reclaim, (double)latency_ns / 1e9);
+}
+
+static void gauge(struct prom_text *t, const char *name, const char *help, uint64_t v)
+{
+        prom_family(t, name, "gauge", help);
+        prom_sample_u64(t, name, NULL, 0, v);
+}
+
+static void counter(struct prom_text *t, const char *name, const char *help, uint64_t v)
+{
+        prom_family(t, name, "counter", help);
+        prom_sample_u64(t, name, NULL, 0, v);
+}
+
+/* One family with a sample per value of a single label. */
+static void by_label(struct prom_text *t, const char *name, const char *type, const char *help,
+                     const char *label, const char *const *values, const uint64_t *counts, size_t n)
+{
+        prom_family(t, name, type, help);
+        for (size_t i = 0; i < n; i++)
+                prom_sample_u64(t, name, &(struct prom_label){label, values[i]}, 1, counts[i]);
+}
+
+static void render_clients(struct prom_text *t, struct server *s)
+{
+        static const char *const roles[] = {"unregistered", "producer", "consumer", "neutral",
+                                            "admin"};
+        uint64_t n[ARRAY_SIZE(roles)] = {0};
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node);
+                size_t i = c->registered ? (size_t)c->role : 0;
+
+                n[i < ARRAY_SIZE(roles) ? i : 0]++;
+        }
+        by_label(t, "aqua_clients", "gauge", "Connected clients by the role they registered.",
+                 "role", roles, n, ARRAY_SIZE(roles));
+}
+
+static void render_pool(struct prom_text *t, struct broker *p)
+{
+        static const char *const roles[] = {"producer", "consumer", "neutral"};
+        static const char *const chunk_states[_CHUNK_STATE_MAX] = {"free", "leased", "reclaiming"};
+        static const char *const lease_states[_LEASE_STATE_MAX] = {"granted", "reclaiming",
+                                                                   "returned", "lost"};
+        uint64_t by_role[ARRAY_SIZE(roles)] = {0}, chunks[_CHUNK_STATE_MAX] = {0},
+                 chunk_bytes[_CHUNK_STATE_MAX] = {0}, leases[_LEASE_STATE_MAX] = {0};
+
+        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
+                struct gpu *g = list_entry(x, struct gpu, node);
+
+                if (g->role >= GPU_ROLE_PRODUCER && g->role <= GPU_ROLE_NEUTRAL)
+                        by_role[g->role - GPU_ROLE_PRODUCER]++;
+                for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
+                        struct chunk *c = list_entry(k, struct chunk, producer_node);
+
+                        if (c->state < _CHUNK_STATE_MAX) {
+                                chunks[c->state]++;
+                                chunk_bytes[c->state] += c->size;
+                        }
+                }
+        }
+        for (struct list_node *x = p->leases.next; x != &p->leases; x = x->next) {
+                struct lease *l = list_entry(x, struct lease, broker_node);
+
+                if (l->state < _LEASE_STATE_MAX)
+                        leases[l->state]++;
+        }
+        by_label(t, "aqua_gpus", "gauge", "GPUs aquad knows, by role.", "role", roles, by_role,
+                 ARRAY_SIZE(roles));
+        by_label(t, "aqua_chunks", "gauge", "Chunks in the lending pool, by state.", "state",
+                 chunk_states, chunks, _CHUNK_STATE_MAX);
+        by_label(t, "aqua_chunk_bytes", "gauge", "Bytes of the chunks in the pool, by state.",
+                 "state", chunk_states, chunk_bytes, _CHUNK_STATE_MAX);
+        by_label(t, "aqua_leases", "gauge", "Leases, by state.", "state", lease_states, leases,
+                 _LEASE_STATE_MAX);
+        gauge(t, "aqua_pool_bytes", "Bytes producers have offered (leased or not).", p->pool_bytes);
+        gauge(t, "aqua_lent_bytes", "Bytes leased out to consumers.", p->lent_bytes);
+        gauge(t, "aqua_dram_budget_bytes", "Host memory consumers may pin as fallback.",
+              p->settings.dram_budget);
+        gauge(t, "aqua_dram_granted_bytes", "DRAM fallback budget granted to consumers.",
+              p->dram_granted);
+        counter(t, "aqua_chunks_offered_total", "Chunks producers have offered.",
+                p->stats.chunks_offered);
+        counter(t, "aqua_leases_granted_total", "Leases granted.", p->stats.leases_granted);
+        counter(t, "aqua_deadline_misses_total",
+                "Reclaimed chunks a consumer still held at the deadline.",
+                p->stats.deadline_misses);
+        counter(t, "aqua_leases_lost_total", "Leases that could not be reconciled after a restart.",
+                p->stats.leases_lost);
+        counter(t, "aqua_journal_errors_total", "Failed journal writes.", p->stats.journal_errors);
+        counter(t, "aqua_journal_compaction_failures_total", "Failed journal compactions.",
+                p->stats.compaction_failures);
+        gauge(t, "aqua_degraded",
+              "1 while the journal cannot be written (offers and grants are refused) or compacted.",
+              p->journal_error || p->compact_error);
+        counter(t, "aqua_scrubs_requested_total",
+                "Chunks producers were asked to zero before another consumer gets them.",
+                p->stats.scrubs_requested);
+        counter(t, "aqua_chunks_scrubbed_total", "Chunks producers zeroed and verified.",
+                p->stats.chunks_scrubbed);
+        counter(t, "aqua_scrub_failures_total", "Chunks that failed their scrub (dropped).",
+                p->stats.scrub_failures);
+        counter(t, "aqua_chunks_unusable_total", "Chunks a consumer could not import (dropped).",
+                p->stats.chunks_unusable);
+}
+
+/* Per-GPU families: one pass per family keeps each family's samples together, as required. */
+enum gpu_field {
+        GPU_OFFERED,
+        GPU_LENT,
+        GPU_BORROWED,
+        GPU_DRAM,
+        GPU_DRAM_IN_USE,
+        GPU_MIGRATIONS,
+        GPU_MOVED,
+        GPU_BARRED,
+        _GPU_FIELD_MAX,
+};
+
+static const struct {
+        const char *name, *type, *help;
+} gpu_families[_GPU_FIELD_MAX] = {
+    [GPU_OFFERED] = {"aqua_gpu_offered_bytes", "gauge",
+                     "Bytes this producer has in the pool, leased or not."},
+    [GPU_LENT] = {"aqua_gpu_lent_bytes", "gauge", "Bytes of this producer leased out."},
+    [GPU_BORROWED] = {"aqua_gpu_borrowed_bytes", "gauge", "Bytes this consumer holds in leases."},
+    [GPU_DRAM] = {"aqua_gpu_dram_fallback_bytes", "gauge",
+                  "DRAM fallback budget granted to this consumer."},
+    [GPU_DRAM_IN_USE] = {"aqua_gpu_dram_in_use_bytes", "gauge",
+                         "Bytes this consumer keeps in DRAM fallback, as it reports."},
+    [GPU_MIGRATIONS] = {"aqua_gpu_migrations_total", "counter",
+                        "Chunk migrations, as the client reports them."},
+    [GPU_MOVED] = {"aqua_gpu_moved_bytes_total", "counter",
+                   "Bytes migrated, as the client reports them."},
+    [GPU_BARRED] = {"aqua_gpu_barred", "gauge",
+                    "1 when the consumer missed a reclaim deadline and gets no new leases."},
+};
+
+static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
+{
+        switch (f) {
+        case GPU_OFFERED:
+                return g->offered_bytes;
+        case GPU_LENT:
+                return g->lent_bytes;
+        case GPU_BORROWED:
+                return g->borrowed_bytes;
+        case GPU_DRAM:
+                return g->dram_bytes;
+        case GPU_DRAM_IN_USE:
+                return g->dram_in_use;
+        case GPU_MIGRATIONS:
+                return g->migrations;
+        case GPU_MOVED:
+                return g->bytes_moved;
+        case GPU_BARRED:
+                return g->barred;
+        default:
+                return 0;
+        }
+}
+
+static void render_gpus(struct prom_text *t, struct broker *p)
+{
+        char ordinal[16];
+
+        prom_family(t, "aqua_gpu_info", "gauge",
+                    "1 per GPU aquad knows; its labels name its role, client and pair.");
+        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
+                struct gpu *g = list_entry(x, struct gpu, node);
+                const struct prom_label labels[] = {
+                    {"gpu", ordinal},
+                    {"uuid", g->uuid},
+                    {"role", gpu_role_to_string(g->role)},
+                    {"client", g->client_name ? g->client_name : ""},
+                    {"paired_with", g->paired ? g->paired->uuid : ""},
+                    {"connected", g->owner ? "true" : "false"},
+                };
+
+                snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
+                prom_sample_u64(t, "aqua_gpu_info", labels, ARRAY_SIZE(labels), 1);
+        }
+
+        prom_family(t, "aqua_gpu_load", "gauge", "Engine load (0..1), as the client reports it.");
+        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
+                struct gpu *g = list_entry(x, struct gpu, node);
+                const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
+
+                snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
+                prom_sample_double(t, "aqua_gpu_load", labels, 2, g->load);
+        }
+
+        for (int f = 0; f < _GPU_FIELD_MAX; f++) {
+                prom_family(t, gpu_families[f].name, gpu_families[f].type, gpu_families[f].help);
+                for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
+                        struct gpu *g = list_entry(x, struct gpu, node);
+                        const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
+                        bool producer = g->role == GPU_ROLE_PRODUCER;
+
+                        /* A series only where it can mean something: lending for producers,
+                         * borrowing for consumers, client reports for both. */
+                        if (((f == GPU_OFFERED || f == GPU_LENT) && !producer) ||
+                            ((f == GPU_BORROWED || f == GPU_DRAM || f == GPU_DRAM_IN_USE ||
+                              f == GPU_BARRED) &&
+                             g->role != GPU_ROLE_CONSUMER))
+                                continue;
+                        snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
+                        prom_sample_u64(t, gpu_families[f].name, labels, 2, gpu_value(g, f));
+                }
+        }
+}
+
+static void render_server(struct prom_text *t, struct server *s)
+{
+        char code[48];
+        uint64_t protocol = 0;
+
+        prom_family(t, "aqua_uptime_seconds", "gauge", "Seconds since aquad started.");
+        prom_sample_double(t, "aqua_uptime_seconds", NULL, 0,
+                           (double)(now_mono_ns() - s->start_ns) / 1e9);
+        counter(t, "aqua_requests_total", "Requests received.", s->stats.requests);
+        prom_family(t, "aqua_error_replies_total", "counter",
+                    "Error replies sent, by the protocol's ErrorCode.");
+        for (size_t i = 1; i < ARRAY_SIZE(s->stats.errors_by_code); i++) {
+                const ProtobufCEnumValue *v =
+                    protobuf_c_enum_descriptor_get_value(&aqua__error_code__descriptor, (int)i);
+                size_t k = 0;
+
+                if (!v)
+                        continue;
+                /* ERROR_CODE_TOO_LARGE -> too_large */
+                for (const char *c = v->name + strlen("ERROR_CODE_"); *c && k + 1 < sizeof(code);
+                     c++)
+                        code[k++] = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+                code[k] = '\0';
+                prom_sample_u64(t, "aqua_error_replies_total", &(struct prom_label){"code", code},
+                                1, s->stats.errors_by_code[i]);
+        }
+        /* Messages aquad could not take at all, as opposed to requests it refused. */
+        protocol = s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_MALFORMED] +
+                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_TOO_LARGE] +
+                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_VERSION] +
+                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED] +
+                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_SIDE_CHANNEL];
+        counter(t, "aqua_protocol_errors_total",
+                "Malformed, oversized, wrong-version, unregistered and side-channel errors.",
+                protocol);
+        counter(t, "aqua_side_refused_total", "Side channel connections refused (credentials).",
+                s->stats.refused);
+        counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
+                s->stats.send_dropped);
+        counter(t, "aqua_side_channels_evicted_total",
+                "Side channels closed before their Hello to make room for new ones.",
+                s->stats.evicted);
+        counter(t, "aqua_fd_exhausted_total",
+                "Times aquad ran out of descriptors accepting a connection (it pauses).",
+                s->stats.fd_exhausted);
+        counter(t, "aqua_fds_refused_total",
+                "Descriptors refused over a connection's budget or aquad's headroom.",
+                s->stats.fds_refused);
+        counter(t, "aqua_notices_deferred_total",
+                "Times notices waited in a client's outbox for its queue to drain.",
+                s->stats.notices_deferred);
+        counter(t, "aqua_requests_throttled_total",
+                "Requests refused over a client's request rate.", s->stats.throttled);
+        counter(t, "aqua_hello_foreign_token_total",
+                "Hellos refused for a token given to another process.", s->stats.hijacks);
+        counter(t, "aqua_side_frames_malformed_total",
+                "Side channel frames that did not decode (ignored).", s->stats.side_malformed);
+}
+
+static int render(struct prom_text *t, void *userdata)
+{
+        struct metrics *m = userdata;
+        struct server *s = m->server;
+
+        render_server(t, s);
+        render_clients(t, s);
+        render_pool(t, s->broker);
+        render_gpus(t, s->broker);
+        prom_histogram_write(t, "aqua_reclaim_seconds",
+                             "Time from a reclaim notice to the consumer's return, per chunk.",
+                             &m->reclaim);
+        return 0;
+}
+
+int metrics_new(struct server *s, const char *address, struct metrics **ret)
+{
+        _cleanup_(metrics_freep) struct metrics *m = NULL;
+        char err[256];
+        int r;
+
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return log_error_errno(-ENOMEM, "Failed to set up metrics: %m");
+        m->server = s;
+        prom_histogram_init(&m->reclaim, reclaim_bounds, ARRAY_SIZE(reclaim_bounds));
+        r = prom_server_new(address, render, m, &m->http, err, sizeof(err));
+        if (r < 0)
+                return log_error_errno(r, "Failed to serve metrics: %s", err);
+        s->broker->on_reclaimed = observe_reclaim;
+        s->broker->on_reclaimed_userdata = m;
+        log_info("Serving metrics on http://%s/metrics", address);
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+struct metrics *metrics_free(struct metrics *m)
+{
+        if (!m)
+                return NULL;
+        if (m->server && m->server->broker && m->server->broker->on_reclaimed_userdata == m) {
+                m->server->broker->on_reclaimed = NULL;
+                m->server->broker->on_reclaimed_userdata = NULL;
+        }
+        prom_server_free(m->http);
+        free(m);
+        return NULL;
+}
+
+int metrics_fd(const struct metrics *m)
+{
+        return prom_server_fd(m->http);
+}
+
+int metrics_timeout_ms(const struct metrics *m)
+{
+        return prom_server_timeout_ms(m->http);
+}
+
+void metrics_dispatch(struct metrics *m)
+{
+        if (prom_server_dispatch(m->http) < 0)
+                log_warning("Metrics endpoint failed to run");
+}

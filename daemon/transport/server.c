@@ -1,0 +1,761 @@
+/* aquad's sockets, clients, signals and the poll loop; requests themselves go to dispatch.c. */
+#include "server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "notify.h"
+#include "time-util.h"
+
+/* Work done per wakeup before looking at the other sources again: no source starves another. */
+#define BATCH 256
+/* How soon a notice the ROUTER could not take is tried again. */
+#define OUTBOX_RETRY_MS 10
+/* Descriptors kept free for ZeroMQ, the journal, the metrics endpoint and new connections. */
+#define FD_RESERVE 128
+/* Out of descriptors: how long aquad stops accepting side channels (and serves the others). */
+#define ACCEPT_PAUSE_NS (100 * NSEC_PER_MSEC)
+/* A side channel without a Hello this long may be closed to make room for a new one. */
+#define UNREGISTERED_GRACE_NS NSEC_PER_SEC
+/* Repeated conditions (descriptors out, evictions) are logged at most this often. */
+#define LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
+
+/* ------------------------------------------------------------------------------ sending */
+
+int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e)
+{
+        _cleanup_free_ void *buf = NULL;
+        size_t n;
+        int r;
+
+        /* Nothing leaves before the state it acknowledges is on disk. */
+        (void)broker_commit(s->broker);
+        r = wire_encode(e, &buf, &n);
+        if (r < 0)
+                return r;
+        if (zmq_send(s->router, routing_id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->router, buf, n, ZMQ_DONTWAIT) < 0) {
+                s->stats.send_dropped++;
+                log_debug("Dropped a %s message: %s", wire_body_name(e), zmq_strerror(errno));
+                return -errno;
+        }
+        return 0;
+}
+
+int server_send(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        return server_send_to(s, c->routing_id, c->routing_id_len, e);
+}
+
+int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                      int code, const char *fmt, ...)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Error err = AQUA__ERROR__INIT;
+        char msg[512];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        s->stats.errors++;
+        if (code >= 0 && (size_t)code < ARRAY_SIZE(s->stats.errors_by_code))
+                s->stats.errors_by_code[code]++;
+        log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
+        err.code = code;
+        err.message = msg;
+        e.request_id = request_id;
+        e.body_case = AQUA__ENVELOPE__BODY_ERROR;
+        e.error = &err;
+        return server_send_to(s, routing_id, len, &e);
+}
+
+int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                      const char *what, const char *err)
+{
+        return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
+                                 what ? what : "", what ? ": " : "", err);
+}
+
+/* ------------------------------------------------------------------------------ clients */
+
+struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len)
+{
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (c->routing_id_len == len && memcmp(c->routing_id, routing_id, len) == 0)
+                        return c;
+        }
+        return NULL;
+}
+
+struct client *server_find_by_token(struct server *s, const void *token, size_t len)
+{
+        if (len != SIDE_TOKEN_LEN)
+                return NULL;
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (!c->registered && memcmp(c->token, token, len) == 0)
+                        return c;
+        }
+        return NULL;
+}
+
+int server_request_peer(const struct server *s, struct side_cred *ret)
+{
+        if (s->request_fd < 0)
+                return -ENOENT;
+        /* Fails for TCP, where the kernel knows no peer process. */
+        return side_peer_cred(s->request_fd, ret);
+}
+
+bool client_is_admin(const struct server *s, const struct client *c)
+{
+        return config_access_allows(&s->config->admin, c->cred.uid, c->cred.gid, c->groups,
+                                    c->n_groups);
+}
+
+void client_free_pending(struct client *c, struct pending *p)
+{
+        list_unlink(&p->node);
+        c->n_pending--;
+        side_close_fds(p->fds, p->n_fds);
+        free(p->fds);
+        if (p->env)
+                aqua__envelope__free_unpacked(p->env, NULL);
+        free(p);
+}
+
+static void client_free(struct server *s, struct client *c)
+{
+        server_outbox_clear(s, c);
+        free(c->held);
+        while (!list_empty(&c->pending))
+                client_free_pending(c, list_entry(c->pending.next, struct pending, node));
+        if (c->gpu) {
+                log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
+                         (int)c->cred.pid, c->gpu->uuid);
+                broker_gpu_gone(s->broker, c->gpu);
+                c->gpu = NULL;
+        } else if (c->registered)
+                log_debug("Client %" PRIu64 " (pid %d) gone", c->id, (int)c->cred.pid);
+        list_unlink(&c->node);
+        s->n_clients--;
+        safe_close(c->side_fd);
+        free(c);
+        server_flush_notices(s);
+}
+
+#define REJECT(name) AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_##name
+
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...) _printf_(4, 5);
+static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reason, const char *fmt,
+                   ...)
+{
+        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        char text[256];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof(text), fmt, ap);
+        va_end(ap);
+        f.kind = AQUA__SIDE_FRAME__KIND__KIND_REJECT;
+        f.text = text;
+        f.reject_reason = reason;
+        (void)side_send(fd, &f, NULL, 0);
+        s->stats.refused++;
+        log_notice("Refused a side-channel connection: %s", text);
+        events_add(&s->broker->events, "refused", "%s", text);
+}
+
+/* Descriptors aquad holds for clients: pooled chunks, those waiting for their request, sockets. */
+static size_t fds_held(const struct server *s)
+{
+        size_t n = s->broker->n_chunks + s->n_clients;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node);
+                for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
+                        n += list_entry(k, struct pending, node)->n_fds;
+        }
+        return n;
+}
+
+/*
+ * Whether c may make aquad hold n more descriptors: within RLIMIT_NOFILE less FD_RESERVE, and,
+ * before its Hello, within what the pool could still take (a re-registering producer's handles;
+ * an unregistered connection is owed nothing more).
+ */
+bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
+{
+        size_t mine = 0;
+
+        for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
+                mine += list_entry(k, struct pending, node)->n_fds;
+        if (!c->registered && s->broker->settings.max_chunks >= s->broker->n_chunks &&
+            mine + n > s->broker->settings.max_chunks - s->broker->n_chunks)
+                return false;
+        if (s->fd_limit && fds_held(s) + n + FD_RESERVE > s->fd_limit)
+                return false;
+        return true;
+}
+
+/* Registered clients count against limits.clients; the rest against limits.unregistered. */
+static size_t count_unregistered(const struct server *s, struct client **ret_oldest)
+{
+        struct client *oldest = NULL;
+        size_t n = 0;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node);
+                if (c->registered)
+                        continue;
+                if (!oldest)
+                        oldest = c;
+                n++;
+        }
+        *ret_oldest = oldest;
+        return n;
+}
+
+static void client_free(struct server *s, struct client *c);
+
+/*
+ * A side channel that has not sent Hello holds nothing: when too many wait, the oldest makes
+ * room if it has had UNREGISTERED_GRACE_NS to say Hello (a client sends it within
+ * milliseconds; it may connect again). Idle connections cannot lock out the clients that
+ * register. False when all are younger: the new connection is refused (a burst of clients).
+ */
+static bool make_room_for_unregistered(struct server *s)
+{
+        struct client *oldest;
+        uint64_t now = now_mono_ns();
+
+        if ((int64_t)count_unregistered(s, &oldest) < s->config->limits.unregistered || !oldest)
+                return true;
+        if (now - oldest->accepted_ns < UNREGISTERED_GRACE_NS)
+                return false;
+        s->stats.evicted++;
+        if (!s->evict_log_ns || now - s->evict_log_ns >= LOG_INTERVAL_NS) {
+                s->evict_log_ns = now;
+                log_notice("%" PRId64 " side channels wait for their Hello: closing the oldest "
+                           "(client %" PRIu64 ", pid %d; %" PRIu64 " closed so far)",
+                           s->config->limits.unregistered, oldest->id, (int)oldest->cred.pid,
+                           s->stats.evicted);
+        }
+        client_free(s, oldest);
+        return true;
+}
+
+static void accept_side(struct server *s)
+{
+        if (s->accept_paused_ns && now_mono_ns() < s->accept_paused_ns)
+                return;
+        s->accept_paused_ns = 0;
+        for (int i = 0; i < BATCH; i++) {
+                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+                _cleanup_close_ int fd = -1;
+                struct side_cred cred;
+                gid_t groups[CLIENT_MAX_GROUPS];
+                socklen_t glen = sizeof(groups);
+                size_t n_groups = 0;
+                struct client *c;
+
+                fd = accept4(s->side_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                        /* The connection stays queued; accepting again at once would spin. */
+                        uint64_t now = now_mono_ns();
+                        s->accept_paused_ns = now + ACCEPT_PAUSE_NS;
+                        s->stats.fd_exhausted++;
+                        if (!s->fd_log_ns || now - s->fd_log_ns >= LOG_INTERVAL_NS) {
+                                s->fd_log_ns = now;
+                                log_warning_errno(-errno,
+                                                  "Out of descriptors accepting a side "
+                                                  "channel: %m; pausing new connections "
+                                                  "(%" PRIu64 " times so far)",
+                                                  s->stats.fd_exhausted);
+                        }
+                        return;
+                }
+                if (fd < 0) {
+                        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                                log_warning_errno(-errno, "Failed to accept a side channel: %m");
+                        return;
+                }
+                if (side_peer_cred(fd, &cred) < 0) {
+                        log_warning_errno(-errno, "Failed to read peer credentials: %m");
+                        continue;
+                }
+                if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
+                        n_groups = glen / sizeof(gid_t);
+                if (s->stopping) {
+                        reject(s, fd, REJECT(STOPPING), "aquad is stopping");
+                        continue;
+                }
+                if (!config_access_allows(&s->config->allow, cred.uid, cred.gid, groups,
+                                          n_groups) &&
+                    !config_access_allows(&s->config->admin, cred.uid, cred.gid, groups,
+                                          n_groups)) {
+                        reject(s, fd, REJECT(PERMISSION),
+                               "uid %u gid %u (pid %d) is not in the allowed users or "
+                               "groups",
+                               cred.uid, cred.gid, (int)cred.pid);
+                        continue;
+                }
+                struct client *oldest;
+                if ((int64_t)(s->n_clients - count_unregistered(s, &oldest)) >=
+                    s->config->limits.clients) {
+                        reject(s, fd, REJECT(CLIENT_LIMIT),
+                               "the limit of %" PRId64 " clients is reached",
+                               s->config->limits.clients);
+                        continue;
+                }
+                if (!make_room_for_unregistered(s)) {
+                        reject(s, fd, REJECT(CLIENT_LIMIT),
+                               "%" PRId64 " side channels are waiting to register; retry",
+                               s->config->limits.unregistered);
+                        continue;
+                }
+                c = calloc(1, sizeof(*c));
+                if (!c) {
+                        log_error("Out of memory accepting a client");
+                        continue;
+                }
+                c->cred = cred;
+                if (proc_identify(cred.pid, &c->process) < 0)
+                        c->process = (struct proc_id){0};
+                memcpy(c->groups, groups, n_groups * sizeof(gid_t));
+                c->n_groups = n_groups;
+                list_init(&c->pending);
+                list_init(&c->outbox);
+                if (getrandom(c->token, sizeof(c->token), 0) != sizeof(c->token)) {
+                        log_error_errno(-errno, "Failed to draw a token: %m");
+                        free(c);
+                        continue;
+                }
+                f.kind = AQUA__SIDE_FRAME__KIND__KIND_HELLO;
+                f.token = (ProtobufCBinaryData){.len = sizeof(c->token), .data = c->token};
+                if (side_send(fd, &f, NULL, 0) < 0) {
+                        free(c);
+                        continue;
+                }
+                c->id = s->next_client_id++;
+                c->side_fd = TAKE_FD(fd);
+                c->accepted_ns = now_mono_ns();
+                c->hello_deadline_ns = c->accepted_ns + s->config->request_timeout_ns;
+                list_append(&s->clients, &c->node);
+                s->n_clients++;
+                log_debug("Side channel from pid %d uid %u gid %u: client %" PRIu64, (int)cred.pid,
+                          cred.uid, cred.gid, c->id);
+        }
+}
+
+/* Read what a client's side socket holds; false when the client is gone (and freed). */
+#define SIDE_MALFORMED_LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
+
+/*
+ * A client can send garbage as fast as aquad reads it: the log gets the first frame, then the
+ * count at most every SIDE_MALFORMED_LOG_INTERVAL_NS and when the client goes (gone: the rest).
+ */
+static void log_side_malformed(struct client *c, bool gone)
+{
+        uint64_t now = now_mono_ns();
+
+        if (c->side_malformed_unlogged == 0 ||
+            (!gone && c->side_malformed_log_ns &&
+             now - c->side_malformed_log_ns < SIDE_MALFORMED_LOG_INTERVAL_NS))
+                return;
+        if (c->side_malformed_log_ns == 0 && c->side_malformed == 1)
+                log_notice("Client %" PRIu64 " sent a malformed side frame; ignored (more are "
+                           "counted, and logged every %u s)",
+                           c->id, (unsigned)(SIDE_MALFORMED_LOG_INTERVAL_NS / NSEC_PER_SEC));
+        else
+                log_notice("Client %" PRIu64 " sent %" PRIu64
+                           " more malformed side frames (%" PRIu64 " in all); ignored",
+                           c->id, c->side_malformed_unlogged, c->side_malformed);
+        c->side_malformed_unlogged = 0;
+        c->side_malformed_log_ns = now;
+}
+
+static bool read_side(struct server *s, struct client *c)
+{
+        for (int i = 0; i < BATCH; i++) {
+                Aqua__SideFrame *f = NULL;
+                int fds[SIDE_MAX_FDS];
+                size_t n = 0;
+                int r;
+
+                r = side_recv(c->side_fd, &f, fds, SIDE_MAX_FDS, &n);
+                if (r == -EAGAIN)
+                        return true;
+                if (r == SIDE_E_EOF || r == -ECONNRESET) {
+                        log_side_malformed(c, true);
+                        client_free(s, c);
+                        return false;
+                }
+                if (r == SIDE_E_MALFORMED) {
+                        s->stats.side_malformed++;
+                        c->side_malformed++;
+                        c->side_malformed_unlogged++;
+                        log_side_malformed(c, false);
+                        continue;
+                }
+                if (r < 0) {
+                        log_warning_errno(r, "Side channel of client %" PRIu64 " failed: %m",
+                                          c->id);
+                        client_free(s, c);
+                        return false;
+                }
+                dispatch_side_frame(s, c, f, fds, n);
+                aqua__side_frame__free_unpacked(f, NULL);
+        }
+        return true;
+}
+
+static void read_router(struct server *s)
+{
+        for (int i = 0; i < BATCH; i++) {
+                zmq_msg_t id, body, extra;
+                size_t frames = 2;
+
+                zmq_msg_init(&id);
+                if (zmq_msg_recv(&id, s->router, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&id);
+                        return;
+                }
+                if (!zmq_msg_more(&id)) {
+                        zmq_msg_close(&id);
+                        continue;
+                }
+                zmq_msg_init(&body);
+                if (zmq_msg_recv(&body, s->router, 0) < 0) {
+                        zmq_msg_close(&body);
+                        zmq_msg_close(&id);
+                        return;
+                }
+                /* More parts than one: drain them, the request is malformed. */
+                bool more = zmq_msg_more(&body);
+                while (more) {
+                        zmq_msg_init(&extra);
+                        if (zmq_msg_recv(&extra, s->router, 0) < 0)
+                                more = false;
+                        else
+                                more = zmq_msg_more(&extra);
+                        zmq_msg_close(&extra);
+                        frames++;
+                }
+                s->stats.requests++;
+                if (frames > 2 || zmq_msg_size(&id) > CLIENT_MAX_ROUTING)
+                        server_send_error(s, zmq_msg_data(&id), zmq_msg_size(&id), 0,
+                                          AQUA__ERROR_CODE__ERROR_CODE_MALFORMED,
+                                          "a message of %zu parts; send one Envelope per message",
+                                          frames - 1);
+                else {
+                        /* Which connection it came on: a Hello is checked against it. */
+                        s->request_fd = zmq_msg_get(&body, ZMQ_SRCFD);
+                        dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
+                                          zmq_msg_data(&body), zmq_msg_size(&body));
+                        s->request_fd = -1;
+                }
+                zmq_msg_close(&body);
+                zmq_msg_close(&id);
+        }
+}
+
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
+{
+        _cleanup_(server_freep) struct server *s = NULL;
+        struct broker_settings none = {0};
+        int r;
+
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->side_fd = s->signal_fd = s->request_fd = s->side_lock_fd = s->ipc_lock_fd = -1;
+        list_init(&s->clients);
+        s->next_client_id = 1;
+        s->start_ns = now_mono_ns();
+        s->config_path = strdup(config_path);
+        if (!s->config_path)
+                return -ENOMEM;
+        r = broker_new(&none, &s->broker);
+        if (r < 0)
+                return r;
+        s->config = config;
+        server_apply_settings(s);
+        r = server_apply_pins(s);
+        /* The sockets' locks first: an aquad that may not serve them touches nothing. */
+        if (r >= 0)
+                r = server_lock_sockets(s);
+        if (r >= 0)
+                r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
+        if (r < 0) {
+                s->config = NULL; /* the caller still owns it on failure */
+                return r;
+        }
+        s->fd_limit = server_raise_fd_limit();
+        r = server_open_signals(s);
+        if (r >= 0)
+                r = server_open_side(s);
+        if (r >= 0)
+                r = server_open_router(s);
+        if (r >= 0 && s->config->metrics)
+                r = metrics_new(s, s->config->metrics, &s->metrics);
+        if (r >= 0)
+                r = broker_repair(s->broker);
+        if (r < 0) {
+                s->config = NULL;
+                return r;
+        }
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+struct server *server_free(struct server *s)
+{
+        if (!s)
+                return NULL;
+        while (!list_empty(&s->clients)) {
+                struct client *c = list_entry(s->clients.next, struct client, node);
+                /* Not a client death: their state stays in the journal for the next start. */
+                c->gpu = NULL;
+                server_outbox_clear(s, c);
+                free(c->held);
+                while (!list_empty(&c->pending))
+                        client_free_pending(c, list_entry(c->pending.next, struct pending, node));
+                list_unlink(&c->node);
+                safe_close(c->side_fd);
+                free(c);
+        }
+        if (s->router)
+                zmq_close(s->router);
+        if (s->zctx)
+                zmq_ctx_term(s->zctx);
+        /* Only the holder of its lock may: another aquad's socket may be at that path. */
+        if (s->side_fd >= 0 && s->side_lock_fd >= 0 && s->config)
+                unlink(s->config->side_socket);
+        safe_close(s->side_fd);
+        /* Released once both sockets are gone, so the next aquad does not lose its own. */
+        safe_close(s->side_lock_fd);
+        safe_close(s->ipc_lock_fd);
+        safe_close(s->signal_fd);
+        metrics_free(s->metrics);
+        broker_free(s->broker);
+        config_free(s->config);
+        free(s->ipc_path);
+        free(s->config_path);
+        free(s);
+        return NULL;
+}
+
+void server_set_ready(struct server *s, server_ready_fn fn, void *userdata)
+{
+        s->on_ready = fn;
+        s->ready_userdata = userdata;
+}
+
+/* ------------------------------------------------------------------------------ the loop */
+
+static void stop(struct server *s, const char *why)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__DaemonStopping st = AQUA__DAEMON_STOPPING__INIT;
+        Aquaj__JournalRecord *snap = NULL;
+        int linger = 1000;
+
+        log_notice("Stopping (%s): telling %zu clients", why, s->n_clients);
+        notify_stopping(why);
+        s->stopping = true;
+        st.reason = (char *)why;
+        e.body_case = AQUA__ENVELOPE__BODY_STOPPING;
+        e.stopping = &st;
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (c->registered)
+                        server_send(s, c, &e);
+        }
+        (void)broker_commit(s->broker);
+        /* Leave a compact journal for the next start. */
+        if (s->broker->journal && broker_snapshot(s->broker, &snap) >= 0) {
+                int r = journal_compact(s->broker->journal, snap);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to compact the journal at stop: %m");
+                aquaj__journal_record__free_unpacked(snap, NULL);
+        }
+        /* Give the stopping notices time to leave. */
+        zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger));
+}
+
+static void handle_signals(struct server *s)
+{
+        struct signalfd_siginfo si;
+
+        while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
+                switch (si.ssi_signo) {
+                case SIGHUP:
+                        server_reload(s);
+                        break;
+                case SIGTERM:
+                case SIGINT:
+                        if (!s->stopping)
+                                stop(s, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+                        break;
+                default:
+                        break;
+                }
+        }
+}
+
+/* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
+#define JOURNAL_PROBE_NS NSEC_PER_SEC
+
+static uint64_t next_deadline(struct server *s)
+{
+        uint64_t next = s->broker->next_deadline_ns;
+
+        if (s->broker->journal_error && (!next || s->journal_probe_ns < next))
+                next = s->journal_probe_ns;
+
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                if (!c->registered && (!next || c->hello_deadline_ns < next))
+                        next = c->hello_deadline_ns;
+                for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next) {
+                        uint64_t d = list_entry(k, struct pending, node)->deadline_ns;
+                        if (!next || d < next)
+                                next = d;
+                }
+        }
+        return next;
+}
+
+static void expire(struct server *s, uint64_t now)
+{
+        struct list_node *pos, *tmp;
+
+        broker_tick(s->broker, now);
+        if (s->broker->journal_error && now >= s->journal_probe_ns) {
+                s->journal_probe_ns = now + JOURNAL_PROBE_NS;
+                (void)broker_commit(s->broker);
+        }
+        list_for_each(pos, tmp, &s->clients)
+        {
+                struct client *c = list_entry(pos, struct client, node);
+                if (!c->registered && now >= c->hello_deadline_ns) {
+                        log_notice("Client %" PRIu64 " (pid %d) sent no Hello in time; closing "
+                                   "its side channel",
+                                   c->id, (int)c->cred.pid);
+                        client_free(s, c);
+                        /* client_free may have freed no other client, but restart to be safe. */
+                        tmp = s->clients.next;
+                        continue;
+                }
+                dispatch_expire(s, c, now);
+        }
+        server_flush_notices(s);
+}
+
+int server_run(struct server *s)
+{
+        _cleanup_free_ zmq_pollitem_t *items = NULL;
+        _cleanup_free_ struct client **owners = NULL;
+        size_t alloc = 0;
+
+        log_info("Serving %s (side channel %s), journal %s", s->config->endpoint,
+                 s->config->side_socket, s->config->journal);
+        if (s->on_ready)
+                s->on_ready(s, s->ready_userdata);
+
+        while (!s->stopping) {
+                size_t n = 4 + s->n_clients, k = 3, metrics_item = 0;
+                uint64_t deadline = next_deadline(s);
+                long timeout = -1;
+                int r;
+
+                if (n > alloc) {
+                        zmq_pollitem_t *a = reallocarray(items, n * 2, sizeof(*a));
+                        struct client **o = reallocarray(owners, n * 2, sizeof(*o));
+                        if (a)
+                                items = a;
+                        if (o)
+                                owners = o;
+                        if (!a || !o)
+                                return log_error_errno(-ENOMEM, "Out of memory polling");
+                        alloc = n * 2;
+                }
+                items[0] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
+                /* Out of descriptors: the listener waits; queued connections stay queued. */
+                items[1] = (zmq_pollitem_t){.fd = s->side_fd,
+                                            .events = s->accept_paused_ns ? 0 : ZMQ_POLLIN};
+                items[2] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
+                for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                        owners[k] = list_entry(x, struct client, node);
+                        items[k] = (zmq_pollitem_t){.fd = owners[k]->side_fd, .events = ZMQ_POLLIN};
+                        k++;
+                }
+                if (deadline)
+                        timeout = ms_until(deadline) + 1;
+                if (s->accept_paused_ns) {
+                        long left = ms_until(s->accept_paused_ns) + 1;
+                        if (timeout < 0 || left < timeout)
+                                timeout = left;
+                }
+                /* Notices the ROUTER could not take: try again soon (no per-peer POLLOUT). */
+                if (s->n_outbox && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
+                        timeout = OUTBOX_RETRY_MS;
+                if (s->metrics) {
+                        int mt = metrics_timeout_ms(s->metrics);
+
+                        metrics_item = k;
+                        items[k++] =
+                            (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
+                        if (mt >= 0 && (timeout < 0 || mt < timeout))
+                                timeout = mt;
+                }
+                r = zmq_poll(items, (int)k, timeout);
+                if (r < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return log_error_errno(-errno, "zmq_poll failed: %s", zmq_strerror(errno));
+                }
+                if (items[2].revents)
+                        handle_signals(s);
+                if (s->stopping)
+                        break;
+                /* Side channels first: a client's death (EOF) or its fds come before its
+                 * requests that may depend on them. */
+                for (size_t i = 3; i < k; i++)
+                        if (items[i].revents && i != metrics_item)
+                                read_side(s, owners[i]);
+                if (items[1].revents || s->accept_paused_ns)
+                        accept_side(s);
+                if (items[0].revents)
+                        read_router(s);
+                expire(s, now_mono_ns());
+                /* Scrapes are served between requests, from the state they left. */
+                if (s->metrics && ((metrics_item && items[metrics_item].revents) ||
+                                   metrics_timeout_ms(s->metrics) == 0))
+                        metrics_dispatch(s->metrics);
+                notify_status(s);
+        }
+        return s->exit_status;
+}

@@ -1,0 +1,187 @@
+/*
+ * aquad's event loop: the ZeroMQ ROUTER, the side-channel listener and every client's side
+ * socket, a signalfd and the pool's deadlines, all in one zmq_poll(). Single-threaded: nothing
+ * here locks.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "aqua.pb-c.h"
+#include "broker.h"
+#include "config.h"
+#include "list.h"
+#include "proc.h"
+#include "side.h"
+#include "wire.h"
+
+#define CLIENT_MAX_GROUPS  64
+#define CLIENT_MAX_ROUTING 256
+
+struct server;
+
+/* A request waiting for its descriptors, or descriptors waiting for their request. */
+struct pending {
+        struct list_node node;
+        uint64_t request_id;
+        Aqua__Envelope *env; /* NULL while only fds have arrived */
+        int *fds;
+        size_t n_fds;
+        uint64_t deadline_ns;
+};
+
+struct client {
+        struct list_node node;
+        uint64_t id;
+        int side_fd;
+        struct side_cred cred;
+        struct proc_id process; /* pid 0: cannot be told (then its memory outlives silence) */
+        gid_t groups[CLIENT_MAX_GROUPS];
+        size_t n_groups;
+        uint8_t token[SIDE_TOKEN_LEN];
+        uint8_t routing_id[CLIENT_MAX_ROUTING];
+        size_t routing_id_len; /* 0 until Hello */
+        bool registered;
+        Aqua__Role role;
+        struct gpu *gpu; /* producer, consumer or neutral */
+        uint64_t hello_deadline_ns;
+        uint64_t accepted_ns;
+        struct list_node pending;
+        size_t n_pending;
+        struct broker_held *held; /* from HelloHeld before its Hello: the first of what it holds */
+        size_t n_held;
+        struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
+        size_t n_outbox;
+        double credit;      /* requests it may send now (limits.request-rate, -burst) */
+        uint64_t credit_ns; /* when credit was last topped up; 0: never */
+
+        /* Side frames that did not decode: in all, not yet logged, when last logged (0: never). */
+        uint64_t side_malformed, side_malformed_unlogged, side_malformed_log_ns;
+};
+
+/* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
+typedef void (*server_ready_fn)(struct server *s, void *userdata);
+
+struct server_stats {
+        uint64_t requests;
+        uint64_t errors;
+        uint64_t refused;            /* side-channel connections refused */
+        uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
+        uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
+        uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
+        uint64_t throttled;          /* requests refused over a client's request rate */
+        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
+        uint64_t side_malformed;     /* side frames that did not decode (ignored) */
+        uint64_t evicted;            /* side channels closed for others before their Hello */
+        uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
+        uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
+};
+
+struct server {
+        struct config *config;
+        char *config_path;
+        struct broker *broker;
+        struct wire_limits limits;
+
+        void *zctx;
+        void *router;
+        int side_fd;
+        int signal_fd;
+        char *ipc_path;   /* file of an ipc:// endpoint, for its mode */
+        int side_lock_fd; /* <side-socket>.lock: this aquad serves the side socket */
+        int ipc_lock_fd;  /* <ipc file>.lock, where that is not the side socket */
+
+        struct list_node clients;
+        size_t n_clients;
+        uint64_t next_client_id;
+
+        bool stopping;
+        bool verbose; /* -v: debug logging whatever the config says */
+        int exit_status;
+        int request_fd; /* the connection the request being dispatched came on; -1: unknown */
+        uint64_t start_ns;
+        server_ready_fn on_ready;
+        void *ready_userdata;
+        struct server_stats stats;
+        struct metrics *metrics;   /* NULL unless the config names a metrics address */
+        uint64_t journal_probe_ns; /* degraded: when to try the journal again */
+        size_t n_outbox;           /* notices waiting in all clients' outboxes */
+        uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
+        uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
+        uint64_t evict_log_ns, fd_log_ns;
+};
+
+enum {
+        /* A journal damaged before its tail is cut there (after a copy) instead of refused. */
+        SERVER_REPAIR_JOURNAL = 1 << 0,
+};
+
+/* Set up from config (taken on success): sockets' locks, journal replay, sockets, signals. */
+int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret);
+struct server *server_free(struct server *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(struct server *, server_free);
+void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
+/* Serve until SIGTERM or SIGINT; returns 0 after a clean stop. */
+int server_run(struct server *s);
+
+/* ops/settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
+void server_apply_settings(struct server *s);
+int server_apply_pins(struct server *s);
+void server_reload(struct server *s);
+
+/* setup.c, for server_new(): each 0 or a negative errno, logged. */
+int server_lock_sockets(struct server *s);
+int server_open_journal(struct server *s, bool repair);
+/* As many descriptors as aquad may hold; returns the limit (0: none it can tell). */
+uint64_t server_raise_fd_limit(void);
+int server_open_signals(struct server *s);
+int server_open_side(struct server *s);
+int server_open_router(struct server *s);
+
+/* ------------------------------------------------------------ for dispatch.c and admin.c */
+
+/* Commit the journal, then send e to client c. */
+int server_send(struct server *s, struct client *c, Aqua__Envelope *e);
+/* Send to a routing id (a peer that may not be registered). */
+int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
+int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                      int code, const char *fmt, ...) _printf_(6, 7);
+/* An error to a client: "what: err", or err alone when what is NULL. */
+int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                      const char *what, const char *err);
+/* outbox.c: commit, then put the notices the core queued into their clients' outboxes and
+ * send what the ROUTER takes now. */
+void server_flush_notices(struct server *s);
+/* Drop what c's outbox holds (c is going away). */
+void server_outbox_clear(struct server *s, struct client *c);
+struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
+struct client *server_find_by_token(struct server *s, const void *token, size_t len);
+void client_free_pending(struct client *c, struct pending *p);
+/* The process on the other end of the ZeroMQ connection the current request came on (ipc://
+ * only); -ENOENT or another negative errno when that is not known. */
+int server_request_peer(const struct server *s, struct side_cred *ret);
+bool client_is_admin(const struct server *s, const struct client *c);
+/* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
+bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
+
+/* dispatch.c */
+void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,
+                       const void *data, size_t size);
+/* A request whose descriptors have all arrived (p is freed). */
+void dispatch_complete(struct server *s, struct client *c, struct pending *p);
+
+/* descriptors.c: requests and the descriptors they wait for */
+/* How many descriptors a waiting request needs. */
+size_t pending_fds_needed(const Aqua__Envelope *e);
+struct pending *pending_find(struct client *c, uint64_t request_id);
+/* NULL over the client's pending limit (before its Hello: one), or out of memory. */
+struct pending *pending_add(struct server *s, struct client *c, uint64_t request_id);
+void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *frame, int *fds,
+                         size_t n_fds);
+/* A request still waiting at now_ns past its deadline is answered with an error. */
+void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns);
+
+/* admin.c */
+void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e);
