@@ -140,6 +140,9 @@ static void put_summary(FILE *f, const char *indent, const struct run_summary *s
         fprintf(f, "%sttft-p99: %.6f\n", indent, s->ttft_p99);
         fprintf(f, "%stbt-p50: %.6f\n", indent, s->tbt_p50);
         fprintf(f, "%stbt-p99: %.6f\n", indent, s->tbt_p99);
+        /* At the SLA's own percentiles, which need not be 50 or 99. */
+        fprintf(f, "%sttft-sla: %.6f\n", indent, s->ttft_sla);
+        fprintf(f, "%stbt-sla: %.6f\n", indent, s->tbt_sla);
         fprintf(f, "%sthroughput: %.4f\n", indent, s->throughput);
         fprintf(f, "%stokens-per-second: %.2f\n", indent, s->token_throughput);
         fprintf(f, "%speak-kv-demand: %" PRIu64 "\n", indent, s->peak_kv_demand);
