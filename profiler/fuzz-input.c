@@ -9,7 +9,7 @@
 #include "sse.h"
 #include "workload.h"
 
-static int on_data(const char *payload, void *userdata)
+static int on_event(const char *type, const char *payload, void *userdata)
 {
         struct sse_event ev;
 
@@ -50,8 +50,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 struct sse s = {0};
                 int api = data[0] & 4 ? SSE_API_CHAT : SSE_API_COMPLETIONS;
                 size_t half = (size - 1) / 2;
-                if (sse_feed(&s, (const char *)data + 1, half, on_data, &api) == 0)
-                        sse_feed(&s, (const char *)data + 1 + half, size - 1 - half, on_data, &api);
+                if (sse_feed(&s, (const char *)data + 1, half, on_event, &api) == 0 &&
+                    sse_feed(&s, (const char *)data + 1 + half, size - 1 - half, on_event, &api) ==
+                        0)
+                        sse_finish(&s, on_event, &api);
                 sse_done(&s);
         }
         }

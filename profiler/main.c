@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -181,6 +182,41 @@ static void print_result(const struct search *st)
                        format_size(a, sizeof(a), st->bursts[i].swap));
 }
 
+/* What the server did that a well-behaved OpenAI-compatible one does not, in words. */
+static void warn_notes(const struct search *st)
+{
+        static const struct {
+                size_t offset;
+                const char *what;
+        } says[] = {
+#define N(f) offsetof(struct run_notes, f)
+            {N(http_status), "answered an HTTP error status"},
+            {N(overloaded), "answered 429 or 503 (the server shed load)"},
+            {N(transport), "failed in transport (refused, timed out or broken mid-stream)"},
+            {N(dropped), "ended the stream without [DONE] or a finish reason"},
+            {N(cut_short), "stopped before max_tokens with no finish reason (interrupted)"},
+            {N(error_event), "sent an error inside the stream"},
+            {N(bad_event), "sent an event that is not JSON"},
+            {N(no_tokens), "streamed no text"},
+            {N(no_usage), "completed without usage (prompt tokens estimated, tokens counted "
+                          "as events)"},
+            {N(ended_early), "finished before max_tokens (the server ignores ignore_eos)"},
+#undef N
+        };
+
+        for (size_t i = 0; i < sizeof(says) / sizeof(says[0]); i++) {
+                size_t n = *(const size_t *)((const char *)&st->notes + says[i].offset);
+                if (n)
+                        log_warning("server: %zu request%s %s", n, n == 1 ? "" : "s", says[i].what);
+        }
+        if (st->first_failure)
+                log_warning("server: the first failure: %s", st->first_failure);
+        if (st->found && !st->kv_from_metrics && st->metrics_error)
+                log_warning("No KV-cache gauge (%s): free memory is the load generator's "
+                            "estimate",
+                            st->metrics_error);
+}
+
 static void help(void)
 {
         printf("Usage: aqua-profile [OPTIONS] CONFIG\n"
@@ -328,6 +364,7 @@ int main(int argc, char **argv)
         default:
                 log_error_errno(r, "Search failed: %m");
         }
+        warn_notes(&st);
         print_result(&st);
         if (st.n_points > 0 && write_outputs(&cfg, &sp, &st, r) < 0)
                 return 1;

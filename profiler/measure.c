@@ -27,6 +27,7 @@ void run_done(struct run *run)
                         free(run->samples[i].token_times);
         free(run->samples);
         free(run->first_error);
+        free(run->metrics_error);
         *run = (struct run){.kv_usage_peak = -1};
 }
 
@@ -50,6 +51,28 @@ void run_note_error(struct run *run, const char *msg)
 {
         if (!run->first_error && msg)
                 run->first_error = strdup(msg);
+}
+
+void run_notes_add(struct run_notes *to, const struct run_notes *n)
+{
+#define ADD(f, name) to->f += n->f;
+        RUN_NOTES_FIELDS(ADD)
+#undef ADD
+}
+
+bool run_notes_any(const struct run_notes *n)
+{
+#define ANY(f, name)                                                                               \
+        if (n->f)                                                                                  \
+                return true;
+        RUN_NOTES_FIELDS(ANY)
+#undef ANY
+        return false;
+}
+
+static uint32_t output_tokens(const struct sample *s)
+{
+        return MAX(s->n_tokens, s->output_tokens);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -98,7 +121,7 @@ static int peak_demand(const struct run *run, uint64_t *ret_tokens)
         int64_t cur = 0, peak = 0;
 
         for (size_t i = 0; i < run->n; i++)
-                cap += 2 + run->samples[i].n_tokens;
+                cap += 3 + run->samples[i].n_tokens;
         ev = malloc(cap * sizeof(*ev));
         if (!ev)
                 return -ENOMEM;
@@ -109,8 +132,13 @@ static int peak_demand(const struct run *run, uint64_t *ret_tokens)
                 ev[n++] = (struct kv_event){s->arrival, s->prompt_tokens};
                 for (uint32_t k = 0; k < s->n_tokens; k++)
                         ev[n++] = (struct kv_event){s->token_times[k], 1};
+                /* Tokens the server counted beyond its events arrived with its last one. */
+                if (output_tokens(s) > s->n_tokens)
+                        ev[n++] = (struct kv_event){s->n_tokens ? s->token_times[s->n_tokens - 1]
+                                                                : s->arrival,
+                                                    (int64_t)(output_tokens(s) - s->n_tokens)};
                 ev[n++] = (struct kv_event){MAX(end, s->arrival),
-                                            -(int64_t)s->prompt_tokens - s->n_tokens};
+                                            -(int64_t)s->prompt_tokens - output_tokens(s)};
         }
         qsort(ev, n, sizeof(*ev), cmp_event);
         for (size_t i = 0; i < n; i++) {
@@ -143,7 +171,7 @@ int run_summarize(const struct run *run, double warmup, double ttft_percentile,
         for (size_t i = 0; i < run->n; i++) {
                 const struct sample *x = &run->samples[i];
 
-                tokens += x->n_tokens;
+                tokens += output_tokens(x);
                 if (x->finish >= 0 && !x->error)
                         completed++;
                 if (x->arrival < warmup)

@@ -140,9 +140,30 @@ static void put_summary(FILE *f, const char *indent, const struct run_summary *s
         fprintf(f, "%sttft-p99: %.6f\n", indent, s->ttft_p99);
         fprintf(f, "%stbt-p50: %.6f\n", indent, s->tbt_p50);
         fprintf(f, "%stbt-p99: %.6f\n", indent, s->tbt_p99);
+        /* At the SLA's own percentiles, which need not be 50 or 99. */
+        fprintf(f, "%sttft-sla: %.6f\n", indent, s->ttft_sla);
+        fprintf(f, "%stbt-sla: %.6f\n", indent, s->tbt_sla);
         fprintf(f, "%sthroughput: %.4f\n", indent, s->throughput);
         fprintf(f, "%stokens-per-second: %.2f\n", indent, s->token_throughput);
         fprintf(f, "%speak-kv-demand: %" PRIu64 "\n", indent, s->peak_kv_demand);
+}
+
+/* The nonzero counts of n as a flow mapping, or nothing when all are zero. */
+static void put_notes(FILE *f, const char *indent, const char *key, const struct run_notes *n)
+{
+        const char *sep = "";
+
+        if (!run_notes_any(n))
+                return;
+        fprintf(f, "%s%s: {", indent, key);
+#define PUT(field, name)                                                                           \
+        if (n->field) {                                                                            \
+                fprintf(f, "%s%s: %zu", sep, name, n->field);                                      \
+                sep = ", ";                                                                        \
+        }
+        RUN_NOTES_FIELDS(PUT)
+#undef PUT
+        fputs("}\n", f);
 }
 
 static int fill_summary(FILE *f, const void *userdata)
@@ -169,7 +190,21 @@ static int fill_summary(FILE *f, const void *userdata)
                 if (st->points[st->best].kv_usage_peak >= 0)
                         fprintf(f, "  kv-usage-peak: %.4f\n", st->points[st->best].kv_usage_peak);
                 fprintf(f, "free-memory: %" PRIu64 "\n", st->free_memory);
+                fprintf(f, "free-memory-source: %s\n",
+                        st->kv_from_metrics ? "metrics" : "estimate");
                 fprintf(f, "role: %s\n", role_names[st->role]);
+        }
+        if (st->metrics_error) {
+                fputs("metrics-error: ", f);
+                yaml_put_string(f, st->metrics_error);
+                fputc('\n', f);
+        }
+        /* What the server did that it should not have (profiler/README.md), over every run. */
+        put_notes(f, "", "server-notes", &st->notes);
+        if (st->first_failure) {
+                fputs("first-failure: ", f);
+                yaml_put_string(f, st->first_failure);
+                fputc('\n', f);
         }
         if (st->n_bursts > 0) {
                 fprintf(f, "swap:\n");
@@ -186,6 +221,7 @@ static int fill_summary(FILE *f, const void *userdata)
                 fprintf(f, "  - phase: %s\n    rate: %.6g\n    burst: %g\n    meets-sla: %s\n",
                         phase_names[pt->phase], pt->rate, pt->burst, pt->meets ? "true" : "false");
                 put_summary(f, "    ", &pt->s);
+                put_notes(f, "    ", "notes", &pt->notes);
         }
         return 0;
 }

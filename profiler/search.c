@@ -42,6 +42,23 @@ static int add_point(struct search *st, const struct search_point *p)
         return 0;
 }
 
+/* What a run saw of the server beyond the figures: its odd answers and its first failure. */
+static int search_take_notes(struct search *st, const struct run *run)
+{
+        run_notes_add(&st->notes, &run->notes);
+        if (!st->first_failure && run->first_error) {
+                st->first_failure = strdup(run->first_error);
+                if (!st->first_failure)
+                        return -ENOMEM;
+        }
+        if (!st->metrics_error && run->metrics_error && run->kv_usage_peak < 0) {
+                st->metrics_error = strdup(run->metrics_error);
+                if (!st->metrics_error)
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
 /* One run at rate (with an optional burst); appends its point. */
 static int measure(struct target *t, const struct request_pool *pool, const struct search_params *p,
                    const volatile sig_atomic_t *cancel, struct search *st, int phase, double rate,
@@ -79,6 +96,10 @@ static int measure(struct target *t, const struct request_pool *pool, const stru
                 return rr;
         pt.meets = r == 0 && sla_met(&p->sla, &pt.s);
         pt.kv_usage_peak = run.kv_usage_peak;
+        pt.notes = run.notes;
+        rr = search_take_notes(st, &run);
+        if (rr < 0)
+                return rr;
         if (r == TARGET_E_CANCELLED)
                 return SEARCH_E_CANCELLED;
         if (pt.s.n_requests > 0 && pt.s.n_failed == pt.s.n_requests)
@@ -108,6 +129,9 @@ static int preflight(struct target *t, const struct request_pool *pool,
                 return r;
         if (r == TARGET_E_CANCELLED)
                 return SEARCH_E_CANCELLED;
+        r = search_take_notes(st, &run);
+        if (r < 0)
+                return r;
         if (run.samples[0].error || run.samples[0].finish < 0)
                 return search_fail(st, SEARCH_E_TARGET, "a single request failed: %s",
                                    run.first_error ? run.first_error : "no answer in time");
@@ -206,7 +230,8 @@ int search_run(struct target *t, const struct request_pool *pool, const struct s
 
         /* The engine's own gauge when there is one; else the KV the requests needed. */
         best = &st->points[st->best];
-        if (best->kv_usage_peak >= 0)
+        st->kv_from_metrics = best->kv_usage_peak >= 0;
+        if (st->kv_from_metrics)
                 st->free_memory = (uint64_t)((double)t->kv_capacity *
                                              MAX(0.0, 1.0 - MIN(best->kv_usage_peak, 1.0)));
         else
@@ -247,5 +272,7 @@ void search_done(struct search *st)
         free(st->points);
         free(st->bursts);
         free(st->error);
+        free(st->first_failure);
+        free(st->metrics_error);
         *st = (struct search){0};
 }

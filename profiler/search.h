@@ -60,6 +60,7 @@ struct search_point {
         bool meets;
         struct run_summary s;
         double kv_usage_peak; /* from the engine's metrics; < 0 without */
+        struct run_notes notes;
 };
 
 struct burst_need {
@@ -83,6 +84,10 @@ struct search {
         size_t n_bursts;
         bool complete;
         char *error; /* for SEARCH_E_*: what to tell the user */
+        struct run_notes notes; /* over every run, the preflight's included */
+        char *first_failure;    /* the first failed request's message, for the user */
+        bool kv_from_metrics;   /* free_memory is from the engine's gauge, not the estimate */
+        char *metrics_error;    /* why the gauge was not read, when a metrics URL was given */
 };
 
 typedef void (*search_progress_fn)(const struct search *s, const struct search_point *p,

@@ -17,6 +17,7 @@
 const char *const http_api_names[] = {"completions", "chat", NULL};
 
 #define HTTP_MAX_METRICS  (16u << 20)
+#define HTTP_MAX_ERRBODY  512 /* bytes of a non-200 answer kept for the message */
 #define HTTP_POLL_MS      50
 #define HTTP_METRICS_GAP  0.5 /* seconds between samples of the metrics endpoint */
 
@@ -57,18 +58,27 @@ struct xfer {
         struct sample *s;
         uint64_t start_ns;
         char *body;
+        uint32_t requested; /* max_tokens */
         struct sse sse;
-        char *error; /* what went wrong inside the stream, if anything */
+        long status;        /* once the first bytes of the body came: the response code */
+        struct buf errbody; /* the start of a non-200 answer */
+        bool done;          /* [DONE] seen */
+        int finish;         /* enum sse_finish: the last finish_reason seen */
+        bool usage;         /* a usage object seen */
+        size_t *note;       /* the run_notes count this request's failure goes to */
+        char *error;        /* what went wrong inside the stream, if anything */
         char errbuf[CURL_ERROR_SIZE];
 };
 
-static void xfer_fail(struct xfer *x, const char *fmt, ...) _printf_(2, 3);
-static void xfer_fail(struct xfer *x, const char *fmt, ...)
+/* The first failure of a request counts, under note (a field of the run's notes). */
+static void xfer_fail(struct xfer *x, size_t *note, const char *fmt, ...) _printf_(3, 4);
+static void xfer_fail(struct xfer *x, size_t *note, const char *fmt, ...)
 {
         va_list ap;
 
-        if (x->error)
+        if (x->error || x->note)
                 return;
+        x->note = note;
         va_start(ap, fmt);
         if (vasprintf(&x->error, fmt, ap) < 0)
                 x->error = NULL;
@@ -80,26 +90,42 @@ static double elapsed(uint64_t start_ns)
         return (double)(now_mono_ns() - start_ns) / (double)NSEC_PER_SEC;
 }
 
-/* One "data:" payload: a JSON chunk, or [DONE]. */
-static int xfer_on_data(const char *payload, void *userdata)
+/* One event: a JSON chunk, or [DONE]. */
+static int xfer_on_event(const char *type, const char *payload, void *userdata)
 {
         struct xfer *x = userdata;
+        struct run_notes *notes = &x->run->notes;
         struct sse_event ev;
 
+        if (x->done)
+                return 0; /* nothing after [DONE] counts */
+        if (strcmp(type, "error") == 0) {
+                xfer_fail(x, &notes->error_event, "%s sent an error event: %.200s", x->t->url,
+                          payload);
+                return 0;
+        }
         if (sse_event_parse(payload, x->t->api == HTTP_API_CHAT ? SSE_API_CHAT
                                                                 : SSE_API_COMPLETIONS,
                             &ev) < 0) {
-                xfer_fail(x, "unparseable event from %s: %.80s", x->t->url, payload);
+                xfer_fail(x, &notes->bad_event, "unparseable event from %s: %.80s", x->t->url,
+                          payload);
                 return 0;
         }
         if (ev.error) {
-                xfer_fail(x, "%s returned an error: %.200s", x->t->url, ev.error);
+                xfer_fail(x, &notes->error_event, "%s returned an error: %.200s", x->t->url,
+                          ev.error);
                 free(ev.error);
                 return 0;
         }
-        /* The server's own count beats our characters/4 estimate. */
+        x->done = ev.done;
+        if (ev.finish != SSE_FINISH_NONE)
+                x->finish = ev.finish;
+        /* The server's own counts beat our estimate and our count of events. */
+        x->usage |= ev.usage;
         if (ev.prompt_tokens > 0)
                 x->s->prompt_tokens = (uint32_t)MIN(ev.prompt_tokens, UINT32_MAX);
+        if (ev.completion_tokens > 0)
+                x->s->output_tokens = (uint32_t)MIN(ev.completion_tokens, UINT32_MAX);
         if (ev.token && sample_add_token(x->s, elapsed(x->start_ns)) < 0)
                 return -ENOMEM;
         return 0;
@@ -111,11 +137,22 @@ static size_t xfer_write(char *ptr, size_t size, size_t nmemb, void *userdata)
         size_t n = size * nmemb;
         int r;
 
-        r = sse_feed(&x->sse, ptr, n, xfer_on_data, x);
+        if (x->status == 0)
+                curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->status);
+        if (x->status != 200) {
+                /* Not a stream: keep the start of what it says for the message. */
+                size_t room = HTTP_MAX_ERRBODY - MIN(x->errbody.len, HTTP_MAX_ERRBODY);
+                if (room > 1 &&
+                    buf_append(&x->errbody, ptr, MIN(n, room - 1), HTTP_MAX_ERRBODY) < 0)
+                        return 0;
+                return n;
+        }
+        r = sse_feed(&x->sse, ptr, n, xfer_on_event, x);
         if (r == -E2BIG)
-                xfer_fail(x, "an event from %s is over %u bytes", x->t->url, SSE_MAX_LINE);
+                xfer_fail(x, &x->run->notes.bad_event, "an event from %s is over %u bytes",
+                          x->t->url, SSE_MAX_LINE);
         else if (r < 0)
-                xfer_fail(x, "out of memory");
+                xfer_fail(x, &x->run->notes.transport, "out of memory");
         return r < 0 ? 0 : n; /* a short count aborts the transfer */
 }
 
@@ -170,6 +207,7 @@ static void xfer_free(struct xfer *x)
         if (x->easy)
                 curl_easy_cleanup(x->easy);
         free(x->body);
+        free(x->errbody.data);
         sse_done(&x->sse);
         free(x->error);
         free(x);
@@ -187,6 +225,7 @@ static int xfer_start(struct http_target *t, CURLM *multi, struct curl_slist *hd
         x->run = run;
         x->s = &run->samples[i];
         x->start_ns = start_ns;
+        x->requested = q->output_tokens;
         x->body = make_body(t, q);
         x->easy = curl_easy_init();
         if (!x->body || !x->easy) {
@@ -212,24 +251,73 @@ static int xfer_start(struct http_target *t, CURLM *multi, struct curl_slist *hd
         return 0;
 }
 
+/* Printable: control characters and newlines of an error body as spaces. */
+static const char *errbody_text(struct buf *b)
+{
+        if (!b->data)
+                return "";
+        for (size_t i = 0; i < b->len; i++)
+                if ((unsigned char)b->data[i] < 0x20)
+                        b->data[i] = ' ';
+        return b->data;
+}
+
 static void xfer_finish(struct xfer *x, CURLcode code)
 {
+        struct run_notes *notes = &x->run->notes;
+        const char *type = NULL;
         long status = 0;
 
         curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
-        if (code != CURLE_OK && !x->error)
-                xfer_fail(x, "%s: %s", x->t->url,
-                          x->errbuf[0] ? x->errbuf : curl_easy_strerror(code));
+        curl_easy_getinfo(x->easy, CURLINFO_CONTENT_TYPE, &type);
+        /* An event the stream left without its blank line still counts. */
+        if (status == 200 && code == CURLE_OK && sse_finish(&x->sse, xfer_on_event, x) == -ENOMEM)
+                xfer_fail(x, &notes->transport, "out of memory");
+        if (x->done && x->finish == SSE_FINISH_NONE && x->s->n_tokens < x->requested &&
+            x->s->output_tokens < x->requested)
+                /* [DONE] early, and perhaps the connection closed on it unfinished. */
+                xfer_fail(
+                    x, &notes->cut_short,
+                    "%s ended the stream after %u of %u tokens with [DONE] and no finish "
+                    "reason%s%s (interrupted: llama.cpp's Python server does that to a "
+                    "stream when another request arrives, unless started with "
+                    "--interrupt_requests false)",
+                    x->t->url, x->s->n_tokens, x->requested, code != CURLE_OK ? ", then " : "",
+                    code != CURLE_OK ? (x->errbuf[0] ? x->errbuf : curl_easy_strerror(code)) : "");
+        else if (code != CURLE_OK)
+                /* Refused, timed out, or the connection broke mid-stream. */
+                xfer_fail(x, &notes->transport, "%s: %s (after %u of %u tokens)", x->t->url,
+                          x->errbuf[0] ? x->errbuf : curl_easy_strerror(code), x->s->n_tokens,
+                          x->requested);
         else if (status != 200)
-                xfer_fail(x, "%s answered HTTP %ld", x->t->url, status);
+                xfer_fail(x,
+                          status == 429 || status == 503 ? &notes->overloaded : &notes->http_status,
+                          "%s answered HTTP %ld%s%s", x->t->url, status, x->errbody.len ? ": " : "",
+                          errbody_text(&x->errbody));
+        else if (x->s->n_tokens == 0 && (!type || !strstr(type, "text/event-stream")))
+                xfer_fail(x, &notes->no_tokens,
+                          "%s streamed no tokens (content type %s; is it an "
+                          "OpenAI-compatible streaming endpoint?)",
+                          x->t->url, type ? type : "none");
+        else if (!x->done && x->finish == SSE_FINISH_NONE)
+                xfer_fail(x, &notes->dropped,
+                          "%s ended the stream after %u of %u tokens without [DONE] or a "
+                          "finish reason",
+                          x->t->url, x->s->n_tokens, x->requested);
         else if (x->s->n_tokens == 0)
-                xfer_fail(x, "%s streamed no tokens (is it an OpenAI-compatible streaming "
-                          "endpoint?)", x->t->url);
+                xfer_fail(x, &notes->no_tokens, "%s streamed no tokens", x->t->url);
         x->s->finish = elapsed(x->start_ns);
-        if (x->error) {
+        if (x->error || x->note) {
                 x->s->error = -EPROTO;
+                if (x->note)
+                        (*x->note)++;
                 run_note_error(x->run, x->error);
+                return;
         }
+        if (!x->usage)
+                notes->no_usage++;
+        if (x->finish == SSE_FINISH_STOP && MAX(x->s->n_tokens, x->s->output_tokens) < x->requested)
+                notes->ended_early++;
 }
 
 /* The metrics endpoint: the largest value of the gauge in one Prometheus text scrape. */
@@ -238,13 +326,30 @@ struct scrape {
         struct buf body;
 };
 
+static void metrics_fail(const struct http_target *t, struct run *run, const char *fmt, ...)
+    _printf_(3, 4);
+static void metrics_fail(const struct http_target *t, struct run *run, const char *fmt, ...)
+{
+        va_list ap;
+
+        if (run->metrics_error)
+                return;
+        va_start(ap, fmt);
+        if (vasprintf(&run->metrics_error, fmt, ap) < 0)
+                run->metrics_error = NULL;
+        va_end(ap);
+}
+
 static void scrape_take(const struct http_target *t, struct scrape *sc, struct run *run)
 {
         size_t mlen = strlen(t->metric);
         char *save = NULL;
+        bool found = false;
 
-        if (!sc->body.data)
+        if (!sc->body.data) {
+                metrics_fail(t, run, "%s answered nothing", t->metrics_url);
                 return;
+        }
         for (char *l = strtok_r(sc->body.data, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
                 char *sp, *end;
                 double v;
@@ -255,9 +360,13 @@ static void scrape_take(const struct http_target *t, struct scrape *sc, struct r
                 if (!sp)
                         continue;
                 v = strtod(sp + 1, &end);
-                if (end != sp + 1 && isfinite(v))
+                if (end != sp + 1 && isfinite(v)) {
                         run->kv_usage_peak = MAX(run->kv_usage_peak, v);
+                        found = true;
+                }
         }
+        if (!found)
+                metrics_fail(t, run, "%s exports no %s gauge", t->metrics_url, t->metric);
         sc->body.len = 0;
 }
 
@@ -340,7 +449,16 @@ static int http_run(struct target *base, const struct load *load,
                         if (msg->msg != CURLMSG_DONE)
                                 continue;
                         if (msg->easy_handle == sc.easy) {
-                                if (msg->data.result == CURLE_OK)
+                                long status = 0;
+
+                                curl_easy_getinfo(sc.easy, CURLINFO_RESPONSE_CODE, &status);
+                                if (msg->data.result != CURLE_OK)
+                                        metrics_fail(t, run, "%s: %s", t->metrics_url,
+                                                     curl_easy_strerror(msg->data.result));
+                                else if (status != 200)
+                                        metrics_fail(t, run, "%s answered HTTP %ld", t->metrics_url,
+                                                     status);
+                                else
                                         scrape_take(t, &sc, run);
                                 sc.body.len = 0;
                                 curl_multi_remove_handle(multi, sc.easy);

@@ -160,6 +160,29 @@ Test(report, summary_and_csv_hold_every_run)
                   s);
 }
 
+Test(report, the_summary_says_what_the_server_did_and_where_free_memory_came_from)
+{
+        _cleanup_free_ char *sum = path_in("n.summary.yaml"), *s = NULL;
+        struct report_info in = info("n");
+
+        st.notes = (struct run_notes){.overloaded = 3, .no_usage = 7};
+        points[1].notes = (struct run_notes){.overloaded = 3};
+        st.first_failure = "http://x answered HTTP 503: busy";
+        st.metrics_error = "http://x/metrics answered HTTP 404";
+        cr_assert_eq(report_write_summary(sum, &in, &st), 0);
+        s = slurp(sum);
+        cr_assert(strstr(s, "free-memory-source: estimate\n"), "%s", s);
+        cr_assert(strstr(s, "metrics-error: \"http://x/metrics answered HTTP 404\"\n"), "%s", s);
+        cr_assert(strstr(s, "server-notes: {overloaded: 3, no-usage: 7}\n"), "%s", s);
+        cr_assert(strstr(s, "first-failure: \"http://x answered HTTP 503: busy\"\n"), "%s", s);
+        cr_assert(strstr(s, "    meets-sla: false\n"), "%s", s);
+        cr_assert(strstr(s, "    notes: {overloaded: 3}\n"), "%s", s);
+        cr_assert_eq(strstr(s, "notes: {}"), NULL, "runs without notes have none");
+        st.notes = (struct run_notes){0};
+        points[1].notes = (struct run_notes){0};
+        st.first_failure = st.metrics_error = NULL;
+}
+
 Test(report, the_plot_is_drawn_or_its_absence_explained)
 {
         _cleanup_free_ char *csv = path_in("m.csv"), *gp = path_in("m.gp"), *png = path_in("m.png");
