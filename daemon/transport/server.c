@@ -647,6 +647,18 @@ static void handle_signals(struct server *s)
         }
 }
 
+/*
+ * Whether silence may end a remote client's registration: only while it holds nothing. A remote
+ * client with a GPU registered (leases, mapped memory) is never taken for dead because it is
+ * silent: no side channel and no process table across hosts can prove it gone, so it stays
+ * until it comes back, returns what it holds, or an operator releases it ("Silence is not
+ * death"). Today tcp clients register as admins only, so this is the rule for what comes next.
+ */
+static bool remote_may_lapse(const struct client *c)
+{
+        return c->remote && !c->gpu;
+}
+
 /* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
 #define JOURNAL_PROBE_NS NSEC_PER_SEC
 
@@ -661,7 +673,7 @@ static uint64_t next_deadline(struct server *s)
                 struct client *c = list_entry(n, struct client, node);
                 if (!c->registered && (!next || c->hello_deadline_ns < next))
                         next = c->hello_deadline_ns;
-                if (c->remote) {
+                if (remote_may_lapse(c)) {
                         uint64_t d = c->last_seen_ns + s->config->remote.grace_ns;
                         if (!next || d < next)
                                 next = d;
@@ -696,9 +708,9 @@ static void expire(struct server *s, uint64_t now)
                         tmp = s->clients.next;
                         continue;
                 }
-                /* A remote client holds nothing (the control path only): past its grace
-                 * of silence its registration goes; it may say Hello again. */
-                if (c->remote && now >= c->last_seen_ns + s->config->remote.grace_ns) {
+                /* Past its grace of silence a remote registration that holds nothing goes;
+                 * it may say Hello again. */
+                if (remote_may_lapse(c) && now >= c->last_seen_ns + s->config->remote.grace_ns) {
                         log_notice("Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
                                    " ms (remote.grace); dropping its registration, which holds "
                                    "no memory",
