@@ -147,6 +147,7 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         hello->gpu_ordinal = (uint32_t)gi->ordinal;
         hello->gpu_capacity = gi->capacity;
         hello->client_name = ctx->client_name;
+        hello->host = ctx->host;
         hello->granularity = gi->granularity;
         for (size_t i = 0; i < gi->n_peers; i++) {
                 aqua__peer_link__init(&links[i]);
@@ -642,6 +643,8 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
         ctx->state = SESSION_RETRY;
         ctx->endpoint = strdup(endpoint);
         ctx->client_name = strdup(o.client_name ? o.client_name : program_invocation_short_name);
+        if (gethostname(ctx->host, sizeof(ctx->host) - 1) < 0)
+                ctx->host[0] = '\0';
         if (!ctx->endpoint || !ctx->client_name)
                 return -ENOMEM;
         r = resolve_side_path(o.side_path, endpoint, &ctx->side_path);
