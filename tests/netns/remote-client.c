@@ -4,7 +4,8 @@
  *   hello admin|producer|consumer  -> "welcome ID" | "error CODE MESSAGE" | "timeout"
  *   status                         -> "status clients=N" | "error CODE MESSAGE" | "timeout"
  *   reconnect                      -> "reconnected" (a new connection, a new routing id)
- * Usage: remote-client [--plain] [--timeout MS] ENDPOINT [SERVER_PUB_FILE CLIENT_KEY_FILE]
+ * Usage: remote-client [--plain] [--timeout MS] [--routing-id ID] ENDPOINT
+ *                      [SERVER_PUB_FILE CLIENT_KEY_FILE]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,7 +24,7 @@ static void *zctx, *dealer;
 static char server[CURVE_KEY_TEXT + 1], pub[CURVE_KEY_TEXT + 1], sec[CURVE_KEY_TEXT + 1];
 static bool plain;
 static int timeout_ms = 2000;
-static const char *endpoint;
+static const char *endpoint, *routing_id;
 static uint64_t next_id = 1;
 
 static int open_dealer(void)
@@ -36,6 +37,8 @@ static int open_dealer(void)
         if (!dealer)
                 return -errno;
         zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
+        if (routing_id && zmq_setsockopt(dealer, ZMQ_ROUTING_ID, routing_id, strlen(routing_id)) < 0)
+                return -errno;
         if (!plain && (zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, server, CURVE_KEY_TEXT) < 0 ||
                        zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, pub, CURVE_KEY_TEXT) < 0 ||
                        zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, sec, CURVE_KEY_TEXT) < 0))
@@ -142,6 +145,8 @@ int main(int argc, char **argv)
                         plain = true;
                 else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc)
                         timeout_ms = atoi(argv[++i]);
+                else if (strcmp(argv[i], "--routing-id") == 0 && i + 1 < argc)
+                        routing_id = argv[++i];
         }
         if (i >= argc || (!plain && i + 3 > argc)) {
                 fprintf(stderr, "usage: remote-client [--plain] [--timeout MS] ENDPOINT "
