@@ -298,6 +298,19 @@ static int admin_hello(struct admin *a, const uint8_t *token, size_t token_len,
         return r;
 }
 
+static struct admin *admin_new(const char *endpoint, int timeout_ms)
+{
+        struct admin *a = calloc(1, sizeof(*a));
+
+        if (!a)
+                return NULL;
+        a->side = -1;
+        a->next_request = 1;
+        a->timeout_ms = timeout_ms;
+        a->endpoint = strdup(endpoint);
+        return a->endpoint ? a : admin_free(a);
+}
+
 int admin_connect(const char *endpoint, const char *side_path, const char *client_name,
                   int timeout_ms, struct admin **ret, char *err, size_t err_len)
 {
@@ -306,14 +319,8 @@ int admin_connect(const char *endpoint, const char *side_path, const char *clien
         struct pollfd p;
         int linger = 0, r;
 
-        a = calloc(1, sizeof(*a));
+        a = admin_new(endpoint, timeout_ms);
         if (!a)
-                return fail(-ENOMEM, err, err_len, "out of memory");
-        a->side = -1;
-        a->next_request = 1;
-        a->timeout_ms = timeout_ms;
-        a->endpoint = strdup(endpoint);
-        if (!a->endpoint)
                 return fail(-ENOMEM, err, err_len, "out of memory");
 
         r = side_connect(endpoint, side_path, &a->side, err, err_len);
@@ -354,6 +361,45 @@ int admin_connect(const char *endpoint, const char *side_path, const char *clien
         }
         r = admin_hello(a, hello->token.data, hello->token.len, client_name, err, err_len);
         aqua__side_frame__free_unpacked(hello, NULL);
+        if (r != 0)
+                return r;
+        *ret = TAKE_PTR(a);
+        return 0;
+}
+
+int admin_connect_remote(const char *endpoint, const char *server_key, const char *public_key,
+                         const char *secret_key, const char *client_name, int timeout_ms,
+                         struct admin **ret, char *err, size_t err_len)
+{
+        _cleanup_(admin_freep) struct admin *a = NULL;
+        int linger = 0, r;
+
+        a = admin_new(endpoint, timeout_ms);
+        if (!a)
+                return fail(-ENOMEM, err, err_len, "out of memory");
+        a->zctx = zmq_ctx_new();
+        a->dealer = a->zctx ? zmq_socket(a->zctx, ZMQ_DEALER) : NULL;
+        if (!a->dealer)
+                return fail(-errno, err, err_len, "cannot create a ZeroMQ socket: %s",
+                            zmq_strerror(errno));
+        zmq_setsockopt(a->dealer, ZMQ_LINGER, &linger, sizeof(linger));
+        if (zmq_setsockopt(a->dealer, ZMQ_CURVE_SERVERKEY, server_key, strlen(server_key)) < 0 ||
+            zmq_setsockopt(a->dealer, ZMQ_CURVE_PUBLICKEY, public_key, strlen(public_key)) < 0 ||
+            zmq_setsockopt(a->dealer, ZMQ_CURVE_SECRETKEY, secret_key, strlen(secret_key)) < 0)
+                return fail(-errno, err, err_len, "cannot use the CURVE keys: %s",
+                            zmq_strerror(errno));
+        if (zmq_connect(a->dealer, endpoint) < 0) {
+                r = -errno;
+                return fail(r, err, err_len, "cannot connect to %s: %s", endpoint,
+                            zmq_strerror(-r));
+        }
+        /* No side channel and no token: the CURVE key is who this is. */
+        r = admin_hello(a, NULL, 0, client_name, err, err_len);
+        if (r == ADMIN_E_TIMEOUT)
+                r = fail(ADMIN_E_TIMEOUT, err, err_len,
+                         "no reply from aquad at %s within %d ms (over CURVE: is this client's "
+                         "public key in aquad's remote.clients, and the server key aquad's?)",
+                         endpoint, timeout_ms);
         if (r != 0)
                 return r;
         *ret = TAKE_PTR(a);

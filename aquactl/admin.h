@@ -40,6 +40,14 @@ char *admin_side_path(const char *endpoint);
 int admin_connect(const char *endpoint, const char *side_path, const char *client_name,
                   int timeout_ms, struct admin **ret, char *err, size_t err_len);
 
+/*
+ * Connect to aquad's remote.endpoint (tcp://) with CURVE and register as ADMIN: server_key is
+ * aquad's public key, public_key and secret_key this client's (Z85). No side channel.
+ */
+int admin_connect_remote(const char *endpoint, const char *server_key, const char *public_key,
+                         const char *secret_key, const char *client_name, int timeout_ms,
+                         struct admin **ret, char *err, size_t err_len);
+
 struct admin *admin_free(struct admin *a);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct admin *, admin_free);
 

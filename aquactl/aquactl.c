@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "admin.h"
+#include "curve.h"
 #include "format-json.h"
 #include "format.h"
 #include "log.h"
@@ -27,6 +28,8 @@ enum {
 struct options {
         const char *endpoint;
         const char *side;
+        const char *server_key;
+        const char *key_file;
         bool json;
         int timeout_ms;
 };
@@ -52,6 +55,8 @@ static void help(FILE *out)
             "  unpair GPU             remove GPU's pair\n"
             "  release GPU            release what GPU's client held before aquad restarted,\n"
             "                         once you know that process is gone (it is silent)\n"
+            "  keygen FILE            write a CURVE key pair to FILE (0600) and its public key\n"
+            "                         to FILE.pub, for aquad's remote.key-file or a client\n"
             "\n"
             "GPUs are named by ordinal or uuid; sizes like 2GiB, 512MiB, 1.5GB.\n"
             "\n"
@@ -60,6 +65,10 @@ static void help(FILE *out)
             "      --side=PATH          side channel socket (default $AQUA_SIDE_PATH, or\n"
             "                           derived from ENDPOINT: /run/aqua/aquad.side)\n"
             "  -j, --json               print JSON for scripts\n"
+            "      --server-key=KEY     aquad's CURVE public key (Z85, or a .pub file) for a\n"
+            "                           tcp:// endpoint (default $AQUA_SERVER_KEY)\n"
+            "      --key-file=FILE      this client's key pair from keygen (default\n"
+            "                           $AQUA_KEY_FILE); with --server-key: no side channel\n"
             "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
             "  -h, --help               show this help\n"
             "\n"
@@ -342,7 +351,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         static const struct option longopts[] = {
             {"endpoint", required_argument, NULL, 'e'}, {"side", required_argument, NULL, 's'},
             {"json", no_argument, NULL, 'j'},           {"timeout", required_argument, NULL, 't'},
-            {"help", no_argument, NULL, 'h'},           {},
+            {"help", no_argument, NULL, 'h'},           {"server-key", required_argument, NULL, 'S'},
+            {"key-file", required_argument, NULL, 'K'}, {},
         };
         uint64_t ns;
         int c;
@@ -358,6 +368,12 @@ static int parse_options(int argc, char **argv, struct options *o)
                         break;
                 case 'j':
                         o->json = true;
+                        break;
+                case 'S':
+                        o->server_key = optarg;
+                        break;
+                case 'K':
+                        o->key_file = optarg;
                         break;
                 case 't':
                         if (parse_duration(optarg, &ns) < 0 || ns < NSEC_PER_MSEC ||
@@ -376,6 +392,50 @@ static int parse_options(int argc, char **argv, struct options *o)
                 }
         }
         return 1;
+}
+
+/* keygen FILE: a CURVE key pair for aquad's remote.key-file or for a remote client. */
+static int keygen(char **args, int n)
+{
+        char pub[CURVE_KEY_TEXT + 1], err[512];
+
+        if (n != 1) {
+                log_error("usage: aquactl keygen FILE");
+                return EXIT_USAGE;
+        }
+        if (curve_keyfile_write(args[0], pub, err, sizeof(err)) < 0) {
+                log_error("%s", err);
+                return EXIT_FAILED;
+        }
+        printf("%s\n", pub);
+        return EXIT_OK;
+}
+
+/* A tcp:// endpoint with CURVE: the server's key (Z85 or a file holding it), our key pair. */
+static int connect_remote(const struct options *o, struct admin **ret, char *err, size_t len)
+{
+        char server[CURVE_KEY_TEXT + 1], pub[CURVE_KEY_TEXT + 1], sec[CURVE_KEY_TEXT + 1];
+        int r;
+
+        if (strncmp(o->endpoint, "tcp://", 6) != 0) {
+                snprintf(err, len, "a server key is for a tcp:// endpoint, not %s", o->endpoint);
+                return -EINVAL;
+        }
+        if (curve_key_valid(o->server_key))
+                snprintf(server, sizeof(server), "%s", o->server_key);
+        else if (curve_keyfile_load(o->server_key, server, NULL, err, len) < 0)
+                return -EINVAL;
+        if (!o->key_file || !*o->key_file) {
+                snprintf(err, len, "a tcp:// endpoint with a server key needs this client's key "
+                         "pair: --key-file or $AQUA_KEY_FILE (aquactl keygen FILE)");
+                return -EINVAL;
+        }
+        if (curve_keyfile_load(o->key_file, pub, sec, err, len) < 0)
+                return -EINVAL;
+        r = admin_connect_remote(o->endpoint, server, pub, sec, "aquactl", o->timeout_ms, ret, err,
+                                 len);
+        explicit_bzero(sec, sizeof(sec));
+        return r;
 }
 
 int main(int argc, char **argv)
@@ -398,6 +458,8 @@ int main(int argc, char **argv)
                 return EXIT_USAGE;
         }
         n_args = argc - optind - 1;
+        if (strcmp(argv[optind], "keygen") == 0)
+                return keygen(argv + optind + 1, n_args);
         v = view_from_string(argv[optind]);
         for (size_t i = 0; v < 0 && i < ARRAY_SIZE(commands); i++)
                 if (strcmp(argv[optind], commands[i].name) == 0)
@@ -430,7 +492,19 @@ int main(int argc, char **argv)
                 o.side = side;
         }
 
-        r = admin_connect(o.endpoint, o.side, "aquactl", o.timeout_ms, &a, err, sizeof(err));
+        if (!o.server_key)
+                o.server_key = getenv("AQUA_SERVER_KEY");
+        if (!o.key_file)
+                o.key_file = getenv("AQUA_KEY_FILE");
+        if (o.server_key && *o.server_key) {
+                r = connect_remote(&o, &a, err, sizeof(err));
+                if (r == -EINVAL) {
+                        log_error("%s", err);
+                        return EXIT_USAGE;
+                }
+        } else
+                r = admin_connect(o.endpoint, o.side, "aquactl", o.timeout_ms, &a, err,
+                                  sizeof(err));
         if (r != 0) {
                 log_error("%s", err);
                 return r < 0 ? EXIT_FAILED : exit_for_outcome(r);

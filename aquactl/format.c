@@ -220,12 +220,22 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
         static const char *const headers[] = {"GPU",  "UUID",     "ROLE",    "CLIENT", "PID",
                                               "LOAD", "CAPACITY", "OFFERED", "LENT",   "BORROWED",
                                               "DRAM", "PAIRED",   "STATE"};
-        _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
+        /* With GPUs that name their host (libaqua does), a HOST column after the uuid. */
+        static const char *const host_headers[] = {
+            "GPU",     "UUID", "HOST",     "ROLE", "CLIENT", "PID",   "LOAD",
+            "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM", "PAIRED", "STATE"};
+        bool hosts = false;
+
+        for (size_t i = 0; i < data->n_gpus; i++)
+                hosts = hosts || (data->gpus[i]->host && *data->gpus[i]->host);
+        _cleanup_(table_freep) struct table *t =
+            hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))
+                  : table_new(headers, ARRAY_SIZE(headers));
 
         if (!t)
                 return -ENOMEM;
         for (size_t c = 4; c <= 10; c++)
-                table_align_right(t, c);
+                table_align_right(t, c + hosts);
         for (size_t i = 0; i < data->n_gpus; i++) {
                 const Aqua__GpuInfo *g = data->gpus[i];
                 char ord[16], uuid[16], role[32], pid[16], load[16], cap[CELL_MAX], off[CELL_MAX],
@@ -245,6 +255,7 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
                 const char *row[] = {
                     ord,
                     uuid,
+                    *g->host ? g->host : "-",
                     format_enum(&aqua__role__descriptor, g->role, role, sizeof(role)),
                     online && *g->client_name ? g->client_name : "-",
                     online && g->pid ? pid : "-",
@@ -257,6 +268,9 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
                     paired,
                     gpu_state(g),
                 };
+                /* Without hosts the row is the same less its third cell. */
+                if (!hosts)
+                        memmove(&row[2], &row[3], sizeof(row) - 3 * sizeof(row[0]));
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
         }

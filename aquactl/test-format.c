@@ -72,6 +72,21 @@ Test(format, gpus_show_role_client_sizes_pair_and_state)
                  "       -        -  -       offline\n");
 }
 
+/* GPUs whose clients name their host get a HOST column; one that did not shows "-". */
+Test(format, gpus_show_hosts_where_clients_name_them)
+{
+        c.gpu[0].host = "node-a";
+        c.gpu[1].host = "node-b\x1b[31m";
+        _cleanup_free_ char *out = render(VIEW_GPUS, &c.gpus, &c.gpus);
+
+        cr_assert(strstr(out, "GPU  UUID          HOST            ROLE      CLIENT"), "%s", out);
+        cr_assert(strstr(out, "0    GPU-00000000  node-a          consumer  vllm-llama3"), "%s",
+                  out);
+        cr_assert(strstr(out, "1    GPU-11111111  node-b\\x1b[31m  producer  whisper"), "%s", out);
+        cr_assert(strstr(out, "2    GPU-22222222  -               consumer  vllm-mistral"), "%s",
+                  out);
+}
+
 Test(format, leases_say_who_holds_what_from_whom_and_dram_per_consumer)
 {
         _cleanup_free_ char *out = render(VIEW_LEASES, &c.leases, &c.gpus);

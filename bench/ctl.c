@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "echo.h"
 #include "side.h"
 #include "time-util.h"
 #include "wire.h"
@@ -45,16 +46,7 @@ static _Noreturn void echo_server(const char *ep)
 
         if (zmq_bind(router, ep) < 0)
                 die("bind echo");
-        for (;;) {
-                zmq_msg_t id, body;
-
-                zmq_msg_init(&id);
-                zmq_msg_init(&body);
-                if (zmq_msg_recv(&id, router, 0) < 0 || zmq_msg_recv(&body, router, 0) < 0)
-                        _exit(0);
-                zmq_msg_send(&id, router, ZMQ_SNDMORE);
-                zmq_msg_send(&body, router, 0);
-        }
+        echo_serve(router);
 }
 
 /* ---------------------------------------------------------------- clients */

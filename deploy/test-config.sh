@@ -28,7 +28,12 @@ check "$default" "the default aquad.yaml"
 sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
         sed -e 's/^socket-group: .*/socket-group: root/' \
             -e 's/^\(  users: \).*/\1[root]/' -e 's/^\(  groups: \).*/\1[root]/' \
+            -e 's/^\(    - user: \).*/\1root/' \
+            -e 's/^\(      keys: \).*/\1["Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"]/' \
             >"$dir/all.yaml"
+# aquad's key pair beside it (the key pair of ZeroMQ's CURVE RFC: valid Z85, no secret).
+printf 'public-key: rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7\nsecret-key: JTKVSB%%%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\n' \
+        >"$dir/aquad.key"
 # The plan it names sits beside it.
 printf 'pairs:\n  - {producer: 1, consumer: 0}\n' >"$dir/plan.yaml"
 printf 'devices: [{memory: 80GiB, uuid: GPU-a}, {memory: 80GiB, uuid: GPU-b}]\nall-linked: true\n' \

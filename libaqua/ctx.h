@@ -78,6 +78,7 @@ struct aqua_ctx {
         enum aqua_role role;
         const struct role_ops *ops; /* NULL: neutral */
         char *endpoint, *side_path, *client_name;
+        char host[256]; /* gethostname(), sent in Hello */
         int timeout_ms;
         uint64_t chunk_bytes;
 

@@ -10,6 +10,7 @@
 
 #include "alog.h"
 #include "ctx.h"
+#include "curve.h"
 #include "time-util.h"
 #include "wire.h"
 
@@ -146,6 +147,7 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         hello->gpu_ordinal = (uint32_t)gi->ordinal;
         hello->gpu_capacity = gi->capacity;
         hello->client_name = ctx->client_name;
+        hello->host = ctx->host;
         hello->granularity = gi->granularity;
         for (size_t i = 0; i < gi->n_peers; i++) {
                 aqua__peer_link__init(&links[i]);
@@ -566,11 +568,51 @@ static int resolve_side_path(const char *given, const char *endpoint, char **ret
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(aqua_ctx *, aqua_close);
 
+/* The CURVE keys from the options, else from $AQUA_SERVER_KEY and $AQUA_KEY_FILE; none: {0}. */
+static int resolve_curve(const struct aqua_options *o, char keys[3][CURVE_KEY_TEXT + 1],
+                         struct transport_curve *ret)
+{
+        const char *server = getenv("AQUA_SERVER_KEY"), *file = getenv("AQUA_KEY_FILE");
+        char err[256];
+
+        *ret = (struct transport_curve){0};
+        if (o->server_key || o->public_key || o->secret_key) {
+                if (!curve_key_valid(o->server_key) || !curve_key_valid(o->public_key) ||
+                    !curve_key_valid(o->secret_key)) {
+                        alog_error("server_key, public_key and secret_key go together, each 40 "
+                                   "characters of Z85");
+                        return -EINVAL;
+                }
+                *ret = (struct transport_curve){o->server_key, o->public_key, o->secret_key};
+                return 0;
+        }
+        if (!server || !*server)
+                return 0;
+        if (curve_key_valid(server))
+                snprintf(keys[0], CURVE_KEY_TEXT + 1, "%s", server);
+        else if (curve_keyfile_load(server, keys[0], NULL, err, sizeof(err)) < 0) {
+                alog_error("$AQUA_SERVER_KEY: %s", err);
+                return -EINVAL;
+        }
+        if (!file || !*file) {
+                alog_error("$AQUA_SERVER_KEY needs this client's key pair in $AQUA_KEY_FILE");
+                return -EINVAL;
+        }
+        if (curve_keyfile_load(file, keys[1], keys[2], err, sizeof(err)) < 0) {
+                alog_error("$AQUA_KEY_FILE: %s", err);
+                return -EINVAL;
+        }
+        *ret = (struct transport_curve){keys[0], keys[1], keys[2]};
+        return 0;
+}
+
 _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_options *opts,
                        aqua_ctx **ret_ctx)
 {
         struct aqua_options o = AQUA_OPTIONS_INIT;
         const char *endpoint, *env;
+        char keys[3][CURVE_KEY_TEXT + 1];
+        struct transport_curve curve;
         _cleanup_(aqua_closep) aqua_ctx *ctx = NULL;
         int r;
 
@@ -601,6 +643,8 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
         ctx->state = SESSION_RETRY;
         ctx->endpoint = strdup(endpoint);
         ctx->client_name = strdup(o.client_name ? o.client_name : program_invocation_short_name);
+        if (gethostname(ctx->host, sizeof(ctx->host) - 1) < 0)
+                ctx->host[0] = '\0';
         if (!ctx->endpoint || !ctx->client_name)
                 return -ENOMEM;
         r = resolve_side_path(o.side_path, endpoint, &ctx->side_path);
@@ -611,7 +655,11 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
                 return r;
         ctx->chunk_bytes = ALIGN_UP(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK_BYTES,
                                     gpu_info(ctx->gpu)->granularity);
-        r = transport_new(ctx->endpoint, ctx->side_path, &ctx->t);
+        r = resolve_curve(&o, keys, &curve);
+        if (r < 0)
+                return r;
+        r = transport_new(ctx->endpoint, ctx->side_path, &curve, &ctx->t);
+        explicit_bzero(keys, sizeof(keys));
         if (r < 0)
                 return r;
         r = session_connect(ctx, ctx_deadline(ctx));

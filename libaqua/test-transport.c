@@ -24,7 +24,7 @@ static struct transport *t;
 static void setup(void)
 {
         fake_start(&fk);
-        cr_assert_eq(transport_new(fk.endpoint, fk.side_path, &t), 0);
+        cr_assert_eq(transport_new(fk.endpoint, fk.side_path, NULL, &t), 0);
 }
 
 static void teardown(void)
@@ -107,7 +107,7 @@ Test(transport, says_when_nobody_listens)
         char path[160];
 
         snprintf(path, sizeof(path), "%s/none.side", fk.dir);
-        cr_assert_eq(transport_new("ipc:///nonexistent/x.sock", path, &t2), 0);
+        cr_assert_eq(transport_new("ipc:///nonexistent/x.sock", path, NULL, &t2), 0);
         cr_assert_eq(transport_side_start(t2), -ENOENT);
         transport_free(t2);
 }

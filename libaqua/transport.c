@@ -93,7 +93,8 @@ struct side_msg *side_msg_free(struct side_msg *m)
         return NULL;
 }
 
-int transport_new(const char *endpoint, const char *side_path, struct transport **ret)
+int transport_new(const char *endpoint, const char *side_path, const struct transport_curve *curve,
+                  struct transport **ret)
 {
         _cleanup_(transport_freep) struct transport *t = NULL;
         struct epoll_event ev = {.events = EPOLLIN};
@@ -126,6 +127,14 @@ int transport_new(const char *endpoint, const char *side_path, struct transport 
         }
         zmq_setsockopt(t->dealer, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_setsockopt(t->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        if (curve && curve->server_key &&
+            (zmq_setsockopt(t->dealer, ZMQ_CURVE_SERVERKEY, curve->server_key,
+                            strlen(curve->server_key)) < 0 ||
+             zmq_setsockopt(t->dealer, ZMQ_CURVE_PUBLICKEY, curve->public_key,
+                            strlen(curve->public_key)) < 0 ||
+             zmq_setsockopt(t->dealer, ZMQ_CURVE_SECRETKEY, curve->secret_key,
+                            strlen(curve->secret_key)) < 0))
+                return -errno;
         if (zmq_connect(t->dealer, endpoint) < 0 ||
             zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0)
                 return -errno;

@@ -35,7 +35,13 @@ struct side_msg {
  * Create the DEALER (connected to endpoint; ZeroMQ connects in the background) and the epoll fd.
  * side_path is where transport_side_connect() goes. No I/O happens here.
  */
-int transport_new(const char *endpoint, const char *side_path, struct transport **ret);
+/* CURVE keys (Z85) for the DEALER; all NULL: none. */
+struct transport_curve {
+        const char *server_key, *public_key, *secret_key;
+};
+
+int transport_new(const char *endpoint, const char *side_path, const struct transport_curve *curve,
+                  struct transport **ret);
 struct transport *transport_free(struct transport *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct transport *, transport_free);
 

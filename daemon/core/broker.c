@@ -204,6 +204,7 @@ static void gpu_destroy(struct broker *p, struct gpu *g)
         p->n_gpus--;
         gpu_free_links(g);
         free(g->client_name);
+        free(g->host);
         free(g->uuid);
         free(g->device);
         free(g);

@@ -84,6 +84,7 @@ struct gpu {
         struct client *owner; /* the connected client, NULL when none */
         uint64_t serial;      /* of this registration, never reused; 0 while none is connected */
         char *client_name;
+        char *host; /* the host its client named; NULL: not told */
         pid_t pid;
         struct proc_id process; /* of the registering client, journaled; pid 0: none known */
         struct gpu_link *links;
@@ -311,6 +312,7 @@ struct broker_hello {
         uint64_t capacity;
         uint64_t granularity;
         const char *client_name;
+        const char *host; /* NULL or empty: not told */
         pid_t pid;
         const struct proc_id *process; /* NULL: not known (not on this host) */
         const struct broker_link *links;

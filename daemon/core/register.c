@@ -312,6 +312,8 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                 goto fail;
         free(g->client_name);
         g->client_name = h->client_name && h->client_name[0] ? strdup(h->client_name) : NULL;
+        free(g->host);
+        g->host = h->host && h->host[0] ? strndup(h->host, 255) : NULL;
         g->ordinal = h->ordinal;
         g->capacity = h->capacity;
         g->granularity = h->granularity;

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/un.h>
+#include <zmq.h>
 
 #include "conf.h"
+#include "curve.h"
 #include "log.h"
 #include "parse-util.h"
 
@@ -45,8 +47,32 @@ static const struct conf_schema limits_schema = {"limits", limits_fields};
 
 #define SEC INT64_C(1000000000)
 
+static const struct conf_field remote_client_fields[] = {
+    CONF_FIELD_STRING(struct config_remote_client, user, "user", CONF_REQUIRED),
+    CONF_FIELD_LIST(struct config_remote_client, keys, n_keys, "keys", &conf_elem_string, 1024,
+                    CONF_REQUIRED),
+    CONF_FIELD_END,
+};
+static const struct conf_schema remote_client_schema = {"remote client", remote_client_fields};
+
+static const struct conf_field remote_fields[] = {
+    CONF_FIELD_STRING(struct config_remote, endpoint, "endpoint", 0),
+    CONF_FIELD_STRING(struct config_remote, key_file, "key-file", 0),
+    CONF_FIELD_LIST(struct config_remote, clients, n_clients, "clients",
+                    CONF_ELEM_STRUCT(&remote_client_schema), 4096, 0),
+    CONF_FIELD_DURATION(struct config_remote, heartbeat_interval_ns, "heartbeat-interval",
+                        SEC / 100, 600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config_remote, heartbeat_timeout_ns, "heartbeat-timeout",
+                        SEC / 100, 3600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config_remote, grace_ns, "grace", 0, 7 * 24 * 3600 * SEC, 0),
+    CONF_FIELD_END,
+};
+static const struct conf_schema remote_schema = {"remote", remote_fields};
+
 static const struct conf_field config_fields[] = {
     CONF_FIELD_STRING(struct config, endpoint, "endpoint", 0),
+    CONF_FIELD_BOOL(struct config, plain_tcp, "plain-tcp", 0),
+    CONF_FIELD_STRUCT(struct config, remote, "remote", &remote_schema, 0),
     CONF_FIELD_STRING(struct config, side_socket, "side-socket", 0),
     CONF_FIELD_MODE(struct config, socket_mode, "socket-mode", 0),
     CONF_FIELD_STRING(struct config, socket_group, "socket-group", 0),
@@ -95,6 +121,7 @@ struct config *config_free(struct config *c)
         access_free(&c->allow);
         access_free(&c->admin);
         topology_free(&c->links);
+        explicit_bzero(c->remote.secret_key, sizeof(c->remote.secret_key));
         conf_free(&config_schema, c);
         free(c);
         return NULL;
@@ -121,6 +148,12 @@ static int defaults(struct config *c)
             .reconcile_timeout_ns = 30 * SEC,
             .request_timeout_ns = 10 * SEC,
             .pairing = CONFIG_PAIRING_AUTO,
+            .remote =
+                {
+                    .heartbeat_interval_ns = SEC,
+                    .heartbeat_timeout_ns = 5 * SEC,
+                    .grace_ns = 30 * SEC,
+                },
             .journal_compact_bytes = 4u << 20,
             .log_level = LOG_LEVEL_INFO,
         };
@@ -277,6 +310,72 @@ static int load_plan(struct config *c, const char *name, char **ret_error)
         return r;
 }
 
+static int check_remote(struct config *c, const char *name, char **ret_error)
+{
+        struct config_remote *rm = &c->remote;
+        _cleanup_free_ char *path = NULL;
+        char err[512];
+        int r;
+
+        if (!rm->endpoint) {
+                if (rm->key_file || rm->n_clients)
+                        return invalid(ret_error, name,
+                                       "remote: no endpoint (remote.endpoint: tcp://ADDRESS:PORT)");
+                return 0;
+        }
+        if (strncmp(rm->endpoint, "tcp://", 6) != 0)
+                return invalid(ret_error, name, "remote.endpoint: \"%s\" is not tcp://",
+                               rm->endpoint);
+        if (!zmq_has("curve"))
+                return invalid(ret_error, name,
+                               "remote: this libzmq has no CURVE support (it needs libsodium)");
+        if (!rm->key_file)
+                return invalid(ret_error, name,
+                               "remote.key-file: required: aquad's key pair (`aquactl keygen "
+                               "FILE` writes one)");
+        path = config_relative(name, rm->key_file);
+        if (!path)
+                return -ENOMEM;
+        r = curve_keyfile_load(path, rm->public_key, rm->secret_key, err, sizeof(err));
+        if (r < 0)
+                return invalid(ret_error, name, "remote.key-file: %s", err);
+        if (rm->heartbeat_timeout_ns < rm->heartbeat_interval_ns)
+                return invalid(ret_error, name,
+                               "remote.heartbeat-timeout: shorter than remote.heartbeat-interval");
+        for (size_t i = 0; i < rm->n_clients; i++) {
+                struct config_remote_client *rc = &rm->clients[i];
+                uint32_t uid;
+
+                if (resolve_id(rc->user, true, &uid) < 0)
+                        return invalid(ret_error, name, "remote.clients[%zu].user: no user \"%s\"",
+                                       i, rc->user);
+                rc->uid = uid;
+                if (rc->n_keys == 0)
+                        return invalid(ret_error, name, "remote.clients[%zu].keys: empty", i);
+                for (size_t k = 0; k < rc->n_keys; k++) {
+                        if (!curve_key_valid(rc->keys[k]))
+                                return invalid(ret_error, name,
+                                               "remote.clients[%zu].keys[%zu]: \"%s\" is not a "
+                                               "Z85 CURVE public key (40 characters)",
+                                               i, k, rc->keys[k]);
+                        if (strcmp(rc->keys[k], rm->public_key) == 0)
+                                return invalid(ret_error, name,
+                                               "remote.clients[%zu].keys[%zu]: aquad's own public "
+                                               "key",
+                                               i, k);
+                        for (size_t j = 0; j <= i; j++)
+                                for (size_t l = 0; l < (j == i ? k : rm->clients[j].n_keys); l++)
+                                        if (strcmp(rm->clients[j].keys[l], rc->keys[k]) == 0)
+                                                return invalid(ret_error, name,
+                                                               "remote.clients[%zu].keys[%zu]: "
+                                                               "already remote.clients[%zu]."
+                                                               "keys[%zu]; a key is one identity",
+                                                               i, k, j, l);
+                }
+        }
+        return 0;
+}
+
 static int check(struct config *c, const char *name, char **ret_error)
 {
         int r;
@@ -285,6 +384,15 @@ static int check(struct config *c, const char *name, char **ret_error)
             !(strncmp(c->endpoint, "ipc://", 6) == 0 || strncmp(c->endpoint, "tcp://", 6) == 0))
                 return invalid(ret_error, name, "endpoint: \"%s\" is neither ipc:// nor tcp://",
                                c->endpoint ? c->endpoint : "");
+        if (strncmp(c->endpoint, "tcp://", 6) == 0 && !c->plain_tcp)
+                return invalid(ret_error, name,
+                               "endpoint: \"%s\" is plain tcp, with no encryption and no "
+                               "authentication; serve other hosts on remote.endpoint with CURVE "
+                               "keys, or set plain-tcp: true to accept it",
+                               c->endpoint);
+        r = check_remote(c, name, ret_error);
+        if (r < 0)
+                return r;
         if (!c->side_socket || c->side_socket[0] != '/' ||
             strlen(c->side_socket) >= sizeof(((struct sockaddr_un *)0)->sun_path))
                 return invalid(ret_error, name,
@@ -362,6 +470,19 @@ int config_load(const char *path, const void *data, size_t size, struct config *
                 return r;
         *ret = TAKE_PTR(c);
         return 0;
+}
+
+const struct config_remote_client *config_remote_find(const struct config *c, const uint8_t key[32])
+{
+        char z85[CURVE_KEY_TEXT + 1];
+
+        if (!zmq_z85_encode(z85, key, 32))
+                return NULL;
+        for (size_t i = 0; i < c->remote.n_clients; i++)
+                for (size_t k = 0; k < c->remote.clients[i].n_keys; k++)
+                        if (strcmp(c->remote.clients[i].keys[k], z85) == 0)
+                                return &c->remote.clients[i];
+        return NULL;
 }
 
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,

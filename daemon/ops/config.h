@@ -48,8 +48,30 @@ struct config_limits {
         int64_t request_burst;    /* per client: requests at once above the rate */
 };
 
+/* A remote identity: a user (name or uid, as in allow.users) and the CURVE keys that are it. */
+struct config_remote_client {
+        char *user;
+        char **keys; /* Z85 public keys */
+        size_t n_keys;
+        uid_t uid; /* resolved from user by config_load() */
+};
+
+/* tcp:// with CURVE for clients on other hosts; endpoint NULL: none. */
+struct config_remote {
+        char *endpoint;
+        char *key_file; /* aquactl keygen's pair file: aquad's own keys */
+        struct config_remote_client *clients;
+        size_t n_clients;
+        uint64_t heartbeat_interval_ns; /* ZMQ_HEARTBEAT_IVL */
+        uint64_t heartbeat_timeout_ns;  /* ZMQ_HEARTBEAT_TIMEOUT and _TTL */
+        uint64_t grace_ns; /* a silent remote client keeps its registration this long */
+        char public_key[41], secret_key[41]; /* read from key_file by config_load() */
+};
+
 struct config {
         char *endpoint;
+        bool plain_tcp; /* endpoint may be tcp:// without CURVE: unauthenticated, unencrypted */
+        struct config_remote remote;
         char *side_socket;
         uint32_t socket_mode;
         char *socket_group; /* NULL: leave the group as created */
@@ -90,6 +112,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct config *, config_free);
  * groups (may be NULL). An access list with no users and no groups admits root and the user
  * aquad runs as.
  */
+/* The remote client a CURVE public key (32 bytes) authenticates, or NULL. */
+const struct config_remote_client *config_remote_find(const struct config *c, const uint8_t key[32]);
+
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);
 

@@ -284,6 +284,9 @@ static void render_server(struct prom_text *t, struct server *s)
         counter(t, "aqua_fd_exhausted_total",
                 "Times aquad ran out of descriptors accepting a connection (it pauses).",
                 s->stats.fd_exhausted);
+        counter(t, "aqua_remote_refused_total",
+                "tcp peers refused: an unknown CURVE key, or a failed CURVE handshake.",
+                s->stats.remote_refused);
         counter(t, "aqua_fds_refused_total",
                 "Descriptors refused over a connection's budget or aquad's headroom.",
                 s->stats.fds_refused);

@@ -76,7 +76,25 @@ void server_reload(struct server *s)
         KEEP(str_changed(n->socket_group, old->socket_group), "socket-group", socket_group);
         KEEP(str_changed(n->journal, old->journal), "journal", journal);
         KEEP(str_changed(n->metrics, old->metrics), "metrics", metrics);
+        KEEP(str_changed(n->remote.endpoint, old->remote.endpoint), "remote.endpoint",
+             remote.endpoint);
+        KEEP(str_changed(n->remote.key_file, old->remote.key_file), "remote.key-file",
+             remote.key_file);
 #undef KEEP
+        /* The ROUTER keeps the keys and heartbeats it bound with; remote.clients and
+         * remote.grace apply at once. */
+        if (strcmp(n->remote.public_key, old->remote.public_key) != 0 && old->remote.endpoint)
+                strncat(kept, kept[0] ? ", remote key pair" : "remote key pair",
+                        sizeof(kept) - strlen(kept) - 1);
+        if ((n->remote.heartbeat_interval_ns != old->remote.heartbeat_interval_ns ||
+             n->remote.heartbeat_timeout_ns != old->remote.heartbeat_timeout_ns) &&
+            old->remote.endpoint)
+                strncat(kept, kept[0] ? ", remote heartbeats" : "remote heartbeats",
+                        sizeof(kept) - strlen(kept) - 1);
+        memcpy(n->remote.public_key, old->remote.public_key, sizeof(n->remote.public_key));
+        memcpy(n->remote.secret_key, old->remote.secret_key, sizeof(n->remote.secret_key));
+        n->remote.heartbeat_interval_ns = old->remote.heartbeat_interval_ns;
+        n->remote.heartbeat_timeout_ns = old->remote.heartbeat_timeout_ns;
         if (n->socket_mode != old->socket_mode) {
                 strncat(kept, kept[0] ? ", socket-mode" : "socket-mode",
                         sizeof(kept) - strlen(kept) - 1);
@@ -91,7 +109,7 @@ void server_reload(struct server *s)
         server_flush_notices(s);
         events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
                    kept);
-        log_notice("Reloaded %s: allow lists, limits, reclaim deadline, DRAM budget, pairs and log "
-                   "level apply now%s%s",
+        log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "
+                   "budget, pairs and log level apply now%s%s",
                    s->config_path, kept[0] ? "; not changed until restart: " : "", kept);
 }

@@ -4,7 +4,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "config.h"
+#include "curve.h"
 #include "log.h"
 
 static int load(const char *text, struct config **ret, char **ret_error)
@@ -243,4 +246,155 @@ Test(config, names_the_topology_and_its_problem)
 {
         expect_error("topology: /nonexistent/topology.yaml\n",
                      "aquad.yaml: topology: /nonexistent/topology.yaml: No such file or directory");
+}
+
+Test(config, refuses_plain_tcp_unless_asked_for)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL;
+
+        expect_error("endpoint: tcp://127.0.0.1:7000\n",
+                     "aquad.yaml: endpoint: \"tcp://127.0.0.1:7000\" is plain tcp, with no "
+                     "encryption and no authentication; serve other hosts on remote.endpoint "
+                     "with CURVE keys, or set plain-tcp: true to accept it");
+        cr_assert_eq(load("endpoint: tcp://127.0.0.1:7000\nplain-tcp: true\n", &c, &error), 0,
+                     "%s", error);
+        cr_assert(c->plain_tcp);
+}
+
+/* A config beside a server key pair and a client's, in a folder of its own. */
+struct remote_fixture {
+        char dir[32];
+        char *server, *server_pub, *client, *client_pub, *conf;
+        char server_key[CURVE_KEY_TEXT + 1], client_key[CURVE_KEY_TEXT + 1];
+};
+
+static void remote_setup(struct remote_fixture *f)
+{
+        char err[256];
+
+        snprintf(f->dir, sizeof(f->dir), "/tmp/aquad-curve-XXXXXX");
+        cr_assert_not_null(mkdtemp(f->dir));
+        cr_assert_geq(asprintf(&f->server, "%s/server.key", f->dir), 0);
+        cr_assert_geq(asprintf(&f->server_pub, "%s/server.key.pub", f->dir), 0);
+        cr_assert_geq(asprintf(&f->client, "%s/client.key", f->dir), 0);
+        cr_assert_geq(asprintf(&f->client_pub, "%s/client.key.pub", f->dir), 0);
+        cr_assert_eq(curve_keyfile_write(f->server, f->server_key, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(curve_keyfile_write(f->client, f->client_key, err, sizeof(err)), 0, "%s", err);
+}
+
+static int remote_load(struct remote_fixture *f, const char *text, struct config **ret,
+                       char **ret_error)
+{
+        free(f->conf);
+        f->conf = write_file(f->dir, "aquad.yaml", text);
+        return config_load(f->conf, NULL, 0, ret, ret_error);
+}
+
+static void remote_teardown(struct remote_fixture *f)
+{
+        unlink(f->server);
+        unlink(f->server_pub);
+        unlink(f->client);
+        unlink(f->client_pub);
+        if (f->conf)
+                unlink(f->conf);
+        rmdir(f->dir);
+        free(f->server);
+        free(f->server_pub);
+        free(f->client);
+        free(f->client_pub);
+        free(f->conf);
+}
+
+Test(config, reads_the_remote_endpoint_its_keys_and_identities)
+{
+        struct remote_fixture f = {0};
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *text = NULL;
+        uint8_t raw[32];
+
+        remote_setup(&f);
+        cr_assert_geq(asprintf(&text,
+                               "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                               "  heartbeat-interval: 200ms\n  heartbeat-timeout: 2s\n"
+                               "  grace: 1m\n"
+                               "  clients:\n    - user: root\n      keys: [\"%s\"]\n",
+                               f.client_key),
+                      0);
+        cr_assert_eq(remote_load(&f, text, &c, &error), 0, "%s", error);
+        cr_assert_str_eq(c->remote.endpoint, "tcp://10.9.0.1:7100");
+        cr_assert_str_eq(c->remote.public_key, f.server_key);
+        cr_assert_eq(strlen(c->remote.secret_key), CURVE_KEY_TEXT);
+        cr_assert_eq(c->remote.heartbeat_interval_ns, 200 * 1000000ull);
+        cr_assert_eq(c->remote.heartbeat_timeout_ns, 2000 * 1000000ull);
+        cr_assert_eq(c->remote.grace_ns, 60000 * 1000000ull);
+        cr_assert_eq(c->remote.n_clients, 1);
+        cr_assert_eq(c->remote.clients[0].uid, 0);
+        cr_assert_not_null(zmq_z85_decode(raw, f.client_key));
+        cr_assert_eq(config_remote_find(c, raw), &c->remote.clients[0]);
+        cr_assert_not_null(zmq_z85_decode(raw, f.server_key));
+        cr_assert_null(config_remote_find(c, raw));
+        remote_teardown(&f);
+}
+
+static void remote_expect(struct remote_fixture *f, const char *text, const char *message)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *expected = NULL;
+
+        cr_assert_eq(remote_load(f, text, &c, &error), -EINVAL, "accepted:\n%s", text);
+        cr_assert_geq(asprintf(&expected, "%s: %s", f->conf, message), 0);
+        cr_assert_str_eq(error, expected);
+}
+
+Test(config, names_the_remote_key_that_is_wrong)
+{
+        struct remote_fixture f = {0};
+        _cleanup_free_ char *dup = NULL, *own = NULL, *pubonly = NULL, *msg = NULL;
+
+        remote_setup(&f);
+        remote_expect(&f, "remote:\n  key-file: server.key\n",
+                      "remote: no endpoint (remote.endpoint: tcp://ADDRESS:PORT)");
+        remote_expect(&f, "remote:\n  endpoint: ipc:///tmp/x\n  key-file: server.key\n",
+                      "remote.endpoint: \"ipc:///tmp/x\" is not tcp://");
+        remote_expect(&f, "remote:\n  endpoint: tcp://10.9.0.1:7100\n",
+                      "remote.key-file: required: aquad's key pair (`aquactl keygen FILE` "
+                      "writes one)");
+        remote_expect(&f,
+                      "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                      "  clients: [{user: root, keys: [\"short\"]}]\n",
+                      "remote.clients[0].keys[0]: \"short\" is not a Z85 CURVE public key (40 "
+                      "characters)");
+        remote_expect(&f,
+                      "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                      "  clients: [{user: nosuchuser-aqua, keys: [\"x\"]}]\n",
+                      "remote.clients[0].user: no user \"nosuchuser-aqua\"");
+        cr_assert_geq(asprintf(&dup,
+                               "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                               "  clients:\n    - {user: root, keys: [\"%s\"]}\n"
+                               "    - {user: \"0\", keys: [\"%s\"]}\n",
+                               f.client_key, f.client_key),
+                      0);
+        remote_expect(&f, dup,
+                      "remote.clients[1].keys[0]: already remote.clients[0].keys[0]; a key is "
+                      "one identity");
+        cr_assert_geq(asprintf(&own,
+                               "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                               "  clients: [{user: root, keys: [\"%s\"]}]\n",
+                               f.server_key),
+                      0);
+        remote_expect(&f, own, "remote.clients[0].keys[0]: aquad's own public key");
+        /* The server needs its secret key: a .pub file is not enough. */
+        cr_assert_geq(asprintf(&msg, "remote.key-file: %s: no secret-key (a .pub file holds only "
+                                     "the public key)",
+                               f.server_pub),
+                      0);
+        pubonly = strdup("remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key.pub\n");
+        remote_expect(&f, pubonly, msg);
+        remote_expect(&f,
+                      "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n"
+                      "  heartbeat-interval: 5s\n  heartbeat-timeout: 1s\n",
+                      "remote.heartbeat-timeout: shorter than remote.heartbeat-interval");
+        remote_teardown(&f);
 }

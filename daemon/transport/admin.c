@@ -75,6 +75,7 @@ static size_t fill_gpus(struct broker *p, struct reply_mem *m, size_t max)
                 i->capacity = g->capacity;
                 i->client_id = c ? c->id : 0;
                 i->client_name = g->client_name ? g->client_name : "";
+                i->host = g->host ? g->host : "";
                 i->pid = (uint32_t)g->pid;
                 i->load = g->load;
                 i->offered_bytes = g->offered_bytes;

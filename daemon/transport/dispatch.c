@@ -186,6 +186,7 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
             .capacity = h->gpu_capacity,
             .granularity = h->granularity,
             .client_name = h->client_name,
+            .host = h->host,
             .pid = c->cred.pid,
             .process = c->process.pid ? &c->process : NULL,
             .links = links,
@@ -268,6 +269,38 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
         return c;
 }
 
+/*
+ * A Hello over tcp:// without a token: a client on another host, its identity the CURVE key ZAP
+ * accepted. It may only register as an admin (status, listings, and the operator requests the
+ * admin lists allow its user): lending and borrowing move chunk handles, which only the local
+ * side channel carries, and its process is one aquad cannot watch.
+ */
+static void handle_remote_hello(struct server *s, const void *rid, size_t rlen,
+                                const Aqua__Envelope *e)
+{
+        const Aqua__Hello *h = e->hello;
+        struct client *c;
+
+        if (h->role != AQUA__ROLE__ROLE_ADMIN) {
+                server_send_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
+                                  "hello: as %s over tcp://: a client on another host may only "
+                                  "register as admin (the control path); lending and borrowing "
+                                  "need chunk handles, which only the local side channel carries "
+                                  "(fabric handles are not supported yet)",
+                                  role_name(h->role));
+                return;
+        }
+        c = server_add_remote(s, rid, rlen, e->request_id);
+        if (!c)
+                return;
+        c->registered = true;
+        c->role = h->role;
+        log_info("Remote client %" PRIu64 " (%s at %s, uid %u) registered as admin%s%s", c->id,
+                 c->remote_user, c->remote_addr, c->cred.uid, h->client_name ? ": " : "",
+                 h->client_name ? h->client_name : "");
+        reply_welcome(s, c, e->request_id, NULL, NULL, 0);
+}
+
 static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
@@ -280,6 +313,10 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                         goto done;
                 server_send_error(s, rid, rlen, e->request_id, E(INVALID),
                                   "hello: already registered as client %" PRIu64, c->id);
+                goto done;
+        }
+        if (s->request_remote && h->token.len == 0) {
+                handle_remote_hello(s, rid, rlen, e);
                 goto done;
         }
         c = token_owner(s, rid, rlen, e, &h->token);
@@ -685,6 +722,17 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                                   "%s before a successful Hello", wire_body_name(e));
                 goto done;
         }
+        /* A routing id is the peer's to choose: a remote client's is only its own while the
+         * same CURVE identity sends it. */
+        if (c->remote && (!s->request_remote || !s->request_user ||
+                          strcmp(s->request_user, c->remote_user) != 0)) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "%s: this routing id belongs to another client",
+                                  wire_body_name(e));
+                goto done;
+        }
+        if (c->remote)
+                c->last_seen_ns = now_mono_ns();
         if (!take_credit(s, c, e->request_id))
                 goto done;
         if (!role_allows(c, e->body_case, &need)) {

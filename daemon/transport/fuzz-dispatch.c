@@ -11,6 +11,9 @@
  *   (header >> 2) & 3: 0 an Envelope, 1 a SideFrame with (header >> 4) memfds, 2 the client
  *                      dies (and connects again, not registered), 3 time passes (the first
  *                      payload byte, in 100 ms steps)
+ *   header >> 4:       for an Envelope, FUZZ_TCP: it came over tcp (remote.endpoint) on a
+ *                      routing id of its own, FUZZ_TCP_KNOWN: with the CURVE identity that
+ *                      remote.clients lists (else one it does not)
  * tests/fuzz/dispatch-seeds.c writes the seed corpus (tests/fuzz/dispatch/); AQUA_FUZZ_VERBOSE=1
  * logs what the daemon does with an input.
  */
@@ -169,6 +172,11 @@ static void setup(void)
                      dir, dir, journal_path);
         if (config_load("fuzz.yaml", yaml, (size_t)n, &cfg, &error) < 0)
                 die("bad config", error);
+        /* One remote identity, as remote.clients would give it, without binding tcp. */
+        cfg->remote.clients = calloc(1, sizeof(*cfg->remote.clients));
+        if (!cfg->remote.clients || !(cfg->remote.clients[0].user = strdup(FUZZ_TCP_IDENTITY)))
+                die("out of memory", NULL);
+        cfg->remote.n_clients = 1;
         r = server_new(cfg, "fuzz.yaml", 0, &srv);
         if (r < 0)
                 die("cannot start the server", strerror(-r));
@@ -186,12 +194,43 @@ static void setup(void)
         atexit(cleanup);
 }
 
+/* Clients registered over tcp go as their grace ends; they hold nothing. */
+static void drop_remote(void)
+{
+        struct list_node *pos, *tmp;
+
+        list_for_each(pos, tmp, &srv->clients)
+        {
+                struct client *c = list_entry(pos, struct client, node);
+
+                if (!c->remote)
+                        continue;
+                if (c->gpu)
+                        die("a remote client registered a GPU", NULL);
+                server_outbox_clear(srv, c);
+                list_unlink(&c->node);
+                srv->n_clients--;
+                free(c);
+        }
+}
+
+static void remote_envelope(size_t who, unsigned flags, const uint8_t *data, size_t len)
+{
+        srv->request_remote = true;
+        srv->request_user = flags & FUZZ_TCP_KNOWN ? FUZZ_TCP_IDENTITY : "mallory";
+        srv->request_addr = "10.0.0.9";
+        dispatch_envelope(srv, fuzz_tcp_routing_id(who), FUZZ_ROUTING_LEN, data, len);
+        srv->request_remote = false;
+        srv->request_user = srv->request_addr = NULL;
+}
+
 /* A fresh pool and journal, and the producer, consumer and admin registered again. */
 static void reset(void)
 {
         struct broker_settings none = {0};
         struct journal *j = NULL;
 
+        drop_remote();
         srv->broker = broker_free(srv->broker);
         unlink(journal_path);
         if (broker_new(&none, &srv->broker) < 0)
@@ -299,7 +338,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 }
                 switch (op) {
                 case FUZZ_OP_ENVELOPE:
-                        dispatch_envelope(srv, fuzz_routing_id(who), FUZZ_ROUTING_LEN, data, len);
+                        if ((h >> 4) & FUZZ_TCP)
+                                remote_envelope(who, h >> 4, data, len);
+                        else
+                                dispatch_envelope(srv, fuzz_routing_id(who), FUZZ_ROUTING_LEN, data,
+                                                  len);
                         break;
                 case FUZZ_OP_SIDE_FRAME:
                         side_frame(fake[who], data, len, h >> 4);
@@ -321,6 +364,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check("after the deadlines");
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
                 kill_client(fake[i]);
+        drop_remote();
         drain();
         check("after every client left");
         if (srv->broker->n_chunks || srv->broker->n_leases || srv->broker->dram_granted) {

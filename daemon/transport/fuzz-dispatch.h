@@ -22,6 +22,12 @@ enum {
         FUZZ_OP_TIME,
 };
 
+/* An Envelope's flags, in the bits a side frame uses for its descriptors: it came over tcp (a
+ * routing id of its own), with the CURVE identity remote.clients names ("root") or another. */
+#define FUZZ_TCP          1u
+#define FUZZ_TCP_KNOWN    2u
+#define FUZZ_TCP_IDENTITY "root"
+
 #define FUZZ_CHUNK       (UINT64_C(2) << 20)
 #define FUZZ_ROUTING_LEN 5
 
@@ -35,6 +41,15 @@ static inline const void *fuzz_routing_id(size_t client)
 {
         static const uint8_t ids[FUZZ_CLIENTS][FUZZ_ROUTING_LEN] = {
             {0, 0, 0, 0, 1}, {0, 0, 0, 0, 2}, {0, 0, 0, 0, 3}, {0, 0, 0, 0, 4}};
+
+        return ids[client & 3];
+}
+
+/* The routing id of a client's connection over tcp: never one of the local ones. */
+static inline const void *fuzz_tcp_routing_id(size_t client)
+{
+        static const uint8_t ids[FUZZ_CLIENTS][FUZZ_ROUTING_LEN] = {
+            {1, 0, 0, 0, 1}, {1, 0, 0, 0, 2}, {1, 0, 0, 0, 3}, {1, 0, 0, 0, 4}};
 
         return ids[client & 3];
 }

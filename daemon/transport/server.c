@@ -150,7 +150,10 @@ static void client_free(struct server *s, struct client *c)
         free(c->held);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
-        if (c->gpu) {
+        if (c->remote)
+                log_info("Remote client %" PRIu64 " (%s at %s) gone", c->id, c->remote_user,
+                         c->remote_addr);
+        else if (c->gpu) {
                 log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
                          (int)c->cred.pid, c->gpu->uuid);
                 broker_gpu_gone(s->broker, c->gpu);
@@ -471,10 +474,23 @@ static void read_router(struct server *s)
                                           frames - 1);
                 else {
                         /* Which connection it came on: a Hello is checked against it. */
+                        struct sockaddr_storage sa;
+                        socklen_t salen = sizeof(sa);
+
                         s->request_fd = zmq_msg_get(&body, ZMQ_SRCFD);
+                        s->request_remote =
+                            s->request_fd >= 0 &&
+                            getsockname(s->request_fd, (struct sockaddr *)&sa, &salen) == 0 &&
+                            (sa.ss_family == AF_INET || sa.ss_family == AF_INET6);
+                        s->request_user = zmq_msg_gets(&body, "User-Id");
+                        s->request_addr = zmq_msg_gets(&body, "Peer-Address");
+                        if (s->request_user && !s->request_user[0])
+                                s->request_user = NULL;
                         dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
                                           zmq_msg_data(&body), zmq_msg_size(&body));
                         s->request_fd = -1;
+                        s->request_remote = false;
+                        s->request_user = s->request_addr = NULL;
                 }
                 zmq_msg_close(&body);
                 zmq_msg_close(&id);
@@ -546,6 +562,12 @@ struct server *server_free(struct server *s)
                 safe_close(c->side_fd);
                 free(c);
         }
+        if (s->monitor) {
+                zmq_socket_monitor(s->router, NULL, 0);
+                zmq_close(s->monitor);
+        }
+        if (s->zap)
+                zmq_close(s->zap);
         if (s->router)
                 zmq_close(s->router);
         if (s->zctx)
@@ -625,6 +647,18 @@ static void handle_signals(struct server *s)
         }
 }
 
+/*
+ * Whether silence may end a remote client's registration: only while it holds nothing. A remote
+ * client with a GPU registered (leases, mapped memory) is never taken for dead because it is
+ * silent: no side channel and no process table across hosts can prove it gone, so it stays
+ * until it comes back, returns what it holds, or an operator releases it ("Silence is not
+ * death"). Today tcp clients register as admins only, so this is the rule for what comes next.
+ */
+static bool remote_may_lapse(const struct client *c)
+{
+        return c->remote && !c->gpu;
+}
+
 /* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
 #define JOURNAL_PROBE_NS NSEC_PER_SEC
 
@@ -639,6 +673,11 @@ static uint64_t next_deadline(struct server *s)
                 struct client *c = list_entry(n, struct client, node);
                 if (!c->registered && (!next || c->hello_deadline_ns < next))
                         next = c->hello_deadline_ns;
+                if (remote_may_lapse(c)) {
+                        uint64_t d = c->last_seen_ns + s->config->remote.grace_ns;
+                        if (!next || d < next)
+                                next = d;
+                }
                 for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next) {
                         uint64_t d = list_entry(k, struct pending, node)->deadline_ns;
                         if (!next || d < next)
@@ -669,6 +708,18 @@ static void expire(struct server *s, uint64_t now)
                         tmp = s->clients.next;
                         continue;
                 }
+                /* Past its grace of silence a remote registration that holds nothing goes;
+                 * it may say Hello again. */
+                if (remote_may_lapse(c) && now >= c->last_seen_ns + s->config->remote.grace_ns) {
+                        log_notice("Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
+                                   " ms (remote.grace); dropping its registration, which holds "
+                                   "no memory",
+                                   c->id, c->remote_user, c->remote_addr,
+                                   s->config->remote.grace_ns / NSEC_PER_MSEC);
+                        client_free(s, c);
+                        tmp = s->clients.next;
+                        continue;
+                }
                 dispatch_expire(s, c, now);
         }
         server_flush_notices(s);
@@ -686,7 +737,8 @@ int server_run(struct server *s)
                 s->on_ready(s, s->ready_userdata);
 
         while (!s->stopping) {
-                size_t n = 4 + s->n_clients, k = 3, metrics_item = 0;
+                size_t n = 6 + s->n_clients, k = 3, metrics_item = 0, zap_item = 0,
+                       monitor_item = 0;
                 uint64_t deadline = next_deadline(s);
                 long timeout = -1;
                 int r;
@@ -709,8 +761,18 @@ int server_run(struct server *s)
                 items[2] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
                 for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                         owners[k] = list_entry(x, struct client, node);
+                        if (owners[k]->side_fd < 0)
+                                continue; /* remote: no side channel */
                         items[k] = (zmq_pollitem_t){.fd = owners[k]->side_fd, .events = ZMQ_POLLIN};
                         k++;
+                }
+                if (s->zap) {
+                        zap_item = k;
+                        owners[k] = NULL;
+                        items[k++] = (zmq_pollitem_t){.socket = s->zap, .events = ZMQ_POLLIN};
+                        monitor_item = k;
+                        owners[k] = NULL;
+                        items[k++] = (zmq_pollitem_t){.socket = s->monitor, .events = ZMQ_POLLIN};
                 }
                 if (deadline)
                         timeout = ms_until(deadline) + 1;
@@ -726,6 +788,7 @@ int server_run(struct server *s)
                         int mt = metrics_timeout_ms(s->metrics);
 
                         metrics_item = k;
+                        owners[k] = NULL;
                         items[k++] =
                             (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
                         if (mt >= 0 && (timeout < 0 || mt < timeout))
@@ -744,8 +807,12 @@ int server_run(struct server *s)
                 /* Side channels first: a client's death (EOF) or its fds come before its
                  * requests that may depend on them. */
                 for (size_t i = 3; i < k; i++)
-                        if (items[i].revents && i != metrics_item)
+                        if (items[i].revents && owners[i])
                                 read_side(s, owners[i]);
+                if (zap_item && items[zap_item].revents)
+                        server_handle_zap(s);
+                if (monitor_item && items[monitor_item].revents)
+                        server_handle_monitor(s);
                 if (items[1].revents || s->accept_paused_ns)
                         accept_side(s);
                 if (items[0].revents)

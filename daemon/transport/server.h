@@ -44,6 +44,12 @@ struct client {
         uint8_t routing_id[CLIENT_MAX_ROUTING];
         size_t routing_id_len; /* 0 until Hello */
         bool registered;
+        /* Registered over tcp:// with CURVE: no side channel, no descriptors, no process aquad
+         * can see; remote_user is the identity its key authenticated (remote.clients). */
+        bool remote;
+        char remote_user[64];
+        char remote_addr[64];
+        uint64_t last_seen_ns; /* remote: its last message, for remote.grace */
         Aqua__Role role;
         struct gpu *gpu; /* producer, consumer or neutral */
         uint64_t hello_deadline_ns;
@@ -77,6 +83,7 @@ struct server_stats {
         uint64_t evicted;            /* side channels closed for others before their Hello */
         uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
         uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
+        uint64_t remote_refused;     /* tcp peers refused: unknown keys, failed handshakes */
 };
 
 struct server {
@@ -87,6 +94,8 @@ struct server {
 
         void *zctx;
         void *router;
+        void *zap;     /* REP on inproc://zeromq.zap.01: who may finish a CURVE handshake */
+        void *monitor; /* PAIR: the ROUTER's failed handshakes, to log why a tcp peer was refused */
         int side_fd;
         int signal_fd;
         char *ipc_path;   /* file of an ipc:// endpoint, for its mode */
@@ -101,6 +110,9 @@ struct server {
         bool verbose; /* -v: debug logging whatever the config says */
         int exit_status;
         int request_fd; /* the connection the request being dispatched came on; -1: unknown */
+        bool request_remote;      /* ... and it is a tcp:// connection */
+        const char *request_user; /* its CURVE identity (ZAP's User-Id); NULL: none */
+        const char *request_addr; /* its peer address */
         uint64_t start_ns;
         server_ready_fn on_ready;
         void *ready_userdata;
@@ -139,6 +151,11 @@ uint64_t server_raise_fd_limit(void);
 int server_open_signals(struct server *s);
 int server_open_side(struct server *s);
 int server_open_router(struct server *s);
+/* remote.c: ZAP, the handshake monitor and the CURVE bind of remote.endpoint (none: 0). */
+int server_open_remote(struct server *s);
+/* ZAP requests and handshake failures on remote.endpoint (server.c's loop calls these). */
+void server_handle_zap(struct server *s);
+void server_handle_monitor(struct server *s);
 
 /* ------------------------------------------------------------ for dispatch.c and admin.c */
 
@@ -165,6 +182,10 @@ int server_request_peer(const struct server *s, struct side_cred *ret);
 bool client_is_admin(const struct server *s, const struct client *c);
 /* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
 bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
+
+/* A client that registered over tcp:// (dispatch.c); NULL after an error was sent. */
+struct client *server_add_remote(struct server *s, const void *routing_id, size_t len,
+                                 uint64_t request_id);
 
 /* dispatch.c */
 void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,

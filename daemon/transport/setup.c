@@ -175,7 +175,7 @@ int server_open_router(struct server *s)
                         return log_error_errno(r, "Failed to set the mode or group of %s: %m",
                                                s->ipc_path);
         }
-        return 0;
+        return server_open_remote(s);
 }
 
 int server_open_signals(struct server *s)

@@ -50,6 +50,9 @@ class Options(ctypes.Structure):
         ("client_name", ctypes.c_char_p),
         ("timeout_ms", ctypes.c_int),
         ("chunk_bytes", c_u64),
+        ("server_key", ctypes.c_char_p),
+        ("public_key", ctypes.c_char_p),
+        ("secret_key", ctypes.c_char_p),
     ]
 
 

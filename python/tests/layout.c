@@ -23,7 +23,9 @@ int main(void)
         printf("{\"structs\": {");
         S(aqua_options); F(aqua_options, size, ""); F(aqua_options, endpoint, ", ");
         F(aqua_options, side_path, ", "); F(aqua_options, client_name, ", ");
-        F(aqua_options, timeout_ms, ", "); F(aqua_options, chunk_bytes, ", "); END();
+        F(aqua_options, timeout_ms, ", "); F(aqua_options, chunk_bytes, ", ");
+        F(aqua_options, server_key, ", "); F(aqua_options, public_key, ", ");
+        F(aqua_options, secret_key, ", "); END();
         S(aqua_info); F(aqua_info, device, ""); F(aqua_info, role, ", ");
         F(aqua_info, gpu_uuid, ", "); F(aqua_info, paired_with, ", ");
         F(aqua_info, capacity, ", "); F(aqua_info, granularity, ", ");

@@ -40,7 +40,8 @@ static void record(struct script *s, size_t who, unsigned op, unsigned n_fds, co
         put(s, p, n);
 }
 
-static void env(struct script *s, size_t who, uint64_t id, Aqua__Envelope *e)
+/* An Envelope from who; flags FUZZ_TCP, FUZZ_TCP_KNOWN: as if over tcp (0: locally). */
+static void env_flags(struct script *s, size_t who, unsigned flags, uint64_t id, Aqua__Envelope *e)
 {
         void *buf;
         size_t n;
@@ -48,8 +49,13 @@ static void env(struct script *s, size_t who, uint64_t id, Aqua__Envelope *e)
         e->request_id = id;
         if (wire_encode(e, &buf, &n) < 0)
                 exit(1);
-        record(s, who, FUZZ_OP_ENVELOPE, 0, buf, n);
+        record(s, who, FUZZ_OP_ENVELOPE, flags, buf, n);
         free(buf);
+}
+
+static void env(struct script *s, size_t who, uint64_t id, Aqua__Envelope *e)
+{
+        env_flags(s, who, 0, id, e);
 }
 
 static void side(struct script *s, size_t who, Aqua__SideFrame__Kind kind, uint64_t id,
@@ -428,6 +434,33 @@ int main(int argc, char **argv)
                 stray("error", BODY(ERROR), &err);
                 stray("admin_reply", BODY(ADMIN_REPLY), &ar);
                 stray("scrub_request", BODY(SCRUB_REQUEST), &sr);
+        }
+
+        /* Over tcp: an admin with a known identity (status), a producer (refused), one whose
+         * identity remote.clients does not list, and the known one's routing id from another. */
+        {
+                Aqua__Envelope hello_e = AQUA__ENVELOPE__INIT, query_e = AQUA__ENVELOPE__INIT;
+                Aqua__Hello h = AQUA__HELLO__INIT;
+                Aqua__AdminQuery q = AQUA__ADMIN_QUERY__INIT;
+                const unsigned known = FUZZ_TCP | FUZZ_TCP_KNOWN;
+
+                s = (struct script){0};
+                h.role = AQUA__ROLE__ROLE_ADMIN;
+                h.client_name = (char *)"remote-seed";
+                h.host = (char *)"node-b";
+                hello_e.body_case = BODY(HELLO);
+                hello_e.hello = &h;
+                query_e.body_case = BODY(ADMIN_QUERY);
+                query_e.admin_query = &q;
+                env_flags(&s, FUZZ_STRANGER, known, 1, &hello_e);
+                env_flags(&s, FUZZ_ADMIN, FUZZ_TCP, 1, &hello_e);
+                env_flags(&s, FUZZ_STRANGER, known, 2, &query_e);
+                env_flags(&s, FUZZ_STRANGER, FUZZ_TCP, 2, &query_e);
+                h.role = AQUA__ROLE__ROLE_PRODUCER;
+                h.gpu_uuid = (char *)"GPU-R";
+                env_flags(&s, FUZZ_CONSUMER, known, 3, &hello_e);
+                time_(&s, 200);
+                save(&s, "remote");
         }
 
         /* Not an Envelope at all, and an Envelope of an unknown major version. */

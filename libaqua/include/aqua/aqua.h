@@ -119,6 +119,19 @@ struct aqua_options {
          * allocation granularity. 0: 32 MiB. It is also the unit of reclaim and of borrowing.
          */
         uint64_t chunk_bytes;
+        /*
+         * CURVE for a tcp:// endpoint (aquad's remote.endpoint): aquad's public key and this
+         * client's key pair, each Z85 text (40 characters, as `aquactl keygen` writes them).
+         * NULL: $AQUA_SERVER_KEY (the key, or a file with a "public-key:" line such as aquad's
+         * .pub file) and $AQUA_KEY_FILE (this client's pair file); neither: no CURVE. The side
+         * channel is still needed (side_path): chunk handles are file descriptors, so a
+         * producer or a consumer runs on aquad's host, and aquad refuses one over tcp without a
+         * side channel's token. Errors: -EINVAL (a key that is not Z85, half a set, or a key
+         * file that does not read).
+         */
+        const char *server_key;
+        const char *public_key;
+        const char *secret_key;
 };
 
 #define AQUA_OPTIONS_INIT                                                                          \
