@@ -168,6 +168,7 @@ int sim_config_load(char **ret_error)
         const char *machine = getenv("AQUA_SIM_MACHINE");
         const char *topology = getenv("AQUA_SIM_TOPOLOGY");
         const char *devices = getenv("AQUA_SIM_DEVICES");
+        const char *host = getenv("AQUA_SIM_HOST_MEMORY");
 
         if (!machine || !*machine)
                 machine = "default";
@@ -186,6 +187,13 @@ int sim_config_load(char **ret_error)
         }
         strcpy(sim.machine, machine);
 
+        sim.host_memory = 0;
+        if (host && *host && (parse_size(host, &sim.host_memory) < 0 || !sim.host_memory)) {
+                if (asprintf(ret_error, "AQUA_SIM_HOST_MEMORY=%s: expected a size, e.g. 64GiB",
+                             host) < 0)
+                        *ret_error = NULL;
+                return -EINVAL;
+        }
         if (topology && *topology)
                 return load_topology(topology, ret_error);
         return load_env_devices(devices && *devices ? devices : DEFAULT_DEVICES, ret_error);

@@ -27,6 +27,8 @@ void sim_count(struct sim_counter *c);
 #define SIM_API __attribute__((visibility("default"))) CUresult CUDAAPI
 
 #define SIM_MAX_DEVICES 64
+/* The account id of host-location memory (device ids are 0 .. SIM_MAX_DEVICES - 1). */
+#define SIM_HOST_ACCOUNT SIM_MAX_DEVICES
 #define SIM_GRANULARITY (UINT64_C(2) << 20)
 #define SIM_VERSION     13000
 /* Every backing file starts with one page describing the allocation; data follows it. */
@@ -65,6 +67,8 @@ struct sim {
         char machine[128];
         /* AQUA_SIM_STRICT (default on): unmapping or revoking memory under queued work faults. */
         bool strict;
+        /* AQUA_SIM_HOST_MEMORY: host-location VMM memory of the whole machine (0: no limit). */
+        uint64_t host_memory;
 
         /* Streams, events and their queues: one lock, one condition for any progress. */
         pthread_mutex_t stream_lock;

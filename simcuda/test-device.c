@@ -44,6 +44,13 @@ Test(device, a_malformed_AQUA_SIM_DEVICES_leaves_no_device)
         CU_EXPECT(cuInit(0), CUDA_ERROR_NO_DEVICE);
 }
 
+Test(device, a_malformed_AQUA_SIM_HOST_MEMORY_leaves_no_device)
+{
+        SIM_ONLY();
+        setenv("AQUA_SIM_HOST_MEMORY", "lots", 1);
+        CU_EXPECT(cuInit(0), CUDA_ERROR_NO_DEVICE);
+}
+
 Test(device, reads_a_yaml_topology)
 {
         char path[] = "/tmp/simcuda-topo-XXXXXX";

@@ -239,6 +239,31 @@ Test(vmm, plain_host_allocations_cannot_be_exportable)
         CU_EXPECT(cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
 }
 
+Test(vmm, host_memory_past_AQUA_SIM_HOST_MEMORY_is_out_of_memory_until_some_is_released)
+{
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_HOST}};
+        CUmemGenericAllocationHandle a, b, c;
+        CUdeviceptr p;
+
+        SIM_ONLY();
+        setenv("AQUA_SIM_HOST_MEMORY", "4MiB", 1);
+        sim_start(0);
+        CU_OK(cuMemCreate(&a, GRAN, &prop, 0));
+        CU_OK(cuMemCreate(&b, GRAN, &prop, 0));
+        CU_EXPECT(cuMemCreate(&c, GRAN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        /* A mapping keeps released memory counted; unmapping it gives the room back. */
+        CU_OK(cuMemAddressReserve(&p, GRAN, 0, 0, 0));
+        CU_OK(cuMemMap(p, GRAN, 0, a, 0));
+        CU_OK(cuMemRelease(a));
+        CU_EXPECT(cuMemCreate(&c, GRAN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        CU_OK(cuMemUnmap(p, GRAN));
+        CU_OK(cuMemCreate(&c, GRAN, &prop, 0));
+        /* Device memory is not host memory. */
+        prop.location = (CUmemLocation){.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+        CU_OK(cuMemCreate(&a, 4 * GRAN, &prop, 0));
+}
+
 Test(vmm, mapping_over_a_mapped_range_is_refused)
 {
         CUmemAllocationProp prop = device_prop(0, false);

@@ -331,6 +331,12 @@ CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64
                         return CUDA_ERROR_OUT_OF_MEMORY;
                 if (r < 0)
                         return CUDA_ERROR_OPERATING_SYSTEM;
+        } else if (sim.host_memory) {
+                r = account_create(SIM_HOST_ACCOUNT, size, sim.host_memory, &fd);
+                if (r == -ENOSPC)
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                if (r < 0)
+                        return CUDA_ERROR_OPERATING_SYSTEM;
         } else {
                 fd = memfd_create("simcuda-host", MFD_CLOEXEC);
                 if (fd < 0)
