@@ -7,6 +7,7 @@ decisions equal those of vLLM's CPU offloading spec for the same capacity."""
 from __future__ import annotations
 
 import hashlib
+import os
 import select
 import time
 from typing import Any
@@ -142,6 +143,15 @@ def test_blocks_survive_a_reclaim_mid_run_and_load_back_identical(aquad, produce
         e.shutdown()
 
 
+def wait_reconnected(e: Engine, w: AquaOffloadingWorker, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while w.stats().reconnects == 0 and time.monotonic() < end:
+        e.step()
+        time.sleep(0.05)
+    st = w.stats()
+    assert st.disconnects >= 1 and st.reconnects >= 1, st
+
+
 def test_blocks_survive_aquad_killed_and_restarted(aquad, producer):
     producer.eval("ctx.offer(256 << 20)")
     e = Engine(spec())
@@ -153,16 +163,36 @@ def test_blocks_survive_aquad_killed_and_restarted(aquad, producer):
             for _ in range(5):
                 e.step()
             aquad.start()
-            end = time.monotonic() + 30
-            while w.stats().reconnects == 0 and time.monotonic() < end:
-                e.step()
-                time.sleep(0.05)
-            st = w.stats()
-            assert st.disconnects >= 1 and st.reconnects >= 1, st
+            wait_reconnected(e, w)
             producer.eval("poll_until(ctx, 'Reconnected')")
             reclaim_all(e, producer)
 
         run_prefix_scenario(e, producer, restart_then_reclaim)
+    finally:
+        e.shutdown()
+
+
+def test_a_lease_aquad_forgot_moves_to_dram_and_its_blocks_load_back_identical(aquad, producer):
+    """aquad comes back without the lease (its journal is gone, as after --repair-journal cut
+    it): libaqua moves the tensor's chunks to DRAM at the same addresses (LEASE_LOST), the
+    worker gives the lease back, and the blocks stored before still load byte for byte."""
+    producer.eval("ctx.offer(256 << 20)")
+    e = Engine(spec())
+    try:
+        w = aqua_worker(e)
+
+        def restart_without_journal() -> None:
+            aquad.kill()
+            os.unlink(os.path.join(aquad.dir, "journal"))
+            aquad.start()
+            wait_reconnected(e, w)
+            st = w.stats()
+            assert st.leases_lost == 1, st
+            assert st.peer_bytes == 0 and st.dram_bytes == w.tensor.info().max_bytes, st
+            assert w.tensor.dptr == w.dptr
+            assert w.ctx.info().borrowed_bytes == 0  # the worker gave the lost lease back
+
+        run_prefix_scenario(e, producer, restart_without_journal)
     finally:
         e.shutdown()
 
