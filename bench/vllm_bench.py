@@ -7,7 +7,8 @@
    CUDA platform (see python/README.md).
 2. Per-step overhead: a step of vLLM's Scheduler with the OffloadingConnector and the aqua spec
    on both sides, a request decoding with nothing to move, against the same harness without a
-   connector.
+   connector; of the difference, the time in the spec's own per-step code and, in separate
+   runs, in vLLM's OffloadingConnector (scheduler and worker side, the spec's part taken out).
 Prints "name value" lines; bench/run turns them into BENCH lines.
 """
 
@@ -26,6 +27,8 @@ sys.path.insert(0, str(ROOT / "python" / "tests"))
 import conftest  # noqa: E402  (simcuda machine, aquad and agents, as the tests use them)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402
+    OffloadingConnector)
 from vllm.v1.kv_offload.base import GPULoadStoreSpec  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 from vllm_engine import Engine  # noqa: E402
@@ -110,31 +113,54 @@ def throughput(rounds: int) -> None:
         e.shutdown()
 
 
-def step_time(extra: dict[str, object] | None, steps: int) -> tuple[float, float]:
-    """Seconds per step, and of them in the aqua spec's own per-step code (the worker's
-    get_finished(), which polls aqua)."""
+def timed_methods(objs: list[object], names: list[str], spent: list[float]) -> None:
+    """Wrap each public method of these objects so that its time adds to spent[0]; a call made
+    inside another wrapped call is not counted twice."""
+    depth = [0]
+
+    def wrap(f):  # type: ignore[no-untyped-def]
+        def timed(*a, **k):  # type: ignore[no-untyped-def]
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[0] += time.perf_counter() - t
+        return timed
+
+    for o in objs:
+        for name in names:
+            f = getattr(o, name, None)
+            if callable(f) and not name.startswith("_"):
+                setattr(o, name, wrap(f))
+
+
+def step_time(extra: dict[str, object] | None, steps: int,
+              attribute: bool = False) -> tuple[float, float, float]:
+    """Seconds per step; of them in the aqua spec's own per-step code (the worker's
+    get_finished(), which polls aqua); and, with attribute (whose wrappers cost time of their
+    own, so its step time is not compared), in vLLM's OffloadingConnector on both sides."""
     e = Engine(extra)
-    spent = [0.0]
+    spent, connector = [0.0], [0.0]
     if e.worker is not None:
         w = e.worker.connector_worker.worker  # type: ignore[union-attr]
         assert isinstance(w, AquaOffloadingWorker)
-        real = w.get_finished
-
-        def timed():  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            r = real()
-            spent[0] += time.perf_counter() - t
-            return r
-        w.get_finished = timed  # type: ignore[method-assign]
+        timed_methods([w], ["get_finished"], spent)
+        if attribute:
+            names = [n for n in dir(OffloadingConnector) if callable(getattr(OffloadingConnector, n))]
+            timed_methods([e.connector, e.worker], names, connector)
     try:
         e.add(list(range(10, 10 + 100)), max_tokens=steps + 50)
         for _ in range(20):
             e.step()
-        spent[0] = 0.0
+        spent[0] = connector[0] = 0.0
         t0 = time.perf_counter()
         for _ in range(steps):
             e.step()
-        return (time.perf_counter() - t0) / steps, spent[0] / steps
+        return ((time.perf_counter() - t0) / steps, spent[0] / steps,
+                (connector[0] - spent[0]) / steps)
     finally:
         from vllm.v1.request import RequestStatus
         e.scheduler.finish_requests(list(e.prompts), RequestStatus.FINISHED_ABORTED)
@@ -142,18 +168,22 @@ def step_time(extra: dict[str, object] | None, steps: int) -> tuple[float, float
 
 
 def overhead(rounds: int, steps: int) -> None:
-    with_spec, without, own = [], [], []
+    with_spec, without, own, vllm_own = [], [], [], []
     for _ in range(rounds):  # alternate, so that drift hits both alike
-        t, o = step_time(spec(64 << 20), steps)
+        t, o, _ = step_time(spec(64 << 20), steps)
         with_spec.append(t)
         own.append(o)
         without.append(step_time(None, steps)[0])
+        vllm_own.append(step_time(spec(64 << 20), steps, attribute=True)[2])
     ts, tn, to = statistics.median(with_spec), statistics.median(without), statistics.median(own)
+    tv = statistics.median(vllm_own)
     print(f"step_us_aqua {ts * 1e6:.1f}")
     print(f"step_us_none {tn * 1e6:.1f}")
     print(f"step_us_spec_own {to * 1e6:.2f}")
+    print(f"step_us_vllm_connector {tv * 1e6:.1f}")
     print(f"step_overhead {ts / tn - 1:.4f}")
     print(f"step_spec_own_share {to / tn:.4f}")
+    print(f"step_vllm_connector_share {tv / tn:.4f}")
 
 
 def main() -> None:
