@@ -421,9 +421,7 @@ static int connect_remote(const struct options *o, struct admin **ret, char *err
                 snprintf(err, len, "a server key is for a tcp:// endpoint, not %s", o->endpoint);
                 return -EINVAL;
         }
-        if (curve_key_valid(o->server_key))
-                snprintf(server, sizeof(server), "%s", o->server_key);
-        else if (curve_keyfile_load(o->server_key, server, NULL, err, len) < 0)
+        if (curve_public_key_load(o->server_key, server, err, len) < 0)
                 return -EINVAL;
         if (!o->key_file || !*o->key_file) {
                 snprintf(err, len, "a tcp:// endpoint with a server key needs this client's key "

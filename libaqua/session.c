@@ -588,9 +588,7 @@ static int resolve_curve(const struct aqua_options *o, char keys[3][CURVE_KEY_TE
         }
         if (!server || !*server)
                 return 0;
-        if (curve_key_valid(server))
-                snprintf(keys[0], CURVE_KEY_TEXT + 1, "%s", server);
-        else if (curve_keyfile_load(server, keys[0], NULL, err, sizeof(err)) < 0) {
+        if (curve_public_key_load(server, keys[0], err, sizeof(err)) < 0) {
                 alog_error("$AQUA_SERVER_KEY: %s", err);
                 return -EINVAL;
         }

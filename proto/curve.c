@@ -118,6 +118,16 @@ static int write_file(const char *path, mode_t mode, const char *text, char *err
         return 0;
 }
 
+int curve_public_key_load(const char *key_or_path, char pub[CURVE_KEY_TEXT + 1], char *err,
+                          size_t err_len)
+{
+        /* A path may be 40 characters of Z85 too ("/tmp/..." is): a file by that name wins. */
+        if (access(key_or_path, F_OK) == 0 || !curve_key_valid(key_or_path))
+                return curve_keyfile_load(key_or_path, pub, NULL, err, err_len);
+        memcpy(pub, key_or_path, CURVE_KEY_TEXT + 1);
+        return 0;
+}
+
 int curve_keyfile_write(const char *path, char pub[CURVE_KEY_TEXT + 1], char *err, size_t err_len)
 {
         char sec[CURVE_KEY_TEXT + 1], text[256];

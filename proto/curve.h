@@ -21,5 +21,13 @@ bool curve_key_valid(const char *s);
 int curve_keyfile_load(const char *path, char pub[CURVE_KEY_TEXT + 1], char sec[CURVE_KEY_TEXT + 1],
                        char *err, size_t err_len);
 
+/*
+ * A public key given as Z85 text or as a key file's path (its public-key line): a file by that
+ * name wins, since a path can be 40 characters of Z85 as well. Returns 0, or a negative errno
+ * with err saying why.
+ */
+int curve_public_key_load(const char *key_or_path, char pub[CURVE_KEY_TEXT + 1], char *err,
+                          size_t err_len);
+
 /* A new key pair into path (0600, refusing to replace a file) and path.pub (0644). */
 int curve_keyfile_write(const char *path, char pub[CURVE_KEY_TEXT + 1], char *err, size_t err_len);
