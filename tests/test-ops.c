@@ -9,14 +9,18 @@
 #include <json-c/json.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pwd.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
+#include "curve.h"
 #include "harness.h"
 #include "rawclient.h"
 #include "time-util.h"
@@ -129,9 +133,9 @@ static void answer_reclaim(void)
  * producer reclaims 4 MiB: two leased chunks come back through the consumer. Left: one lease of
  * two chunks (4 MiB), 4 MiB of DRAM fallback.
  */
-static void cycle(const char *extra)
+static void cycle_logged(const char *extra, bool logged)
 {
-        char config[256];
+        char config[2048];
         Aqua__Envelope *o, *g, *rr, e = AQUA__ENVELOPE__INIT;
         Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
         int fds[8];
@@ -140,7 +144,8 @@ static void cycle(const char *extra)
         metrics_port = free_port();
         snprintf(config, sizeof(config), "dram-budget: 64MiB\nmetrics: 127.0.0.1:%u\n%s",
                  metrics_port, extra ? extra : "");
-        cr_assert_eq(aquad_start(config, &daemon_), 0, "aquad did not start");
+        cr_assert_eq((logged ? aquad_start_logged : aquad_start)(config, &daemon_), 0,
+                     "aquad did not start");
         hello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", 1, "whisper", "GPU-C");
         hello(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", 0, "vllm", "GPU-P");
 
@@ -165,6 +170,11 @@ static void cycle(const char *extra)
         cr_assert_eq(rr->reclaim_reply->n_pending_chunk_ids, 2);
         raw_free(rr);
         answer_reclaim();
+}
+
+static void cycle(const char *extra)
+{
+        cycle_logged(extra, false);
 }
 
 /* ------------------------------------------------------------------ aquactl */
@@ -442,8 +452,8 @@ static size_t collect(char *data, size_t size, size_t n, void *userdata)
         return fwrite(data, size, n, f) * size;
 }
 
-/* GET /metrics; returns the body (caller frees). */
-static char *scrape(void)
+/* GET /metrics; returns the body (caller frees), or NULL with why in *ret_error. */
+static char *scrape_try_why(char *error, size_t error_len)
 {
         char url[64], *body = NULL;
         size_t len = 0;
@@ -461,8 +471,25 @@ static char *scrape(void)
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
         curl_easy_cleanup(c);
         fclose(f);
-        cr_assert_eq(rc, CURLE_OK, "scrape: %s", curl_easy_strerror(rc));
-        cr_assert_eq(status, 200);
+        if (rc == CURLE_OK && status == 200)
+                return body;
+        snprintf(error, error_len, "%s, HTTP status %ld", curl_easy_strerror(rc), status);
+        free(body);
+        return NULL;
+}
+
+static char *scrape_try(void)
+{
+        char error[256];
+
+        return scrape_try_why(error, sizeof(error));
+}
+
+static char *scrape(void)
+{
+        char error[256], *body = scrape_try_why(error, sizeof(error));
+
+        cr_assert_not_null(body, "scrape: %s", error);
         return body;
 }
 
@@ -513,6 +540,124 @@ Test(ops, metrics_count_the_cycle)
         m2 = scrape();
         HAS_SAMPLE(m2, "aqua_protocol_errors_total 1");
         HAS_SAMPLE(m2, "aqua_error_replies_total{code=\"malformed\"} 1");
+}
+
+/* ------------------------------------------------------------------ remote.endpoint */
+
+#define FLOOD 256
+
+/* The value of a sample line "name value" in the exposition, or -1. */
+static long long sample(const char *text, const char *name)
+{
+        char want[128];
+        const char *at;
+
+        snprintf(want, sizeof(want), "\n%s ", name);
+        at = strstr(text, want);
+        return at ? strtoll(at + strlen(want), NULL, 10) : -1;
+}
+
+static size_t count_lines_with(const char *path, const char *words)
+{
+        FILE *f = fopen(path, "r");
+        char line[4096];
+        size_t n = 0;
+
+        cr_assert_not_null(f, "%s: %m", path);
+        while (fgets(line, sizeof(line), f))
+                n += strstr(line, words) != NULL;
+        fclose(f);
+        return n;
+}
+
+/*
+ * FLOOD clients with keys nobody listed connect to remote.endpoint at once, while aquad may hold
+ * fewer descriptors than there are connections: accept() runs out for ZeroMQ and for the
+ * metrics endpoint alike. Every handshake is refused and counted, the log gets at most a line a
+ * second for the refusals and for the metrics endpoint's failed accepts, the metrics endpoint
+ * answers again once descriptors are back, and aquad serves on: local aquactl, a new local
+ * client, the listed remote key; the lease it held is untouched, and it stops cleanly.
+ */
+Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
+{
+        char dir[] = "/tmp/test-ops-keys-XXXXXX", path[320], extra[1024], ep[64], err[256];
+        char server_pub[CURVE_KEY_TEXT + 1], admin_pub[CURVE_KEY_TEXT + 1];
+        char server_file[300], admin_file[300];
+        struct rlimit low = {.rlim_cur = 160, .rlim_max = 160};
+        struct passwd *pw = getpwuid(getuid());
+        void *zctx = zmq_ctx_new(), *flood[FLOOD];
+        long long refused = 0;
+        uint64_t start, deadline;
+        struct raw late = {0};
+        struct run r;
+
+        cr_assert_not_null(mkdtemp(dir));
+        cr_assert_not_null(pw);
+        snprintf(server_file, sizeof(server_file), "%s/server.key", dir);
+        snprintf(admin_file, sizeof(admin_file), "%s/admin.key", dir);
+        cr_assert_eq(curve_keyfile_write(server_file, server_pub, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(curve_keyfile_write(admin_file, admin_pub, err, sizeof(err)), 0, "%s", err);
+        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", free_port());
+        snprintf(extra, sizeof(extra),
+                 "remote:\n  endpoint: %s\n  key-file: %s\n  clients:\n    - user: %s\n"
+                 "      keys: [\"%s\"]\n",
+                 ep, server_file, pw->pw_name, admin_pub);
+        cycle_logged(extra, true);
+        /* Fewer descriptors than the flood has connections (aquad holds about 30 itself). */
+        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %m");
+
+        for (int i = 0; i < FLOOD; i++) {
+                char pub[CURVE_KEY_TEXT + 1], sec[CURVE_KEY_TEXT + 1];
+                int zero = 0;
+
+                cr_assert_eq(zmq_curve_keypair(pub, sec), 0);
+                flood[i] = zmq_socket(zctx, ZMQ_DEALER);
+                cr_assert_not_null(flood[i], "socket %d: %s", i, zmq_strerror(errno));
+                zmq_setsockopt(flood[i], ZMQ_LINGER, &zero, sizeof(zero));
+                zmq_setsockopt(flood[i], ZMQ_CURVE_SERVERKEY, server_pub, CURVE_KEY_TEXT);
+                zmq_setsockopt(flood[i], ZMQ_CURVE_PUBLICKEY, pub, CURVE_KEY_TEXT);
+                zmq_setsockopt(flood[i], ZMQ_CURVE_SECRETKEY, sec, CURVE_KEY_TEXT);
+                cr_assert_eq(zmq_connect(flood[i], ep), 0);
+                zmq_send(flood[i], "x", 1, ZMQ_DONTWAIT);
+        }
+        start = now_mono_ns();
+        deadline = start + 60 * NSEC_PER_SEC;
+        while (refused < FLOOD && now_mono_ns() < deadline) {
+                /* While the flood holds aquad's descriptors a scrape may find no room. */
+                _cleanup_free_ char *m = scrape_try();
+
+                if (m)
+                        refused = sample(m, "aqua_remote_refused_total");
+                usleep(100 * 1000);
+        }
+        cr_assert_eq(refused, FLOOD, "%lld handshakes refused", refused);
+
+        /* Served with the flood's sockets still open. */
+        AQUACTL(&r, "leases");
+        cr_assert_eq(r.code, 0, "aquactl leases: %s", r.err);
+        cr_assert_not_null(strstr(r.out, "vllm"), "the lease is gone:\n%s", r.out);
+        snprintf(path, sizeof(path), "%s.pub", server_file);
+        AQUACTL(&r, "-e", ep, "--server-key", path, "--key-file", admin_file, "-t", "10s",
+                "status");
+        cr_assert_eq(r.code, 0, "remote aquactl status: %s", r.err);
+        hello(&late, AQUA__ROLE__ROLE_NEUTRAL, "GPU-L", 2, "late", "GPU-P");
+        raw_close(&late);
+
+        for (int i = 0; i < FLOOD; i++)
+                zmq_close(flood[i]);
+        zmq_ctx_term(zctx);
+        /* At most one line a second, each with the count of those it left out. */
+        cr_assert_leq(count_lines_with(aquad_log_path(daemon_), "Refused a tcp client"),
+                      (now_mono_ns() - start) / NSEC_PER_SEC + 2);
+        cr_assert_leq(count_lines_with(aquad_log_path(daemon_), "metrics endpoint:"),
+                      (now_mono_ns() - start) / NSEC_PER_SEC + 2);
+        unlink(server_file);
+        unlink(admin_file);
+        snprintf(path, sizeof(path), "%s.pub", server_file);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s.pub", admin_file);
+        unlink(path);
+        rmdir(dir);
 }
 
 /* ------------------------------------------------------------------ sd_notify */

@@ -13,10 +13,21 @@
 #include <sys/socket.h>
 
 #include "log.h"
+#include "time-util.h"
 
 /* A scraper holds at most this many connections, each for at most this long. */
 #define PROM_MAX_CONNECTIONS      8
 #define PROM_CONNECTION_TIMEOUT_S 10
+/* Out of descriptors, the endpoint rests this long before it tries to accept again. */
+#define PROM_PAUSE_NS (100 * NSEC_PER_MSEC)
+/* libmicrohttpd's messages (one per failed accept) are logged at most this often. */
+#define PROM_LOG_NS NSEC_PER_SEC
+/*
+ * In external mode libmicrohttpd stops watching its listening socket when accept() runs out of
+ * descriptors with a connection open, and looks again only when it is run: it is run at least
+ * this often, or the endpoint would stay deaf after the shortage.
+ */
+#define PROM_MAX_IDLE_MS 1000
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,6 +41,8 @@ struct prom_server {
         void *userdata;
         uint16_t port;
         uint64_t scrapes;
+        uint64_t paused_until_ns; /* out of descriptors: not polled until then */
+        uint64_t logged_ns, unlogged;
 };
 
 /* ------------------------------------------------------------------ exposition text */
@@ -228,11 +241,27 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
+        struct prom_server *m = cls;
+        uint64_t now = now_mono_ns();
         char msg[512];
 
         vsnprintf(msg, sizeof(msg), fmt, ap);
         msg[strcspn(msg, "\n")] = '\0';
-        log_warning("metrics endpoint: %s", msg);
+        /* accept() failed for want of descriptors ("Too many open files", "resource limit"). */
+        if (strstr(msg, "resource limit") || strstr(msg, strerror(EMFILE)) ||
+            strstr(msg, strerror(ENFILE)))
+                m->paused_until_ns = now + PROM_PAUSE_NS;
+        if (m->logged_ns && now - m->logged_ns < PROM_LOG_NS) {
+                m->unlogged++;
+                return;
+        }
+        m->logged_ns = now;
+        if (m->unlogged)
+                log_warning("metrics endpoint: %s (and %" PRIu64 " more since the last such "
+                            "message)", msg, m->unlogged);
+        else
+                log_warning("metrics endpoint: %s", msg);
+        m->unlogged = 0;
 }
 
 /* Split "host:port" or "[v6]:port" and resolve it to one socket address. */
@@ -301,7 +330,7 @@ int prom_server_new(const char *address, prom_render_fn render, void *userdata,
         /* No MHD_USE_INTERNAL_POLLING_THREAD: aquad's loop drives it through prom_server_fd(). */
         /* The logger goes first so that MHD reports problems with later options through it. */
         m->mhd = MHD_start_daemon(
-            flags, 0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+            flags, 0, NULL, NULL, handle, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, m,
             MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROM_MAX_CONNECTIONS,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROM_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
         if (!m->mhd) {
@@ -325,10 +354,18 @@ struct prom_server *prom_server_free(struct prom_server *m)
         return NULL;
 }
 
+static bool paused(const struct prom_server *m)
+{
+        return m->paused_until_ns && now_mono_ns() < m->paused_until_ns;
+}
+
 int prom_server_fd(const struct prom_server *m)
 {
-        const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+        const union MHD_DaemonInfo *info;
 
+        if (paused(m))
+                return -1;
+        info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD);
         return info ? info->epoll_fd : -1;
 }
 
@@ -336,13 +373,18 @@ int prom_server_timeout_ms(const struct prom_server *m)
 {
         MHD_UNSIGNED_LONG_LONG ms;
 
-        if (MHD_get_timeout(m->mhd, &ms) != MHD_YES)
-                return -1;
-        return ms > INT32_MAX ? INT32_MAX : (int)ms;
+        if (paused(m))
+                return (int)((m->paused_until_ns - now_mono_ns()) / NSEC_PER_MSEC) + 1;
+        if (MHD_get_timeout(m->mhd, &ms) != MHD_YES || ms > PROM_MAX_IDLE_MS)
+                return PROM_MAX_IDLE_MS;
+        return (int)ms;
 }
 
 int prom_server_dispatch(struct prom_server *m)
 {
+        if (paused(m))
+                return 0;
+        m->paused_until_ns = 0;
         return MHD_run(m->mhd) == MHD_YES ? 0 : -EIO;
 }
 

@@ -64,9 +64,12 @@ int prom_server_new(const char *address, prom_render_fn render, void *userdata,
 struct prom_server *prom_server_free(struct prom_server *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct prom_server *, prom_server_free);
 
-/* The descriptor to poll for input (an epoll set of the listener and its connections). */
+/*
+ * The descriptor to poll for input (an epoll set of the listener and its connections); -1 while
+ * the endpoint rests after running out of descriptors (poll nothing for it then).
+ */
 int prom_server_fd(const struct prom_server *m);
-/* Milliseconds until prom_server_dispatch() is due even without input (-1: none). */
+/* Milliseconds until prom_server_dispatch() is due even without input: at most a second. */
 int prom_server_timeout_ms(const struct prom_server *m);
 /* Accept, read, answer and time out connections; never blocks. */
 int prom_server_dispatch(struct prom_server *m);

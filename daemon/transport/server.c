@@ -785,12 +785,13 @@ int server_run(struct server *s)
                 if (s->n_outbox && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
                         timeout = OUTBOX_RETRY_MS;
                 if (s->metrics) {
-                        int mt = metrics_timeout_ms(s->metrics);
+                        int mt = metrics_timeout_ms(s->metrics), mfd = metrics_fd(s->metrics);
 
-                        metrics_item = k;
-                        owners[k] = NULL;
-                        items[k++] =
-                            (zmq_pollitem_t){.fd = metrics_fd(s->metrics), .events = ZMQ_POLLIN};
+                        if (mfd >= 0) {
+                                metrics_item = k;
+                                owners[k] = NULL;
+                                items[k++] = (zmq_pollitem_t){.fd = mfd, .events = ZMQ_POLLIN};
+                        }
                         if (mt >= 0 && (timeout < 0 || mt < timeout))
                                 timeout = mt;
                 }
