@@ -34,10 +34,12 @@ def prompt(seed: int, n_tokens: int) -> list[int]:
     return torch.randint(10, 900, (2048,), generator=g).tolist()[:n_tokens]
 
 
-def kv_value(tokens: list[int], shape: torch.Size) -> torch.Tensor:
+def kv_value(tokens: list[int], shape: torch.Size, rank: int = 0) -> torch.Tensor:
     """The KV a model would compute for the block ending these tokens: a function of the
-    prefix only, so that any request with this prefix expects the same bytes."""
-    seed = int.from_bytes(hashlib.sha256(str(tokens).encode()).digest()[:8], "little")
+    prefix (and the tensor-parallel rank: each holds other heads) only, so that any request
+    with this prefix expects the same bytes."""
+    key = str(tokens) + (f"@{rank}" if rank else "")
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).half()
 
 
@@ -62,19 +64,23 @@ class Model:
                 for b in range(start // BS):  # hits: loaded (or in the GPU prefix cache)
                     self._check(tokens[: (b + 1) * BS], blocks[b])
             for b in range(start // BS, min(start + n, len(tokens)) // BS):
-                for layer in e.kv_caches.values():
-                    layer[blocks[b]] = kv_value(tokens[: (b + 1) * BS], layer[blocks[b]].shape)
+                for rank, caches in enumerate(e.kv_caches_of):
+                    for layer in caches.values():
+                        layer[blocks[b]] = kv_value(tokens[: (b + 1) * BS],
+                                                    layer[blocks[b]].shape, rank)
 
     def _check(self, prefix: list[int], block: int) -> None:
-        for name, layer in self.e.kv_caches.items():
-            want = kv_value(prefix, layer[block].shape)
-            assert torch.equal(layer[block], want), f"block {block} of {name} differs"
+        for rank, caches in enumerate(self.e.kv_caches_of):
+            for name, layer in caches.items():
+                want = kv_value(prefix, layer[block].shape, rank)
+                assert torch.equal(layer[block], want), f"block {block} of {name} differs"
         self.checked_blocks += 1
 
 
-def aqua_worker(e: Engine) -> AquaOffloadingWorker:
-    assert e.worker is not None and e.worker.connector_worker is not None
-    w = e.worker.connector_worker.worker
+def aqua_worker(e: Engine, rank: int = 0) -> AquaOffloadingWorker:
+    c = e.workers[rank].connector_worker
+    assert c is not None
+    w = c.worker
     assert isinstance(w, AquaOffloadingWorker)
     return w
 
@@ -82,8 +88,9 @@ def aqua_worker(e: Engine) -> AquaOffloadingWorker:
 def forget_gpu_cache(e: Engine) -> None:
     """As if the GPU blocks were reused for other work: the next hits must come from aqua."""
     assert e.scheduler.reset_prefix_cache()
-    for layer in e.kv_caches.values():
-        layer.zero_()
+    for caches in e.kv_caches_of:
+        for layer in caches.values():
+            layer.zero_()
 
 
 def step_until_reply(e: Engine, agent: Any, timeout: float = 60) -> Any:

@@ -23,10 +23,12 @@ from vllm.config import (
     DeviceConfig,
     KVTransferConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     VllmConfig,
     set_current_vllm_config,
 )
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingConnectorMetadata,
@@ -81,10 +83,15 @@ class Engine:
 
     def __init__(self, extra_config: Optional[dict[str, Any]], *, num_gpu_blocks: int = 128,
                  block_size: int = 16, layers: int = 2, kv_heads: int = 4, head_size: int = 64,
-                 max_num_batched_tokens: int = 1024, worker_extra: Optional[dict[str, Any]] = None):
+                 max_num_batched_tokens: int = 1024, worker_extra: Optional[dict[str, Any]] = None,
+                 tensor_parallel: int = 1, rank_extra: Optional[list[dict[str, Any]]] = None):
+        """tensor_parallel workers (ranks), each with its own KV caches and worker connector;
+        rank_extra: keys added to the extra config of each rank's worker (e.g. its device)."""
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
-        self.vllm_config = self._config(extra_config, block_size, max_num_batched_tokens)
+        self.tensor_parallel = tensor_parallel
+        self.vllm_config = self._config(extra_config, block_size, max_num_batched_tokens,
+                                        tensor_parallel)
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads,
                                  head_size=head_size, dtype=torch.float16)
@@ -99,27 +106,37 @@ class Engine:
                 log_stats=True, structured_output_manager=StructuredOutputManager(
                     self.vllm_config), block_size=block_size)
         self.connector: Optional[OffloadingConnector] = None
-        self.worker: Optional[OffloadingConnector] = None
+        #: Each rank's worker connector and KV caches: one host tensor per layer, (blocks, K/V,
+        #: tokens, heads, head size). worker and kv_caches are rank 0's.
+        self.workers: list[OffloadingConnector] = []
+        self.kv_caches_of: list[dict[str, torch.Tensor]] = [
+            {name: torch.zeros((num_gpu_blocks, 2, block_size, kv_heads, head_size),
+                               dtype=torch.float16) for name in self.layer_names}
+            for _ in range(tensor_parallel)]
+        self.kv_caches = self.kv_caches_of[0]
+        self.aggregator: Optional[KVOutputAggregator] = None
         if extra_config is not None:
             assert isinstance(self.scheduler.connector, OffloadingConnector)
             self.connector = self.scheduler.connector
-            worker_config = self.vllm_config
-            if worker_extra is not None:  # another spec on the worker side (see test_vllm.py)
-                worker_config = self._config(worker_extra, block_size, max_num_batched_tokens)
-                worker_config.kv_transfer_config.engine_id = (  # type: ignore[union-attr]
-                    self.vllm_config.kv_transfer_config.engine_id)  # type: ignore[union-attr]
-                worker_config.cache_config.num_gpu_blocks = num_gpu_blocks
-            with set_current_vllm_config(worker_config):
-                self.worker = OffloadingConnector(worker_config, KVConnectorRole.WORKER,
-                                                  self.kv_cache_config)
-        # The KV caches: one host tensor per layer, (blocks, K/V, tokens, heads, head size).
-        self.kv_caches = {
-            name: torch.zeros((num_gpu_blocks, 2, block_size, kv_heads, head_size),
-                              dtype=torch.float16)
-            for name in self.layer_names}
-        if self.worker is not None:
-            with set_current_vllm_config(self.vllm_config):
-                self.worker.register_kv_caches(self.kv_caches)
+            for rank in range(tensor_parallel):
+                worker_config = self.vllm_config
+                extra = worker_extra if worker_extra is not None else extra_config
+                if worker_extra is not None or tensor_parallel > 1:
+                    # Another spec on the worker side (see test_vllm.py), or another rank.
+                    extra = {**extra, **(rank_extra[rank] if rank_extra else {})}
+                    worker_config = self._config(extra, block_size, max_num_batched_tokens,
+                                                 tensor_parallel, rank)
+                    worker_config.kv_transfer_config.engine_id = (  # type: ignore[union-attr]
+                        self.vllm_config.kv_transfer_config.engine_id)  # type: ignore
+                    worker_config.cache_config.num_gpu_blocks = num_gpu_blocks
+                with set_current_vllm_config(worker_config):
+                    w = OffloadingConnector(worker_config, KVConnectorRole.WORKER,
+                                            self.kv_cache_config)
+                    w.register_kv_caches(self.kv_caches_of[rank])
+                self.workers.append(w)
+            # What vLLM's executors do with the outputs of several workers.
+            self.aggregator = KVOutputAggregator.from_connector(self.connector, tensor_parallel)
+        self.worker: Optional[OffloadingConnector] = self.workers[0] if self.workers else None
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(block_size, sha256)
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
@@ -131,8 +148,8 @@ class Engine:
         self.prompts: dict[str, list[int]] = {}
 
     @staticmethod
-    def _config(extra: Optional[dict[str, Any]], block_size: int,
-                max_num_batched_tokens: int) -> VllmConfig:
+    def _config(extra: Optional[dict[str, Any]], block_size: int, max_num_batched_tokens: int,
+                tensor_parallel: int = 1, rank: int = 0) -> VllmConfig:
         scheduler = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_num_batched_tokens,
                                     max_model_len=4096, enable_chunked_prefill=True,
                                     is_encoder_decoder=False)
@@ -144,8 +161,11 @@ class Engine:
         if extra is not None:
             transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                         kv_connector_extra_config=dict(extra))
+        parallel = ParallelConfig(tensor_parallel_size=tensor_parallel)
+        parallel.rank = rank
         return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
-                          kv_transfer_config=transfer, device_config=DeviceConfig("cpu"))
+                          kv_transfer_config=transfer, device_config=DeviceConfig("cpu"),
+                          parallel_config=parallel)
 
     # --------------------------------------------------------------------------- requests
 
@@ -174,37 +194,41 @@ class Engine:
         for req in out.scheduled_new_reqs:
             self.log.external_hits[req.req_id] = req.num_computed_tokens
         meta = out.kv_connector_metadata
-        if self.worker is not None:
+        if self.workers:
             assert isinstance(meta, OffloadingConnectorMetadata)
             self.log.stores += len(meta.store_jobs)
             self.log.loads += len(meta.load_jobs)
-            self.worker.handle_preemptions(meta)
-            self.worker.bind_connector_metadata(meta)
-            self.worker.start_load_kv(self.ctx)
+        for w in self.workers:
+            w.handle_preemptions(meta)
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(self.ctx)
         if compute is not None:
             compute(out)
-        finished_sending: set[str] = set()
-        finished_recving: set[str] = set()
-        worker_meta = None
-        if self.worker is not None:
+        kv_outputs: list[KVConnectorOutput] = []
+        for w in self.workers:
             if out.total_num_scheduled_tokens > 0:
-                self.worker.wait_for_save()
-            finished_sending, finished_recving = self.worker.get_finished(out.finished_req_ids)
-            worker_meta = self.worker.build_connector_worker_meta()
-            self.worker.clear_connector_metadata()
+                w.wait_for_save()
+            sending, recving = w.get_finished(out.finished_req_ids)
+            kv_outputs.append(KVConnectorOutput(
+                finished_sending=sending or None, finished_recving=recving or None,
+                kv_connector_worker_meta=w.build_connector_worker_meta()))
+            w.clear_connector_metadata()
         running = [r for r in self.scheduler.running if r.request_id in out.num_scheduled_tokens]
         req_ids = [r.request_id for r in running]
         # A token for each request whose prompt is computed; none for a partial prefill.
         sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in running]
-        output = ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled, logprobs=None,
-            prompt_logprobs_dict={}, pooler_output=None,
-            kv_connector_output=KVConnectorOutput(
-                finished_sending=finished_sending or None,
-                finished_recving=finished_recving or None,
-                kv_connector_worker_meta=worker_meta),
-        )
+
+        def model_output(kv: Optional[KVConnectorOutput]) -> ModelRunnerOutput:
+            return ModelRunnerOutput(
+                req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                pooler_output=None, kv_connector_output=kv)
+
+        if self.aggregator is not None:
+            output = self.aggregator.aggregate([model_output(kv) for kv in kv_outputs])
+            assert output is not None
+        else:
+            output = model_output(KVConnectorOutput())
         for outputs in self.scheduler.update_from_output(out, output).values():
             stats = outputs.scheduler_stats
             if stats is not None and stats.kv_connector_stats:  # vLLM's connector metrics
@@ -227,14 +251,11 @@ class Engine:
         raise AssertionError("the engine did not finish its requests")
 
     def _busy(self) -> bool:
-        if self.worker is None or self.worker.connector_worker is None:
-            return False
-        w = self.worker.connector_worker.worker
-        jobs = getattr(w, "_jobs", None)
-        return bool(jobs)
+        return any(c.connector_worker is not None
+                   and getattr(c.connector_worker.worker, "_jobs", None) for c in self.workers)
 
     def shutdown(self) -> None:
-        if self.worker is not None:
-            self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
         if self.connector is not None:
             self.connector.shutdown()
