@@ -372,7 +372,7 @@ static double link_bandwidth(const struct broker *p, const struct gpu *g, size_t
         if (g->links[k].bandwidth > 0 || !p->settings.links)
                 return g->links[k].bandwidth;
         /* A GPU reports links to the devices its own driver sees: on its own host. */
-        return (double)topology_link_by_host(p->settings.links, g->host, g->uuid, g->host,
+        return (double)topology_link_by_host(p->settings.links, g->host, g->device, g->host,
                                              g->links[k].uuid) /
                1e9;
 }
@@ -402,19 +402,13 @@ int broker_repair(struct broker *p)
         mate = calloc(p->n_gpus + 1, sizeof(*mate));
         source = calloc(p->n_gpus + 1, sizeof(*source));
         bw = calloc(p->n_gpus + 1, sizeof(*bw));
-        /* A reported link may name a device's two registrations; a device's two are linked. */
-        links = calloc(2 * max_links + p->n_gpus + 1, sizeof(*links));
-        /* And where the topology file has hosts, links across them (no client can report one). */
-        if (p->settings.links && p->settings.auto_pairing) {
-                size_t extra = p->n_gpus * (p->n_gpus + 1) / 2;
-                struct pairing_link *more = links ? reallocarray(links, 2 * max_links + p->n_gpus +
-                                                                            1 + extra,
-                                                                 sizeof(*links))
-                                                  : NULL;
-                if (!more)
-                        return -ENOMEM;
-                links = more;
-        }
+        /*
+         * A reported link may name a device's two registrations; a device's two are linked;
+         * with a topology file, any two GPUs on different hosts may be (no client reports those).
+         */
+        links = calloc(2 * max_links + p->n_gpus + 1 +
+                           (p->settings.links ? p->n_gpus * (p->n_gpus + 1) / 2 : 0),
+                       sizeof(*links));
         pinned = calloc(p->n_pins + 1, sizeof(*pinned));
         current = calloc(p->n_gpus + 1, sizeof(*current));
         if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
