@@ -77,7 +77,8 @@ static unsigned pick_host(const struct place_kind *k, const struct server_work *
                 unsigned n_free = 0;
 
                 for (unsigned gpu = h * per_host; gpu < (h + 1) * per_host; gpu++)
-                        n_free += w->gpu_role[gpu] < 0 && (g == UINT32_MAX || k->peer_group[gpu] == g);
+                        n_free +=
+                            w->gpu_role[gpu] < 0 && (g == UINT32_MAX || k->peer_group[gpu] == g);
                 if (n_free >= tp && (best == UINT32_MAX || n_free < best_free)) {
                         best = h;
                         best_free = n_free;
@@ -90,23 +91,23 @@ static unsigned pick_host(const struct place_kind *k, const struct server_work *
  * Pair the free producers and consumers of group g within each span of GPUs (a host's, or
  * the whole server's), lowest producer with lowest consumer; paired GPUs are marked.
  */
-static void pair_group(const struct place_kind *k, struct server_work *w, unsigned g,
-                       unsigned span, unsigned s, struct place_result *r)
+static void pair_group(const struct place_kind *k, struct server_work *w, unsigned g, unsigned span,
+                       unsigned s, struct place_result *r)
 {
         for (unsigned first = 0; first < k->gpus; first += span) {
                 unsigned end = first + span, prod = first, cons = first;
 
                 for (;;) {
-                        while (prod < end && (k->peer_group[prod] != g ||
-                                              w->gpu_role[prod] != PLACE_PRODUCER))
+                        while (prod < end &&
+                               (k->peer_group[prod] != g || w->gpu_role[prod] != PLACE_PRODUCER))
                                 prod++;
-                        while (cons < end && (k->peer_group[cons] != g ||
-                                              w->gpu_role[cons] != PLACE_CONSUMER))
+                        while (cons < end &&
+                               (k->peer_group[cons] != g || w->gpu_role[cons] != PLACE_CONSUMER))
                                 cons++;
                         if (prod >= end || cons >= end)
                                 break;
                         r->pairs[r->pair_first[s + 1]++] =
-                                (struct place_gpu_pair){.producer = prod, .consumer = cons};
+                            (struct place_gpu_pair){.producer = prod, .consumer = cons};
                         w->gpu_role[prod] = w->gpu_role[cons] = GPU_PAIRED;
                 }
         }

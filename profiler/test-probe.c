@@ -303,10 +303,10 @@ Test(probe, files_of_two_hosts_merge_into_one_domain)
         struct topology t _cleanup_(topology_free) = {0};
         struct topology ta _cleanup_(topology_free) = {0};
 
-        cr_assert_eq(run_probe("AQUA_SIM_DEVICES", "2x1GiB", "test-probe-host-a", a, "--host=node-a"),
-                     0);
-        cr_assert_eq(run_probe("AQUA_SIM_DEVICES", "3x1GiB", "test-probe-host-b", b, "--host=node-b"),
-                     0);
+        cr_assert_eq(
+            run_probe("AQUA_SIM_DEVICES", "2x1GiB", "test-probe-host-a", a, "--host=node-a"), 0);
+        cr_assert_eq(
+            run_probe("AQUA_SIM_DEVICES", "3x1GiB", "test-probe-host-b", b, "--host=node-b"), 0);
         text = read_text(a);
         cr_expect_not_null(strstr(text, "    host: \"node-a\"\n"), "%s", text);
         cr_assert_eq(run_merge((const char *[]){"-f", "900GB", "-o", d, a, b}, 6), 0);

@@ -24,7 +24,8 @@ struct matcher {
 static int by_preference(const void *a, const void *b, void *userdata)
 {
         const struct pairing_link *links = userdata;
-        const struct pairing_link *la = &links[*(const size_t *)a], *lb = &links[*(const size_t *)b];
+        const struct pairing_link *la = &links[*(const size_t *)a],
+                                  *lb = &links[*(const size_t *)b];
         double x = la->bandwidth, y = lb->bandwidth;
 
         /* A pair within a host needs no fabric handles and shares the host's fate. */

@@ -467,9 +467,9 @@ int broker_repair(struct broker *p)
                         }
                         if (!p->settings.links || !cross_host(gpus[i], gpus[j]))
                                 continue;
-                        bytes = topology_link_by_host(p->settings.links, gpus[i]->host,
-                                                      gpus[i]->device, gpus[j]->host,
-                                                      gpus[j]->device);
+                        bytes =
+                            topology_link_by_host(p->settings.links, gpus[i]->host, gpus[i]->device,
+                                                  gpus[j]->host, gpus[j]->device);
                         if (bytes > 0)
                                 links[n_links++] =
                                     (struct pairing_link){i, j, (double)bytes / 1e9, true};

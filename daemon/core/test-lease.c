@@ -721,8 +721,8 @@ Test(pins, auto_pairing_links_hosts_from_the_topology_file_and_prefers_the_same_
         struct topology_device devs[3] = {{.uuid = "GPU-P", .host = "node-a"},
                                           {.uuid = "GPU-L", .host = "node-a"},
                                           {.uuid = "GPU-R", .host = "node-b"}};
-        uint64_t bw[9] = {0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0,
-                          900000000000ull, 0, 0};
+        uint64_t bw[9] = {
+            0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0, 900000000000ull, 0, 0};
         struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
         struct broker_settings with_links = settings;
         const char *to_l[] = {"GPU-L"}, *to_p[] = {"GPU-P"};

@@ -171,8 +171,8 @@ Test(pairing, pairs_across_hosts_when_no_same_host_consumer_is_free)
 {
         /* Producers 0 and 2 share a host with consumer 1 only; producer 2 goes over the fabric. */
         enum pairing_role roles[] = {P, C, P, C};
-        struct pairing_link links[] = {{0, 1, 450, false}, {2, 1, 450, false}, {2, 3, 900, X},
-                                       {0, 3, 900, X}};
+        struct pairing_link links[] = {
+            {0, 1, 450, false}, {2, 1, 450, false}, {2, 3, 900, X}, {0, 3, 900, X}};
 
         cr_assert_eq(mate_after(roles, 4, links, 4, NULL, 0, NULL, 0, 2, 0), 1,
                      "the earlier of two equal same-host links");
