@@ -29,6 +29,13 @@ _printf_(3, 4) static int fail(char **ret_error, int r, const char *fmt, ...)
         return r;
 }
 
+/* A file name in a comment: a control character (a newline) would end the comment. */
+static void put_comment(FILE *f, const char *s)
+{
+        for (; *s; s++)
+                fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, f);
+}
+
 static void put_optional(FILE *f, const char *key, const char *value)
 {
         if (!value)
@@ -50,8 +57,10 @@ static int fill_merged(FILE *f, const void *userdata)
         size_t first = 0, total = 0, n_links = 0;
 
         fprintf(f, "# GPU topology of one NVLink domain, by aqua-profile merge from:");
-        for (size_t i = 0; i < m->n; i++)
-                fprintf(f, " %s", m->inputs[i]);
+        for (size_t i = 0; i < m->n; i++) {
+                fputc(' ', f);
+                put_comment(f, m->inputs[i]);
+        }
         if (m->fabric)
                 fprintf(f, "\n# Every two GPUs on different hosts are linked at %.2f GB/s.\n",
                         (double)m->fabric / 1e9);
@@ -64,7 +73,9 @@ static int fill_merged(FILE *f, const void *userdata)
 
                         fprintf(f, "  - host: ");
                         yaml_put_string(f, d->host);
-                        fprintf(f, "   # GPU %zu of %s\n", k, m->inputs[i]);
+                        fprintf(f, "   # GPU %zu of ", k);
+                        put_comment(f, m->inputs[i]);
+                        fputc('\n', f);
                         put_optional(f, "name", d->name);
                         put_optional(f, "uuid", d->uuid);
                         put_optional(f, "pci-domain", d->pci_domain);

@@ -272,6 +272,15 @@ Test(probe, bad_arguments_are_refused)
         cr_expect_neq(access(out, F_OK), 0);
 }
 
+static void write_text(const char *path, const char *text)
+{
+        FILE *f = fopen(path, "we");
+
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        cr_assert_eq(fclose(f), 0);
+}
+
 /* aqua-profile merge with these arguments after "merge" (at most 6); its exit status. */
 static int run_merge(const char *const *args, size_t n_args)
 {
@@ -330,18 +339,29 @@ Test(probe, merge_refuses_a_host_twice_and_a_file_without_hosts)
 {
         _cleanup_free_ char *a = path_in_dir("twice.yaml"), *d = path_in_dir("never.yaml");
         _cleanup_free_ char *bare = path_in_dir("bare.yaml");
-        FILE *f;
 
         cr_assert_eq(run_probe("AQUA_SIM_DEVICES", "2x1GiB", "test-probe-twice", a, "--host=n"), 0);
         cr_expect_eq(run_merge((const char *[]){"-o", d, a, a}, 4), 1);
-        f = fopen(bare, "we");
-        cr_assert_not_null(f);
-        fputs("devices: [{memory: 1GiB}]\n", f);
-        fclose(f);
+        write_text(bare, "devices: [{memory: 1GiB}]\n");
         cr_expect_eq(run_merge((const char *[]){"-o", d, a, bare}, 4), 1);
         cr_expect_eq(run_merge((const char *[]){"-o", d}, 2), 2, "no inputs");
         cr_expect_eq(run_merge((const char *[]){"--fabric-bandwidth=fast", a}, 2), 2);
         cr_expect_neq(access(d, F_OK), 0);
+}
+
+/* A newline in a file's name must not end the comment it is named in. */
+Test(probe, merge_keeps_odd_file_names_inside_comments)
+{
+        _cleanup_free_ char *odd = path_in_dir("a\nb: [.yaml"), *d = path_in_dir("odd-out.yaml");
+        _cleanup_free_ char *error = NULL;
+        struct topology t _cleanup_(topology_free) = {0};
+        const char *inputs[1];
+
+        write_text(odd, "devices: [{memory: 1GiB, host: n}]\n");
+        inputs[0] = odd;
+        cr_assert_eq(probe_merge_topology(inputs, 1, 0, d, &error), 0, "%s", error);
+        cr_assert_eq(topology_load(d, &t, &error), 0, "%s", error);
+        cr_assert_eq(t.n_devices, 1);
 }
 
 Test(probe, merge_names_the_file_and_device_without_a_host)
@@ -349,12 +369,8 @@ Test(probe, merge_names_the_file_and_device_without_a_host)
         _cleanup_free_ char *bare = path_in_dir("bare.yaml"), *d = path_in_dir("never.yaml");
         _cleanup_free_ char *error = NULL, *expected = NULL;
         const char *inputs[1];
-        FILE *f;
 
-        f = fopen(bare, "we");
-        cr_assert_not_null(f);
-        fputs("devices: [{memory: 1GiB, host: n}, {memory: 1GiB}]\n", f);
-        fclose(f);
+        write_text(bare, "devices: [{memory: 1GiB, host: n}, {memory: 1GiB}]\n");
         inputs[0] = bare;
         cr_assert_eq(probe_merge_topology(inputs, 1, 0, d, &error), -EINVAL);
         cr_assert_geq(asprintf(&expected,
