@@ -215,6 +215,15 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
         return ferror(out) ? -EIO : 0;
 }
 
+/* Whether any GPU names its host (libaqua's clients do): then tables show hosts. */
+static bool any_host(const Aqua__AdminReply *gpus)
+{
+        for (size_t i = 0; gpus && i < gpus->n_gpus; i++)
+                if (gpus->gpus[i]->host && *gpus->gpus[i]->host)
+                        return true;
+        return false;
+}
+
 static int format_gpus(FILE *out, const Aqua__AdminReply *data)
 {
         static const char *const headers[] = {"GPU",  "UUID",     "ROLE",    "CLIENT", "PID",
@@ -224,10 +233,7 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
         static const char *const host_headers[] = {
             "GPU",     "UUID", "HOST",     "ROLE", "CLIENT", "PID",   "LOAD",
             "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM", "PAIRED", "STATE"};
-        bool hosts = false;
-
-        for (size_t i = 0; i < data->n_gpus; i++)
-                hosts = hosts || (data->gpus[i]->host && *data->gpus[i]->host);
+        bool hosts = any_host(data);
         _cleanup_(table_freep) struct table *t =
             hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))
                   : table_new(headers, ARRAY_SIZE(headers));
@@ -280,23 +286,38 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
 static int format_pairs(FILE *out, const Aqua__AdminReply *data, const Aqua__AdminReply *gpus)
 {
         static const char *const headers[] = {"PRODUCER", "CONSUMER", "SOURCE", "BANDWIDTH"};
-        _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
+        /* Where GPUs name their hosts, each side's host after it: a pair may cross hosts. */
+        static const char *const host_headers[] = {"PRODUCER", "HOST",   "CONSUMER",
+                                                   "HOST",     "SOURCE", "BANDWIDTH"};
+        bool hosts = any_host(gpus);
+        _cleanup_(table_freep) struct table *t =
+            hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))
+                  : table_new(headers, ARRAY_SIZE(headers));
 
         if (!t)
                 return -ENOMEM;
-        table_align_right(t, 3);
+        table_align_right(t, hosts ? 5 : 3);
         for (size_t i = 0; i < data->n_pairs; i++) {
                 const Aqua__PairInfo *p = data->pairs[i];
+                const Aqua__GpuInfo *gp = find_gpu(gpus, p->producer_uuid);
+                const Aqua__GpuInfo *gc = find_gpu(gpus, p->consumer_uuid);
                 char prod[LABEL_MAX], cons[LABEL_MAX], bw[32];
 
                 if (p->bandwidth_gbps > 0)
                         snprintf(bw, sizeof(bw), "%.0f GB/s", p->bandwidth_gbps);
                 const char *row[] = {
                     format_gpu_label(prod, sizeof(prod), gpus, p->producer_uuid),
+                    gp && *gp->host ? gp->host : "-",
                     format_gpu_label(cons, sizeof(cons), gpus, p->consumer_uuid),
+                    gc && *gc->host ? gc->host : "-",
                     *p->source ? p->source : "-",
                     p->bandwidth_gbps > 0 ? bw : "-",
                 };
+                /* Without hosts, the row less its second and fourth cells. */
+                if (!hosts) {
+                        row[1] = row[2];
+                        memmove(&row[2], &row[4], 2 * sizeof(row[0]));
+                }
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
         }

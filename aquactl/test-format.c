@@ -123,6 +123,19 @@ Test(format, pairs_name_gpus_and_fall_back_to_a_short_uuid)
                               "GPU-deadbeef  2 (vllm-mistral)  auto            -\n");
 }
 
+/* A pair may cross hosts of an NVLink domain: each side's host, "-" where it is not known. */
+Test(format, pairs_show_each_sides_host_where_gpus_name_them)
+{
+        c.gpu[0].host = "node-a";
+        c.gpu[1].host = "node-b";
+        _cleanup_free_ char *out = render(VIEW_PAIRS, &c.pairs, &c.gpus);
+
+        cr_assert_str_eq(out,
+                         "PRODUCER      HOST    CONSUMER          HOST    SOURCE  BANDWIDTH\n"
+                         "1 (whisper)   node-b  0 (vllm-llama3)   node-a  config   450 GB/s\n"
+                         "GPU-deadbeef  -       2 (vllm-mistral)  -       auto            -\n");
+}
+
 Test(format, chunks_end_with_totals_by_state)
 {
         _cleanup_free_ char *out = render(VIEW_CHUNKS, &c.chunks, &c.gpus);

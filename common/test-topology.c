@@ -87,3 +87,64 @@ Test(topology, names_a_missing_memory_with_its_line)
                       0);
         cr_assert_str_eq(error, expected);
 }
+
+Test(topology, names_gpus_by_host_and_uuid_and_links_them_across_hosts)
+{
+        struct topology t = {0};
+        _cleanup_free_ char *error = NULL;
+
+        /* Two hosts of one NVLink domain whose GPUs have the same uuids (as simcuda's do). */
+        write_topology("devices:\n"
+                       "  - {host: node-a, uuid: GPU-0, memory: 1GiB}\n"
+                       "  - {host: node-a, uuid: GPU-1, memory: 1GiB}\n"
+                       "  - {host: node-b, uuid: GPU-0, memory: 1GiB}\n"
+                       "  - {uuid: GPU-9, memory: 1GiB}\n"
+                       "links:\n"
+                       "  - {a: 0, b: 1, bandwidth: 450GB}\n"
+                       "  - {a: 1, b: 2, bandwidth: 900GB}\n");
+        cr_assert_eq(topology_load(path, &t, &error), 0, "%s", error);
+        cr_assert_str_eq(t.devices[2].host, "node-b");
+        cr_assert_null(t.devices[3].host);
+        cr_assert_eq(topology_find(&t, "node-b", "GPU-0"), 2);
+        cr_assert_eq(topology_find(&t, "node-a", "GPU-0"), 0);
+        cr_assert_eq(topology_find(&t, NULL, "GPU-0"), 0, "no host: the first with the uuid");
+        cr_assert_eq(topology_find(&t, "node-c", "GPU-0"), SIZE_MAX);
+        cr_assert_eq(topology_find(&t, "node-c", "GPU-9"), 3, "a device without a host: any");
+        cr_assert_eq(topology_link_by_host(&t, "node-a", "GPU-1", "node-b", "GPU-0"),
+                     900000000000ull);
+        cr_assert_eq(topology_link_by_host(&t, "node-b", "GPU-0", "node-a", "GPU-1"),
+                     900000000000ull);
+        cr_assert_eq(topology_link_by_host(&t, "node-a", "GPU-0", "node-b", "GPU-0"), 0);
+        cr_assert_eq(topology_link_by_host(&t, "node-a", "GPU-0", "node-a", "GPU-1"),
+                     450000000000ull);
+        topology_free(&t);
+}
+
+Test(topology, names_a_uuid_given_twice_on_one_host)
+{
+        struct topology t = {0};
+        _cleanup_free_ char *error = NULL, *expected = NULL;
+
+        write_topology("devices:\n"
+                       "  - {host: node-a, uuid: GPU-0, memory: 1GiB}\n"
+                       "  - {host: node-b, uuid: GPU-0, memory: 1GiB}\n"
+                       "  - {host: node-a, uuid: GPU-0, memory: 1GiB}\n");
+        cr_assert_eq(topology_load(path, &t, &error), -EINVAL);
+        cr_assert_geq(asprintf(&expected,
+                               "%s: devices[2]: uuid GPU-0 is devices[0]'s too, on the same host "
+                               "node-a",
+                               path),
+                      0);
+        cr_assert_str_eq(error, expected);
+}
+
+Test(topology, names_a_host_that_is_not_a_string_with_its_line)
+{
+        struct topology t = {0};
+        _cleanup_free_ char *error = NULL;
+
+        write_topology("devices:\n  - {memory: 1GiB}\n  - {memory: 1GiB, host: [a, b]}\n");
+        cr_assert_eq(topology_load(path, &t, &error), -EINVAL);
+        cr_assert_not_null(strstr(error, ":3:"), "%s", error);
+        cr_assert_not_null(strstr(error, "host"), "%s", error);
+}

@@ -35,6 +35,7 @@ static const struct conf_field device_fields[] = {
         CONF_FIELD_STRING(struct topology_device, pci_domain, "pci-domain", 0),
         CONF_FIELD_STRING(struct topology_device, pci_bus, "pci-bus", 0),
         CONF_FIELD_STRING(struct topology_device, pci_device, "pci-device", 0),
+        CONF_FIELD_STRING(struct topology_device, host, "host", 0),
         CONF_FIELD_END,
 };
 static const struct conf_schema device_schema = {"device", device_fields};
@@ -69,6 +70,12 @@ _printf_(2, 3) static int invalid(char **ret_error, const char *fmt, ...)
         return -EINVAL;
 }
 
+/* Two hosts as written: both absent, or the same name. */
+static bool same_host(const char *a, const char *b)
+{
+        return a == b || (a && b && strcmp(a, b) == 0);
+}
+
 int topology_load(const char *path, struct topology *ret, char **ret_error)
 {
         struct topo_file f = {.bandwidth = DEFAULT_BANDWIDTH};
@@ -84,6 +91,20 @@ int topology_load(const char *path, struct topology *ret, char **ret_error)
                 r = invalid(ret_error, "%s: devices: at least one device is needed", path);
                 goto fail;
         }
+        for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < i; j++) {
+                        const struct topology_device *x = &f.devices[i], *y = &f.devices[j];
+
+                        if (x->uuid && y->uuid && strcmp(x->uuid, y->uuid) == 0 &&
+                            same_host(x->host, y->host)) {
+                                r = invalid(ret_error,
+                                            "%s: devices[%zu]: uuid %s is devices[%zu]'s too, on "
+                                            "the same host%s%s",
+                                            path, i, x->uuid, j, x->host ? " " : "",
+                                            x->host ? x->host : "");
+                                goto fail;
+                        }
+                }
         bw = calloc(n * n, sizeof(*bw));
         if (!bw) {
                 r = -ENOMEM;
@@ -127,19 +148,34 @@ void topology_free(struct topology *t)
         *t = (struct topology){0};
 }
 
-uint64_t topology_link_by_uuid(const struct topology *t, const char *a, const char *b)
+size_t topology_find(const struct topology *t, const char *host, const char *uuid)
 {
-        size_t ia = SIZE_MAX, ib = SIZE_MAX;
+        size_t any = SIZE_MAX;
 
         for (size_t i = 0; i < t->n_devices; i++) {
-                if (!t->devices[i].uuid)
+                const struct topology_device *d = &t->devices[i];
+
+                if (!d->uuid || strcmp(d->uuid, uuid) != 0)
                         continue;
-                if (strcmp(t->devices[i].uuid, a) == 0)
-                        ia = i;
-                if (strcmp(t->devices[i].uuid, b) == 0)
-                        ib = i;
+                if (host && d->host && strcmp(d->host, host) == 0)
+                        return i;
+                if ((!host || !d->host) && any == SIZE_MAX)
+                        any = i;
         }
+        return any;
+}
+
+uint64_t topology_link_by_host(const struct topology *t, const char *host_a, const char *a,
+                               const char *host_b, const char *b)
+{
+        size_t ia = topology_find(t, host_a, a), ib = topology_find(t, host_b, b);
+
         if (ia == SIZE_MAX || ib == SIZE_MAX)
                 return 0;
         return MAX(t->bandwidth[ia * t->n_devices + ib], t->bandwidth[ib * t->n_devices + ia]);
+}
+
+uint64_t topology_link_by_uuid(const struct topology *t, const char *a, const char *b)
+{
+        return topology_link_by_host(t, NULL, a, NULL, b);
 }

@@ -22,17 +22,24 @@ static unsigned long rnd_next(unsigned long *x)
         return *x >> 33;
 }
 
-/* S servers of 8 GPUs and 8 models per server, half producers and half consumers. */
-static struct place_problem *instance(unsigned servers, unsigned long seed)
+/*
+ * S servers of hosts x gpus GPUs (one NVLink domain each) and a single-GPU model per GPU, half
+ * producers and half consumers.
+ */
+static struct place_problem *domain_instance(unsigned servers, unsigned hosts, unsigned gpus,
+                                             unsigned long seed)
 {
         struct place_problem *p = place_problem_new();
         unsigned long x = seed * 0x9E3779B97F4A7C15UL + 1;
+        unsigned n = hosts * gpus * servers;
         char name[32];
 
-        if (!p || place_problem_add_kind(p, "hgx", 8, 0, servers, NULL, NULL, NULL) < 0)
+        if (!p || place_problem_add_kind(p, hosts > 1 ? "nvl" : "hgx", hosts * gpus, 0, servers,
+                                         NULL, NULL, NULL) < 0 ||
+            place_problem_set_hosts(p, 0, hosts, NULL) < 0)
                 goto fail;
-        for (unsigned i = 0; i < 8 * servers; i++) {
-                bool prod = i < 4 * servers;
+        for (unsigned i = 0; i < n; i++) {
+                bool prod = i < n / 2;
                 int gib = prod ? producer_gib[rnd_next(&x) % 5] : consumer_gib[rnd_next(&x) % 3];
 
                 snprintf(name, sizeof(name), "m%u", i);
@@ -46,6 +53,12 @@ static struct place_problem *instance(unsigned servers, unsigned long seed)
 fail:
         place_problem_free(p);
         return NULL;
+}
+
+/* S servers of 8 GPUs and 8 models per server, half producers and half consumers. */
+static struct place_problem *instance(unsigned servers, unsigned long seed)
+{
+        return domain_instance(servers, 1, 8, seed);
 }
 
 static int run(struct place_problem *p, enum place_solver solver, double limit,
@@ -65,10 +78,38 @@ static int run(struct place_problem *p, enum place_solver solver, double limit,
         return ret;
 }
 
+/* Only NVLink domains of 18 hosts x 4 GPUs (GB200 NVL72), each a server of 72 GPUs. */
+static int bench_nvl72(int seeds)
+{
+        double worst = 0;
+
+        printf("# exact: NVL72 domains (18 hosts x 4 GPUs, one peer group), seeds 1..%d\n",
+               seeds);
+        printf("# %-8s %-5s %10s %10s %8s %9s %9s %14s\n", "domains", "seed", "objective",
+               "bound", "gap", "seconds", "status", "configurations");
+        for (unsigned s = 1; s <= 8; s *= 2)
+                for (int seed = 1; seed <= seeds && seed <= 64; seed++) {
+                        _cleanup_(place_problem_freep) struct place_problem *p =
+                            domain_instance(s, 18, 4, seed);
+                        struct place_result r = {};
+
+                        if (!p || run(p, PLACE_SOLVER_EXACT, 60.0, 0, &r) != 0)
+                                return 1;
+                        printf("  %-8u %-5d %10.4g %10.4g %8.4f %9.3f %9s %10zu (%s)\n", s, seed,
+                               r.objective, r.bound, r.gap, r.seconds,
+                               place_status_names[r.status], r.configurations,
+                               r.generated ? "generated" : "enumerated");
+                        worst = MAX(worst, r.status == PLACE_STATUS_OPTIMAL ? r.seconds : INFINITY);
+                        place_result_free(&r);
+                }
+        printf("exact_nvl72_seconds %.3f\n", isfinite(worst) ? worst : 999999.0);
+        return 0;
+}
+
 int main(int argc, char **argv)
 {
         double ref_limit = 20.0;
-        bool reference = true;
+        bool reference = true, nvl72 = false;
         int seeds = 3;
         int c;
 
@@ -76,9 +117,10 @@ int main(int argc, char **argv)
                 {"reference-limit", required_argument, NULL, 'r'},
                 {"no-reference", no_argument, NULL, 'n'},
                 {"seeds", required_argument, NULL, 's'},
+                {"nvl72", no_argument, NULL, 'd'},
                 {},
         };
-        while ((c = getopt_long(argc, argv, "r:ns:", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "r:ns:d", options, NULL)) >= 0) {
                 switch (c) {
                 case 'r':
                         ref_limit = atof(optarg);
@@ -89,13 +131,18 @@ int main(int argc, char **argv)
                 case 's':
                         seeds = MAX(1, atoi(optarg));
                         break;
+                case 'd':
+                        nvl72 = true;
+                        break;
                 default:
                         fprintf(stderr, "usage: bench-placer [--reference-limit S] "
-                                        "[--no-reference] [--seeds N]\n");
+                                        "[--no-reference] [--seeds N] [--nvl72]\n");
                         return 2;
                 }
         }
         glp_term_out(GLP_OFF);
+        if (nvl72)
+                return bench_nvl72(seeds);
 
         /* The reference sweep: exact solves of 2 to 32 servers, several seeds each. */
         printf("# exact: servers x 8 GPUs, seeds 1..%d\n", seeds);

@@ -19,6 +19,7 @@ struct in_kind {
         char **peer_groups;
         size_t n_peer_groups;
         char *topology;
+        int64_t hosts;
 };
 
 struct in_model {
@@ -63,6 +64,7 @@ static const struct conf_field kind_fields[] = {
         CONF_FIELD_LIST(struct in_kind, peer_groups, n_peer_groups, "peer-groups",
                         &conf_elem_string, PLACE_MAX_GPUS, 0),
         CONF_FIELD_STRING(struct in_kind, topology, "topology", 0),
+        CONF_FIELD_INT(struct in_kind, hosts, "hosts", 1, PLACE_MAX_GPUS, 0),
         CONF_FIELD_END,
 };
 static const struct conf_schema kind_schema = {"server kind", kind_fields};
@@ -142,11 +144,13 @@ static char *relative_path(const char *base_dir, const char *file)
         return path;
 }
 
-/* "0-3", "0,2,4-5": GPUs of one peer group. GPUs given twice or out of range are errors. */
-static int parse_peer_groups(const struct in_kind *k, const char *kname, unsigned *group,
-                             char **ret_error)
+/*
+ * "0-3", "0,2,4-5": GPUs of one peer group, of the gpus of a server (of all its hosts). GPUs
+ * given twice or out of range are errors.
+ */
+static int parse_peer_groups(const struct in_kind *k, const char *kname, unsigned gpus,
+                             unsigned *group, char **ret_error)
 {
-        unsigned gpus = (unsigned)k->gpus;
         unsigned next = (unsigned)k->n_peer_groups;
 
         for (unsigned i = 0; i < gpus; i++)
@@ -227,11 +231,10 @@ static int add_kinds(struct place_problem *p, const struct in_doc *d, const char
 
                         if (!path)
                                 return -ENOMEM;
-                        if (k->n_peer_groups)
+                        if (k->n_peer_groups || k->hosts)
                                 return place_error(ret_error, -EINVAL,
-                                            "server kind '%s': give peer-groups or a topology, "
-                                            "not both",
-                                            name);
+                                            "server kind '%s': give %s or a topology, not both",
+                                            name, k->hosts ? "hosts" : "peer-groups");
                         r = place_topology_load(path, &gpus, &smallest, &group, ret_error);
                         if (r < 0)
                                 return prefix(ret_error, r, name);
@@ -247,10 +250,18 @@ static int add_kinds(struct place_problem *p, const struct in_doc *d, const char
                                 return place_error(ret_error, -EINVAL,
                                             "servers[%zu] ('%s'): missing gpus (or a topology)",
                                             i, name);
-                        group = calloc((size_t)k->gpus, sizeof(unsigned));
+                        /* A domain: gpus per host, its GPUs numbered host by host. */
+                        if (k->hosts && k->hosts * k->gpus > PLACE_MAX_GPUS)
+                                return place_error(ret_error, -EINVAL,
+                                            "server kind '%s': %lld hosts x %lld GPUs is more "
+                                            "than %d GPUs",
+                                            name, (long long)k->hosts, (long long)k->gpus,
+                                            PLACE_MAX_GPUS);
+                        gpus = (unsigned)(k->gpus * (k->hosts ? k->hosts : 1));
+                        group = calloc(gpus, sizeof(unsigned));
                         if (!group)
                                 return -ENOMEM;
-                        r = parse_peer_groups(k, name, group, ret_error);
+                        r = parse_peer_groups(k, name, gpus, group, ret_error);
                         if (r < 0)
                                 return r;
                 }
@@ -258,6 +269,12 @@ static int add_kinds(struct place_problem *p, const struct in_doc *d, const char
                                            k->n_names ? k->names : NULL, group, ret_error);
                 if (r < 0)
                         return r;
+                if (k->hosts) {
+                        r = place_problem_set_hosts(p, p->n_kinds - 1, (unsigned)k->hosts,
+                                                    ret_error);
+                        if (r < 0)
+                                return r;
+                }
         }
         return 0;
 }

@@ -22,6 +22,8 @@ void place_result_free(struct place_result *r)
         memset(r, 0, sizeof(*r));
 }
 
+#define GPU_PAIRED (-2) /* gpu_role of a GPU already in a pair */
+
 struct server_work {
         unsigned n_groups;
         unsigned *group_free; /* [n_groups] */
@@ -57,6 +59,58 @@ static unsigned pick_group(const struct place_kind *k, const struct server_work 
                 }
         }
         return best;
+}
+
+/*
+ * In a domain of several hosts, the host whose free GPUs of group g (any group: UINT32_MAX)
+ * fit a TP group of tp most tightly, or UINT32_MAX for no host to keep to (one host, a single
+ * GPU, or no host with room: then the TP group spans hosts over the NVLink fabric).
+ */
+static unsigned pick_host(const struct place_kind *k, const struct server_work *w, unsigned g,
+                          unsigned tp)
+{
+        unsigned per_host = k->gpus / k->hosts, best = UINT32_MAX, best_free = 0;
+
+        if (k->hosts == 1 || tp == 1)
+                return UINT32_MAX;
+        for (unsigned h = 0; h < k->hosts; h++) {
+                unsigned n_free = 0;
+
+                for (unsigned gpu = h * per_host; gpu < (h + 1) * per_host; gpu++)
+                        n_free +=
+                            w->gpu_role[gpu] < 0 && (g == UINT32_MAX || k->peer_group[gpu] == g);
+                if (n_free >= tp && (best == UINT32_MAX || n_free < best_free)) {
+                        best = h;
+                        best_free = n_free;
+                }
+        }
+        return best;
+}
+
+/*
+ * Pair the free producers and consumers of group g within each span of GPUs (a host's, or
+ * the whole server's), lowest producer with lowest consumer; paired GPUs are marked.
+ */
+static void pair_group(const struct place_kind *k, struct server_work *w, unsigned g, unsigned span,
+                       unsigned s, struct place_result *r)
+{
+        for (unsigned first = 0; first < k->gpus; first += span) {
+                unsigned end = first + span, prod = first, cons = first;
+
+                for (;;) {
+                        while (prod < end &&
+                               (k->peer_group[prod] != g || w->gpu_role[prod] != PLACE_PRODUCER))
+                                prod++;
+                        while (cons < end &&
+                               (k->peer_group[cons] != g || w->gpu_role[cons] != PLACE_CONSUMER))
+                                cons++;
+                        if (prod >= end || cons >= end)
+                                break;
+                        r->pairs[r->pair_first[s + 1]++] =
+                            (struct place_gpu_pair){.producer = prod, .consumer = cons};
+                        w->gpu_role[prod] = w->gpu_role[cons] = GPU_PAIRED;
+                }
+        }
 }
 
 static int cmp_by_tp(const void *a, const void *b, void *arg)
@@ -123,11 +177,16 @@ static void lay_out_server(const struct place_problem *p, unsigned s, unsigned *
                 const struct place_model *m = &p->models[i];
                 int bal = m->role == PLACE_PRODUCER ? (int)m->tp : -(int)m->tp;
                 unsigned g = pick_group(k, w, m->tp, bal), got = 0;
+                unsigned h = pick_host(k, w, g, m->tp), per_host = k->gpus / k->hosts;
 
                 if (g == UINT32_MAX)
                         r->n_split_tp++;
-                /* Lowest free GPUs of the chosen group, or of any group when none has room. */
-                for (unsigned gpu = 0; gpu < k->gpus && got < m->tp; gpu++) {
+                /*
+                 * Lowest free GPUs of the chosen group (and host, in a domain), or of any group
+                 * when none has room.
+                 */
+                for (unsigned gpu = h == UINT32_MAX ? 0 : h * per_host;
+                     gpu < (h == UINT32_MAX ? k->gpus : (h + 1) * per_host) && got < m->tp; gpu++) {
                         if (w->gpu_role[gpu] >= 0 || (g != UINT32_MAX && k->peer_group[gpu] != g))
                                 continue;
                         w->gpu_role[gpu] = m->role;
@@ -137,25 +196,11 @@ static void lay_out_server(const struct place_problem *p, unsigned s, unsigned *
                 }
         }
 
-        /* Pair within each group, lowest producer with lowest consumer. */
-        for (unsigned g = 0; g < w->n_groups; g++) {
-                unsigned prod = 0, cons = 0;
-
-                for (;;) {
-                        while (prod < k->gpus && (k->peer_group[prod] != g ||
-                                                  w->gpu_role[prod] != PLACE_PRODUCER))
-                                prod++;
-                        while (cons < k->gpus && (k->peer_group[cons] != g ||
-                                                  w->gpu_role[cons] != PLACE_CONSUMER))
-                                cons++;
-                        if (prod >= k->gpus || cons >= k->gpus)
-                                break;
-                        r->pairs[r->pair_first[s + 1]++] =
-                                (struct place_gpu_pair){.producer = prod, .consumer = cons};
-                        prod++;
-                        cons++;
-                }
-        }
+        /* Pair within each group, within each host first in a domain. */
+        for (unsigned g = 0; g < w->n_groups; g++)
+                pair_group(k, w, g, k->gpus / k->hosts, s, r);
+        for (unsigned g = 0; k->hosts > 1 && g < w->n_groups; g++)
+                pair_group(k, w, g, k->gpus, s, r);
 }
 
 int place_layout(const struct place_problem *p, const unsigned *server_of,

@@ -31,8 +31,30 @@ static void put_gib(FILE *f, int64_t mib)
         fprintf(f, "%.10g", (double)mib / 1024.0);
 }
 
+/* In a domain of several hosts: which host a GPU is on, as a comment after its number. */
+static void put_host_of(FILE *f, const struct place_kind *k, unsigned gpu)
+{
+        unsigned per_host = k->gpus / k->hosts;
+
+        if (k->hosts > 1)
+                fprintf(f, "   # host %u, GPU %u", gpu / per_host, gpu % per_host);
+        fputc('\n', f);
+}
+
+/* One pair's two lines, indented by indent spaces. */
+static void put_pair(FILE *f, const struct place_kind *k, const struct place_gpu_pair *pair,
+                     int indent)
+{
+        fprintf(f, "%*s- producer: %u", indent, "", pair->producer);
+        put_host_of(f, k, pair->producer);
+        fprintf(f, "%*s  consumer: %u", indent, "", pair->consumer);
+        put_host_of(f, k, pair->consumer);
+}
+
 int place_write_yaml(FILE *f, const struct place_problem *p, const struct place_result *r)
 {
+        const struct place_kind *kind;
+
         if (!f || !p || !r)
                 return -EINVAL;
         fprintf(f, "# Placement of %u models on %u servers, written by aqua-place.\n",
@@ -62,6 +84,20 @@ int place_write_yaml(FILE *f, const struct place_problem *p, const struct place_
                 for (unsigned g = r->gpu_first[i]; g < r->gpu_first[i + 1]; g++)
                         fprintf(f, "%s%u", g > r->gpu_first[i] ? ", " : "", r->gpu_list[g]);
                 fprintf(f, "]\n");
+                kind = &p->kinds[p->servers[r->server_of[i]].kind];
+                if (kind->hosts > 1) {
+                        unsigned per_host = kind->gpus / kind->hosts, last = UINT32_MAX;
+
+                        /* A TP group's GPUs ascend, so its hosts do too. */
+                        fprintf(f, "    hosts: [");
+                        for (unsigned g = r->gpu_first[i]; g < r->gpu_first[i + 1]; g++)
+                                if (r->gpu_list[g] / per_host != last) {
+                                        fprintf(f, "%s%u", last == UINT32_MAX ? "" : ", ",
+                                                r->gpu_list[g] / per_host);
+                                        last = r->gpu_list[g] / per_host;
+                                }
+                        fprintf(f, "]\n");
+                }
         }
 
         fprintf(f, "servers:\n");
@@ -73,14 +109,17 @@ int place_write_yaml(FILE *f, const struct place_problem *p, const struct place_
                 fprintf(f, "\n    memory-balance-gib: ");
                 put_gib(f, r->memory[s]);
                 fprintf(f, "\n    role-balance: %d\n", r->balance[s]);
+                kind = &p->kinds[p->servers[s].kind];
+                if (kind->hosts > 1)
+                        fprintf(f, "    hosts: %u\n    gpus-per-host: %u\n", kind->hosts,
+                                kind->gpus / kind->hosts);
                 if (r->pair_first[s] == r->pair_first[s + 1]) {
                         fprintf(f, "    pairs: []\n");
                         continue;
                 }
                 fprintf(f, "    pairs:\n");
                 for (unsigned k = r->pair_first[s]; k < r->pair_first[s + 1]; k++)
-                        fprintf(f, "      - producer: %u\n        consumer: %u\n",
-                                r->pairs[k].producer, r->pairs[k].consumer);
+                        put_pair(f, kind, &r->pairs[k], 6);
         }
         fflush(f);
         return ferror(f) ? -EIO : 0;
@@ -116,8 +155,7 @@ static int write_one(int dirfd, const struct place_problem *p, const struct plac
         else
                 fprintf(f, "pairs:\n");
         for (unsigned k = r->pair_first[s]; k < r->pair_first[s + 1]; k++)
-                fprintf(f, "  - producer: %u\n    consumer: %u\n", r->pairs[k].producer,
-                        r->pairs[k].consumer);
+                put_pair(f, &p->kinds[p->servers[s].kind], &r->pairs[k], 2);
         if (fflush(f) != 0 || ferror(f))
                 e = -EIO;
         if (fclose(f) != 0 && e == 0)

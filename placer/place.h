@@ -53,6 +53,8 @@ struct place_kind {
         unsigned n_servers;
         unsigned first_server; /* servers of a kind are contiguous */
         unsigned *peer_group;  /* [gpus]: GPUs with the same number share a peer link */
+        unsigned hosts;        /* a server is an NVLink domain of this many hosts (1: one host);
+                                * GPU g is GPU g % (gpus / hosts) of host g / (gpus / hosts) */
 };
 
 struct place_server {
@@ -106,6 +108,13 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct place_problem *, place_problem_free);
 int place_problem_add_kind(struct place_problem *p, const char *name, unsigned gpus,
                            uint64_t gpu_memory, unsigned count, char *const *names,
                            const unsigned *peer_groups, char **ret_error);
+/*
+ * Make kind (an index) an NVLink domain of hosts hosts, each with gpus / hosts of its GPUs
+ * (numbered host by host): the layout keeps TP groups and pairs within a host where it can.
+ * Returns 0 or -EINVAL with a message when hosts does not divide the kind's GPUs.
+ */
+int place_problem_set_hosts(struct place_problem *p, unsigned kind, unsigned hosts,
+                            char **ret_error);
 int place_problem_add_model(struct place_problem *p, const char *name, enum place_role role,
                             int64_t memory_mib, unsigned tp, uint64_t gpu_memory,
                             char **ret_error);

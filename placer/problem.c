@@ -113,7 +113,7 @@ int place_problem_add_kind(struct place_problem *p, const char *name, unsigned g
         p->kinds = a;
         k = &p->kinds[p->n_kinds];
         *k = (struct place_kind){.gpus = gpus, .gpu_memory = gpu_memory, .n_servers = count,
-                                 .first_server = p->n_servers};
+                                 .first_server = p->n_servers, .hosts = 1};
         k->name = strdup(name);
         k->peer_group = calloc(gpus, sizeof(unsigned));
         if (!k->name || !k->peer_group) {
@@ -142,6 +142,22 @@ int place_problem_add_kind(struct place_problem *p, const char *name, unsigned g
                 *s = (struct place_server){.name = n, .kind = p->n_kinds - 1};
                 p->n_servers++;
         }
+        return 0;
+}
+
+int place_problem_set_hosts(struct place_problem *p, unsigned kind, unsigned hosts,
+                            char **ret_error)
+{
+        struct place_kind *k;
+
+        if (!p || kind >= p->n_kinds || p->finished)
+                return -EINVAL;
+        k = &p->kinds[kind];
+        if (hosts < 1 || k->gpus % hosts != 0)
+                return place_error(ret_error, -EINVAL,
+                            "server kind '%s': %u hosts do not share its %u GPUs evenly",
+                            k->name, hosts, k->gpus);
+        k->hosts = hosts;
         return 0;
 }
 

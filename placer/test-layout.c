@@ -143,3 +143,122 @@ Test(layout, refuses_server_names_that_are_not_file_names)
         free(error);
         place_result_free(&r);
 }
+
+/*
+ * testdata/nvl72.yaml: two NVL72 domains (18 hosts x 4 GPUs each, one peer group), TP 4 and
+ * TP 2 groups and single GPUs. TP groups stay inside a host; each host pairs what it can
+ * inside itself before any pair crosses hosts over the fabric.
+ */
+Test(layout, a_domain_keeps_tp_groups_and_pairs_within_hosts_first)
+{
+        _cleanup_(place_problem_freep) struct place_problem *p = NULL;
+        struct place_options o = PLACE_OPTIONS_DEFAULT;
+        struct place_result r = {};
+        char *error = NULL, *buf = NULL;
+        size_t len = 0, crossing = 0;
+        FILE *f;
+
+        cr_assert_eq(place_problem_load("testdata/nvl72.yaml", &p, &error), 0, "%s", error);
+        cr_assert_eq(p->kinds[0].gpus, 72);
+        cr_assert_eq(place_solve(p, &o, &r, &error), 0, "%s", error);
+        cr_assert_eq(r.n_split_tp, 0);
+        for (unsigned s = 0; s < p->n_servers; s++) {
+                int role[72];
+                unsigned prod[18] = {0}, cons[18] = {0}, same[18] = {0}, n_prod = 0, n_cons = 0;
+
+                for (unsigned g = 0; g < 72; g++)
+                        role[g] = -1;
+                for (unsigned i = 0; i < p->n_models; i++) {
+                        unsigned g0 = r.gpu_list[r.gpu_first[i]];
+
+                        if (r.server_of[i] != s)
+                                continue;
+                        for (unsigned g = r.gpu_first[i]; g < r.gpu_first[i + 1]; g++) {
+                                unsigned gpu = r.gpu_list[g];
+
+                                cr_assert_lt(gpu, 72);
+                                cr_assert_eq(role[gpu], -1, "GPU %u given twice", gpu);
+                                role[gpu] = (int)p->models[i].role;
+                                cr_assert_eq(gpu / 4, g0 / 4, "%s spans hosts", p->models[i].name);
+                                if (p->models[i].role == PLACE_PRODUCER)
+                                        prod[gpu / 4]++, n_prod++;
+                                else
+                                        cons[gpu / 4]++, n_cons++;
+                        }
+                }
+                cr_assert_eq(r.pair_first[s + 1] - r.pair_first[s], MIN(n_prod, n_cons),
+                             "the whole domain pairs as one peer group");
+                for (unsigned k = r.pair_first[s]; k < r.pair_first[s + 1]; k++) {
+                        unsigned pr = r.pairs[k].producer, co = r.pairs[k].consumer;
+
+                        cr_assert_eq(role[pr], PLACE_PRODUCER);
+                        cr_assert_eq(role[co], PLACE_CONSUMER);
+                        role[pr] = role[co] = -2;
+                        if (pr / 4 == co / 4)
+                                same[pr / 4]++;
+                        else
+                                crossing++;
+                }
+                for (unsigned h = 0; h < 18; h++)
+                        cr_assert_eq(same[h], MIN(prod[h], cons[h]), "server %u host %u", s, h);
+        }
+        cr_assert_gt(crossing, 0, "TP 4 consumers fill hosts: some pairs must cross");
+
+        f = open_memstream(&buf, &len);
+        cr_assert_eq(place_write_yaml(f, p, &r), 0);
+        fclose(f);
+        cr_assert(strstr(buf, "    hosts: 18\n    gpus-per-host: 4\n"), "%s", buf);
+        cr_assert(strstr(buf, "    gpus: [4, 5, 6, 7]\n    hosts: [1]\n"), "%s", buf);
+        cr_assert(strstr(buf, "   # host "), "%s", buf);
+        free(buf);
+        place_result_free(&r);
+        free(error);
+}
+
+/* Load the input and place it with the default options. */
+static void place_text(const char *in, struct place_problem **ret_p, struct place_result *ret_r)
+{
+        struct place_options o = PLACE_OPTIONS_DEFAULT;
+        _cleanup_free_ char *error = NULL;
+
+        cr_assert_eq(place_problem_load_buffer("in", in, strlen(in), NULL, ret_p, &error), 0, "%s",
+                     error);
+        cr_assert_eq(place_solve(*ret_p, &o, ret_r, &error), 0, "%s", error);
+}
+
+/* Lowest producer with lowest consumer would pair GPU 0 (host 0) with GPU 2 (host 1). */
+Test(layout, a_domain_pairs_within_a_host_before_the_lowest_gpus_across_hosts)
+{
+        _cleanup_(place_problem_freep) struct place_problem *p = NULL;
+        struct place_result r = {};
+
+        place_text("servers: [{kind: d, count: 1, hosts: 2, gpus: 2}]\n"
+                   "models: [{name: tp, role: producer, memory: 2GiB, tp: 2},\n"
+                   "         {name: p, role: producer, memory: 1GiB},\n"
+                   "         {name: c, role: consumer, memory: 1GiB}]\n",
+                   &p, &r);
+        cr_assert_eq(r.gpu_list[r.gpu_first[0]] / 2, 0, "the TP group on host 0");
+        cr_assert_eq(r.gpu_list[r.gpu_first[1]], 3);
+        cr_assert_eq(r.gpu_list[r.gpu_first[2]], 2);
+        cr_assert_eq(r.pair_first[1], 1);
+        cr_assert_eq(r.pairs[0].producer, 3);
+        cr_assert_eq(r.pairs[0].consumer, 2);
+        place_result_free(&r);
+}
+
+/* Lowest free GPUs would give the TP 2 group GPUs 3 and 4, on two hosts. */
+Test(layout, a_domain_puts_a_tp_group_on_the_host_it_fits)
+{
+        _cleanup_(place_problem_freep) struct place_problem *p = NULL;
+        struct place_result r = {};
+
+        place_text("servers: [{kind: d, count: 1, hosts: 2, gpus: 4}]\n"
+                   "models: [{name: three, role: consumer, memory: 3GiB, tp: 3},\n"
+                   "         {name: two, role: producer, memory: 2GiB, tp: 2}]\n",
+                   &p, &r);
+        cr_assert_eq(r.gpu_list[r.gpu_first[0]], 0);
+        cr_assert_eq(r.gpu_list[r.gpu_first[0] + 2], 2);
+        cr_assert_eq(r.gpu_list[r.gpu_first[1]], 4);
+        cr_assert_eq(r.gpu_list[r.gpu_first[1] + 1], 5);
+        place_result_free(&r);
+}

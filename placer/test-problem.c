@@ -18,18 +18,29 @@ static void teardown(void)
 
 TestSuite(problem, .fini = teardown);
 
-static int load(const char *yaml)
+static int load_in(const char *base_dir, const char *yaml)
 {
-        return place_problem_load_buffer("in.yaml", yaml, strlen(yaml), "/tmp", &p, &error);
+        return place_problem_load_buffer("in.yaml", yaml, strlen(yaml), base_dir, &p, &error);
 }
 
-static void expect_error(const char *yaml, int code, const char *needle)
+static int load(const char *yaml)
 {
-        int r = load(yaml);
+        return load_in("/tmp", yaml);
+}
+
+/* Loading yaml (files it names relative to base_dir) fails with code and a message. */
+static void expect_error_in(const char *base_dir, const char *yaml, int code, const char *needle)
+{
+        int r = load_in(base_dir, yaml);
 
         cr_assert_eq(r, code, "got %d (%s)", r, error ? error : "no message");
         cr_assert_not_null(error);
         cr_assert(strstr(error, needle), "message \"%s\" lacks \"%s\"", error, needle);
+}
+
+static void expect_error(const char *yaml, int code, const char *needle)
+{
+        expect_error_in("/tmp", yaml, code, needle);
 }
 
 Test(problem, loads_kinds_models_replicas_and_groups_interchangeable_models)
@@ -316,4 +327,50 @@ Test(problem, bad_topology_files_are_named)
                      -EINVAL);
         cr_assert(strstr(error, "gpus is 8 but topology testdata/probe-6gpu.yaml has 6 GPUs"),
                   "%s", error);
+}
+
+Test(problem, a_domain_of_hosts_is_one_server_of_all_their_gpus)
+{
+        cr_assert_eq(load("servers: [{kind: nvl, hosts: 18, gpus: 4, count: 2}]\n"
+                          "models: [{name: m, role: producer, memory: 1GiB, tp: 8}]\n"),
+                     0, "%s", error);
+        cr_assert_eq(p->n_kinds, 1);
+        cr_assert_eq(p->kinds[0].gpus, 72);
+        cr_assert_eq(p->kinds[0].hosts, 18);
+        cr_assert_eq(p->n_servers, 2);
+        for (unsigned g = 0; g < 72; g++)
+                cr_assert_eq(p->kinds[0].peer_group[g], 0, "the domain is one peer group");
+        teardown();
+        /* Peer groups, if given, number the domain's GPUs host by host. */
+        cr_assert_eq(load("servers: [{hosts: 2, gpus: 4, count: 1, peer-groups: ['0-5']}]\n"
+                          "models: [{name: m, role: producer, memory: 1GiB}]\n"),
+                     0, "%s", error);
+        cr_assert_eq(p->kinds[0].peer_group[5], 0);
+        cr_assert_neq(p->kinds[0].peer_group[6], 0);
+}
+
+Test(problem, bad_domains_are_named)
+{
+        expect_error("servers: [{kind: big, hosts: 64, gpus: 4, count: 1}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB}]\n",
+                     -EINVAL, "server kind 'big': 64 hosts x 4 GPUs is more than 255 GPUs");
+        teardown();
+        expect_error("servers: [{kind: d, hosts: 2, gpus: 4, count: 1, peer-groups: ['0-8']}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB}]\n",
+                     -EINVAL, "names GPU 8, but its servers have GPUs 0 to 7");
+        teardown();
+        expect_error("servers: [{count: 1, hosts: 0, gpus: 4}]\n"
+                     "models: [{name: m, role: producer, memory: 1GiB}]\n",
+                     -EINVAL, "hosts");
+        teardown();
+        expect_error_in("testdata",
+                        "servers: [{kind: t, count: 1, topology: probe-6gpu.yaml, hosts: 2}]\n"
+                        "models: [{name: m, role: producer, memory: 1GiB}]\n",
+                        -EINVAL, "server kind 't': give hosts or a topology, not both");
+        teardown();
+        p = place_problem_new();
+        cr_assert_not_null(p);
+        cr_assert_eq(place_problem_add_kind(p, "k", 6, 0, 1, NULL, NULL, &error), 0);
+        cr_assert_eq(place_problem_set_hosts(p, 0, 4, &error), -EINVAL);
+        cr_assert_str_eq(error, "server kind 'k': 4 hosts do not share its 6 GPUs evenly");
 }

@@ -54,7 +54,7 @@ int place_topology_load(const char *path, unsigned *ret_gpus, uint64_t *ret_gpu_
         if (r < 0)
                 return place_error(ret_error, r, "cannot read topology %s: %s", path, strerror(-r));
         n = (unsigned)t.n_devices;
-        /* TOPOLOGY_MAX_DEVICES (64) keeps n within PLACE_MAX_GPUS. */
+        /* TOPOLOGY_MAX_DEVICES (255) keeps n within PLACE_MAX_GPUS. */
         linked = calloc((size_t)n * n, sizeof(bool));
         group = calloc(n, sizeof(unsigned));
         if (!linked || !group)

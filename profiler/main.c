@@ -220,7 +220,8 @@ static void warn_notes(const struct search *st)
 static void help(void)
 {
         printf("Usage: aqua-profile [OPTIONS] CONFIG\n"
-               "       aqua-profile probe [-o FILE] [--size SIZE] [--iters N]\n\n"
+               "       aqua-profile probe [-o FILE] [--size SIZE] [--iters N] [--host NAME]\n"
+               "       aqua-profile merge [-o FILE] [--fabric-bandwidth BW] FILE...\n\n"
                "Find the highest request rate a model sustains within its SLA, the memory it\n"
                "leaves free there, whether it lends (producer) or borrows (consumer), and the\n"
                "swap space bursts need. Writes NAME.profile.yaml (for aqua-place),\n"
@@ -229,8 +230,9 @@ static void help(void)
                "  -q, --quiet        no progress line\n"
                "  -v, --verbose      debug messages\n"
                "  -h, --help         this text\n\n"
-               "The probe measures GPU pair bandwidth and writes a topology file; see\n"
-               "aqua-profile probe --help.\n");
+               "The probe measures GPU pair bandwidth and writes a topology file; merge joins\n"
+               "the files of several hosts into one of their NVLink domain; see\n"
+               "aqua-profile probe --help and aqua-profile merge --help.\n");
 }
 
 static struct profile_config cfg;
@@ -263,6 +265,8 @@ int main(int argc, char **argv)
         log_setup("aqua-profile", LOG_LEVEL_INFO);
         if (argc >= 2 && strcmp(argv[1], "probe") == 0)
                 return probe_main(argc - 1, argv + 1);
+        if (argc >= 2 && strcmp(argv[1], "merge") == 0)
+                return merge_main(argc - 1, argv + 1);
 
         while ((c = getopt_long(argc, argv, "o:qvh", opts, NULL)) >= 0) {
                 switch (c) {

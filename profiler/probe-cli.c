@@ -106,6 +106,7 @@ static void help(void)
                "  -o, --output FILE     topology file (default " DEFAULT_OUTPUT ")\n"
                "  -s, --size SIZE       bytes per copy (default 64MiB)\n"
                "  -n, --iters N         timed copies per pair, the median counts (default 10)\n"
+               "      --host NAME       the host written for each device (default: gethostname)\n"
                "      --no-nccl         peer copies only\n"
                "  -q, --quiet           no progress line\n"
                "  -v, --verbose         debug messages\n"
@@ -114,13 +115,14 @@ static void help(void)
 
 int probe_main(int argc, char **argv)
 {
-        enum { OPT_NO_NCCL = 0x100 };
+        enum { OPT_NO_NCCL = 0x100, OPT_HOST };
         static const struct option opts[] = {
             {"output", required_argument, NULL, 'o'},
             {"size", required_argument, NULL, 's'},
             {"iters", required_argument, NULL, 'n'},
             {"iterations", required_argument, NULL, 'n'},
             {"no-nccl", no_argument, NULL, OPT_NO_NCCL},
+            {"host", required_argument, NULL, OPT_HOST},
             {"quiet", no_argument, NULL, 'q'},
             {"verbose", no_argument, NULL, 'v'},
             {"help", no_argument, NULL, 'h'},
@@ -157,6 +159,13 @@ int probe_main(int argc, char **argv)
                         break;
                 case OPT_NO_NCCL:
                         p.nccl = false;
+                        break;
+                case OPT_HOST:
+                        if (!*optarg || strlen(optarg) > 255) {
+                                log_error("--host: expected a name of 1 to 255 characters");
+                                return 2;
+                        }
+                        p.host = optarg;
                         break;
                 case 'q':
                         pr.quiet = true;
@@ -202,4 +211,67 @@ int probe_main(int argc, char **argv)
                 return log_error_errno(w, "Failed to write %s: %m", output), 1;
         printf("topology: %s\n", output);
         return outcome == 0 ? 0 : outcome == PROBE_E_CANCELLED ? 130 : 1;
+}
+
+static void merge_help(void)
+{
+        printf("Usage: aqua-profile merge [OPTIONS] FILE...\n\n"
+               "Join the topology files of the hosts of one NVLink domain (each written by\n"
+               "aqua-profile probe on its host, every device with its host) into one file for\n"
+               "aquad and aqua-place: the devices in the order given, each file's links, and\n"
+               "with --fabric-bandwidth a link between every two GPUs on different hosts.\n\n"
+               "  -o, --output FILE            merged file (default " DEFAULT_OUTPUT ")\n"
+               "  -f, --fabric-bandwidth BW    bytes per second across hosts, e.g. 900GB\n"
+               "                               (default: no links across hosts)\n"
+               "  -h, --help                   this text\n");
+}
+
+int merge_main(int argc, char **argv)
+{
+        static const struct option opts[] = {
+            {"output", required_argument, NULL, 'o'},
+            {"fabric-bandwidth", required_argument, NULL, 'f'},
+            {"help", no_argument, NULL, 'h'},
+            {},
+        };
+        _cleanup_free_ char *error = NULL;
+        const char *output = DEFAULT_OUTPUT;
+        uint64_t fabric = 0;
+        int c, r;
+
+        while ((c = getopt_long(argc, argv, "o:f:h", opts, NULL)) >= 0) {
+                switch (c) {
+                case 'o':
+                        output = optarg;
+                        break;
+                case 'f':
+                        if (parse_size(optarg, &fabric) < 0 || fabric == 0) {
+                                log_error("--fabric-bandwidth: expected a bandwidth such as "
+                                          "900GB, got \"%s\"",
+                                          optarg);
+                                return 2;
+                        }
+                        break;
+                case 'h':
+                        merge_help();
+                        return 0;
+                default:
+                        return 2;
+                }
+        }
+        if (optind == argc) {
+                log_error("No topology files to merge; see aqua-profile merge --help");
+                return 2;
+        }
+        r = probe_merge_topology((const char *const *)argv + optind, (size_t)(argc - optind),
+                                 fabric, output, &error);
+        if (r < 0) {
+                if (error)
+                        log_error("%s", error);
+                else
+                        log_error_errno(r, "Failed to merge: %m");
+                return 1;
+        }
+        printf("topology: %s\n", output);
+        return 0;
 }

@@ -50,6 +50,11 @@ static int fill_topology(FILE *f, const void *userdata)
                 fprintf(f, "  - name: ");
                 yaml_put_string(f, d->name);
                 fprintf(f, "   # GPU %d, %s\n", i, format_size(size, sizeof(size), d->memory));
+                if (r->host) {
+                        fprintf(f, "    host: ");
+                        yaml_put_string(f, r->host);
+                        fputc('\n', f);
+                }
                 fprintf(f, "    uuid: %s\n", d->uuid);
                 fprintf(f, "    pci-domain: 0x%04x\n    pci-bus: 0x%02x\n    pci-device: 0x%02x\n",
                         (unsigned)d->pci_domain, (unsigned)d->pci_bus, (unsigned)d->pci_device);

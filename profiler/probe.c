@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "parse-util.h"
 #include "probe-gpu.h"
@@ -53,6 +54,7 @@ void probe_result_done(struct probe_result *r)
         free(r->nccl_note);
         free(r->driver);
         free(r->error);
+        free(r->host);
         *r = (struct probe_result){0};
 }
 
@@ -287,6 +289,7 @@ int probe_run(const struct cuda_driver *d, const struct probe_params *p,
 {
         struct probe_result r = {.size = p->size, .iterations = p->iterations};
         struct probe_gpu *gpus = NULL;
+        char hostname[256] = "";
         CUresult res;
         int outcome;
 
@@ -296,6 +299,14 @@ int probe_run(const struct cuda_driver *d, const struct probe_params *p,
         if (!r.driver)
                 return -ENOMEM;
         r.driver_version = d->version;
+        if (p->host)
+                r.host = strdup(p->host);
+        else if (gethostname(hostname, sizeof(hostname) - 1) == 0 && hostname[0])
+                r.host = strdup(hostname);
+        if ((p->host || hostname[0]) && !r.host) {
+                probe_result_done(&r);
+                return -ENOMEM;
+        }
         res = d->cuInit(0);
         if (res != CUDA_SUCCESS) {
                 outcome = probe_driver_error(d, &r, res, "cuInit", -1);

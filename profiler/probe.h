@@ -26,6 +26,7 @@ struct probe_params {
         int iterations; /* timed copies per ordered pair (the median counts), after one warm-up */
         bool nccl;      /* try NCCL send/recv too */
         const char *nccl_library; /* NULL: $AQUA_NCCL_LIBRARY if set, else libnccl.so.2 */
+        const char *host;         /* the devices' host; NULL: gethostname() */
 };
 
 /* Bandwidths are GB/s (1e9 bytes per second) in row-major n x n matrices: [src * n + dst]. */
@@ -46,6 +47,7 @@ struct probe_result {
         uint64_t size;
         int iterations;
         char *error; /* with PROBE_E_DRIVER */
+        char *host;  /* the host the devices are on, written per device; NULL: none known */
 };
 
 /* Reports each measurement as it ends: method "copy" or "nccl", done out of total for it. */
@@ -82,3 +84,14 @@ double probe_link_bandwidth(const struct probe_result *r, int a, int b);
  * temporary file and renamed, so path is whole or untouched.
  */
 int probe_write_topology(const char *path, const struct probe_result *r);
+
+/*
+ * Combine the topology files of several hosts (each device with its host, as the probe writes
+ * them) into one file of an NVLink domain: the devices in input order, each input's links, and
+ * where fabric_bandwidth > 0 a link at that bandwidth (bytes per second) between every two
+ * GPUs on different hosts. A device without a host, a host in two inputs, or more than
+ * TOPOLOGY_MAX_DEVICES devices are errors. Written like probe_write_topology. Returns 0 or a
+ * negative errno with *ret_error naming the file and the cause.
+ */
+int probe_merge_topology(const char *const *inputs, size_t n_inputs, uint64_t fabric_bandwidth,
+                         const char *output, char **ret_error);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "probe.h"
+#include "topology.h"
 #include "util.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -269,4 +270,113 @@ Test(probe, bad_arguments_are_refused)
         cr_expect_eq(
             run_probe("AQUA_SIM_DEVICES", "2x64MiB", "test-probe-args", out, "--size=1GiB"), 1);
         cr_expect_neq(access(out, F_OK), 0);
+}
+
+static void write_text(const char *path, const char *text)
+{
+        FILE *f = fopen(path, "we");
+
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        cr_assert_eq(fclose(f), 0);
+}
+
+/* aqua-profile merge with these arguments after "merge" (at most 6); its exit status. */
+static int run_merge(const char *const *args, size_t n_args)
+{
+        const char *exe = getenv("AQUA_TEST_PROFILE");
+        const char *argv[9] = {exe, "merge"};
+        pid_t pid;
+        int status;
+
+        cr_assert_not_null(exe, "AQUA_TEST_PROFILE is not set (run through meson test)");
+        cr_assert_leq(n_args, 6);
+        memcpy(argv + 2, args, n_args * sizeof(*args));
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                if (!freopen("/dev/null", "w", stdout))
+                        _exit(127);
+                execv(exe, (char *const *)argv);
+                _exit(127);
+        }
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+Test(probe, files_of_two_hosts_merge_into_one_domain)
+{
+        _cleanup_free_ char *a = path_in_dir("node-a.yaml"), *b = path_in_dir("node-b.yaml");
+        _cleanup_free_ char *d = path_in_dir("domain.yaml"), *again = path_in_dir("again.yaml");
+        _cleanup_free_ char *text = NULL, *error = NULL;
+        struct topology t _cleanup_(topology_free) = {0};
+        struct topology ta _cleanup_(topology_free) = {0};
+
+        cr_assert_eq(
+            run_probe("AQUA_SIM_DEVICES", "2x1GiB", "test-probe-host-a", a, "--host=node-a"), 0);
+        cr_assert_eq(
+            run_probe("AQUA_SIM_DEVICES", "3x1GiB", "test-probe-host-b", b, "--host=node-b"), 0);
+        text = read_text(a);
+        cr_expect_not_null(strstr(text, "    host: \"node-a\"\n"), "%s", text);
+        cr_assert_eq(run_merge((const char *[]){"-f", "900GB", "-o", d, a, b}, 6), 0);
+
+        cr_assert_eq(topology_load(d, &t, &error), 0, "%s", error);
+        cr_assert_eq(topology_load(a, &ta, &error), 0, "%s", error);
+        cr_assert_eq(t.n_devices, 5);
+        for (size_t i = 0; i < 5; i++)
+                cr_expect_str_eq(t.devices[i].host, i < 2 ? "node-a" : "node-b");
+        cr_expect_str_eq(t.devices[1].uuid, ta.devices[1].uuid);
+        cr_expect_eq(t.bandwidth[0 * 5 + 1], ta.bandwidth[0 * 2 + 1], "a host's own link kept");
+        cr_expect_gt(t.bandwidth[3 * 5 + 4], 0, "node-b's links, renumbered");
+        for (size_t i = 0; i < 2; i++)
+                for (size_t j = 2; j < 5; j++)
+                        cr_expect_eq(t.bandwidth[i * 5 + j], 900000000000ull, "%zu-%zu", i, j);
+        /* simcuda runs the domain as one machine of 5 devices. */
+        cr_expect_eq(run_probe("AQUA_SIM_TOPOLOGY", d, "test-probe-domain", again, "--no-nccl"), 0);
+}
+
+Test(probe, merge_refuses_a_host_twice_and_a_file_without_hosts)
+{
+        _cleanup_free_ char *a = path_in_dir("twice.yaml"), *d = path_in_dir("never.yaml");
+        _cleanup_free_ char *bare = path_in_dir("bare.yaml");
+
+        cr_assert_eq(run_probe("AQUA_SIM_DEVICES", "2x1GiB", "test-probe-twice", a, "--host=n"), 0);
+        cr_expect_eq(run_merge((const char *[]){"-o", d, a, a}, 4), 1);
+        write_text(bare, "devices: [{memory: 1GiB}]\n");
+        cr_expect_eq(run_merge((const char *[]){"-o", d, a, bare}, 4), 1);
+        cr_expect_eq(run_merge((const char *[]){"-o", d}, 2), 2, "no inputs");
+        cr_expect_eq(run_merge((const char *[]){"--fabric-bandwidth=fast", a}, 2), 2);
+        cr_expect_neq(access(d, F_OK), 0);
+}
+
+/* A newline in a file's name must not end the comment it is named in. */
+Test(probe, merge_keeps_odd_file_names_inside_comments)
+{
+        _cleanup_free_ char *odd = path_in_dir("a\nb: [.yaml"), *d = path_in_dir("odd-out.yaml");
+        _cleanup_free_ char *error = NULL;
+        struct topology t _cleanup_(topology_free) = {0};
+        const char *inputs[1];
+
+        write_text(odd, "devices: [{memory: 1GiB, host: n}]\n");
+        inputs[0] = odd;
+        cr_assert_eq(probe_merge_topology(inputs, 1, 0, d, &error), 0, "%s", error);
+        cr_assert_eq(topology_load(d, &t, &error), 0, "%s", error);
+        cr_assert_eq(t.n_devices, 1);
+}
+
+Test(probe, merge_names_the_file_and_device_without_a_host)
+{
+        _cleanup_free_ char *bare = path_in_dir("bare.yaml"), *d = path_in_dir("never.yaml");
+        _cleanup_free_ char *error = NULL, *expected = NULL;
+        const char *inputs[1];
+
+        write_text(bare, "devices: [{memory: 1GiB, host: n}, {memory: 1GiB}]\n");
+        inputs[0] = bare;
+        cr_assert_eq(probe_merge_topology(inputs, 1, 0, d, &error), -EINVAL);
+        cr_assert_geq(asprintf(&expected,
+                               "%s: devices[1]: no host (probe it with aqua-profile probe, or add "
+                               "host: NAME to each device)",
+                               bare),
+                      0);
+        cr_expect_str_eq(error, expected);
 }

@@ -193,6 +193,7 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
         h.gpu_capacity = UINT64_C(80) << 30;
         h.granularity = 2u << 20;
         h.client_name = (char *)"rawclient";
+        h.host = (char *)(r->host ? r->host : "");
         h.held = held;
         h.n_held = n_held;
         if (peer) {

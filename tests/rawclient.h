@@ -24,6 +24,7 @@ struct raw {
         Aqua__Envelope *notices[RAW_MAX_NOTICES]; /* unsolicited messages, oldest first */
         size_t n_notices;
         bool own_ctx;
+        const char *host; /* sent as Hello.host when set (after connecting); NULL: not told */
 };
 
 /* Connect both channels. Returns 0, 1 when refused (reason in r->reject), or a negative errno. */

@@ -822,3 +822,46 @@ Test(aquad, chunks_a_consumer_cannot_import_leave_the_pool_and_the_borrow_gets_d
         raw_free(q);
         test_agent_kill(&pid, in, out);
 }
+
+/* Registers uuid with this role from host, reporting no peer link (its driver sees no other). */
+static void connect_on_host(struct raw *r, const char *host, Aqua__Role role, const char *uuid)
+{
+        Aqua__Envelope *w;
+
+        cr_assert_eq(raw_connect(r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
+        r->host = host;
+        w = raw_hello(r, role, uuid, NULL, NULL, 0, NULL);
+        cr_assert_not_null(w);
+        cr_assert_eq(w->body_case, BODY(WELCOME), "hello answered with error %d",
+                     raw_error_code(w));
+        raw_free(w);
+}
+
+/* Two hosts of one NVLink domain: only the topology file, which names both, links them. */
+Test(aquad, pairs_gpus_of_two_hosts_over_a_link_of_the_topology_file)
+{
+        static const char topo[] = "devices:\n"
+                                   "  - {host: node-a, uuid: GPU-P, memory: 80GiB}\n"
+                                   "  - {host: node-b, uuid: GPU-C, memory: 80GiB}\n"
+                                   "links: [{a: 0, b: 1, bandwidth: 900GB}]\n";
+        char path[] = "/tmp/aqua-domain-XXXXXX", config[128];
+        Aqua__Envelope *r;
+        int fd = mkstemp(path);
+
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, topo, sizeof(topo) - 1), (ssize_t)sizeof(topo) - 1);
+        close(fd);
+        snprintf(config, sizeof(config), "topology: %s\n", path);
+        start(config);
+        connect_on_host(&producer, "node-a", AQUA__ROLE__ROLE_PRODUCER, "GPU-P");
+        connect_on_host(&consumer, "node-b", AQUA__ROLE__ROLE_CONSUMER, "GPU-C");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        r = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS);
+        unlink(path);
+        cr_assert_eq(r->admin_reply->n_pairs, 1);
+        cr_assert_str_eq(r->admin_reply->pairs[0]->producer_uuid, "GPU-P");
+        cr_assert_str_eq(r->admin_reply->pairs[0]->consumer_uuid, "GPU-C");
+        cr_assert_str_eq(r->admin_reply->pairs[0]->source, "auto");
+        cr_assert_float_eq(r->admin_reply->pairs[0]->bandwidth_gbps, 900.0, 1e-9);
+        raw_free(r);
+}

@@ -14,18 +14,23 @@ struct matcher {
         size_t n;
         const struct pairing_link *links;
         size_t n_links;
-        size_t *order; /* link indexes sorted by bandwidth, fastest first */
+        size_t *order; /* link indexes, same-host first, then by bandwidth, fastest first */
         size_t *mate;  /* node -> node it is paired with, or NONE */
         bool *pinned;  /* node is in a pinned pair: never re-paired */
         bool *visited; /* consumers seen in the current augmenting search */
         const enum pairing_role *roles;
 };
 
-static int by_bandwidth(const void *a, const void *b, void *userdata)
+static int by_preference(const void *a, const void *b, void *userdata)
 {
         const struct pairing_link *links = userdata;
-        double x = links[*(const size_t *)a].bandwidth, y = links[*(const size_t *)b].bandwidth;
+        const struct pairing_link *la = &links[*(const size_t *)a],
+                                  *lb = &links[*(const size_t *)b];
+        double x = la->bandwidth, y = lb->bandwidth;
 
+        /* A pair within a host needs no fabric handles and shares the host's fate. */
+        if (la->cross_host != lb->cross_host)
+                return la->cross_host ? 1 : -1;
         if (x != y)
                 return x > y ? -1 : 1;
         /* Stable for equal bandwidths: earlier links first, so results do not depend on qsort. */
@@ -105,7 +110,7 @@ int pairing_compute(const enum pairing_role *roles, size_t n_nodes,
                 mate[i] = NONE;
         for (size_t k = 0; k < n_links; k++)
                 order[k] = k;
-        qsort_r(order, n_links, sizeof(*order), by_bandwidth, (void *)links);
+        qsort_r(order, n_links, sizeof(*order), by_preference, (void *)links);
         m = (struct matcher){.n = n_nodes,
                              .links = links,
                              .n_links = n_links,
@@ -131,7 +136,7 @@ int pairing_compute(const enum pairing_role *roles, size_t n_nodes,
                 mate[p] = c;
                 mate[c] = p;
         }
-        /* Fastest links first, then augmenting paths for producers still alone. */
+        /* Same-host links first, fastest first, then augmenting paths for producers still alone. */
         for (size_t k = 0; k < n_links; k++) {
                 const struct pairing_link *l = &links[order[k]];
                 size_t p = roles[l->a] == PAIRING_PRODUCER ? l->a : l->b;

@@ -1,6 +1,7 @@
 /*
  * One-to-one pairing of producer GPUs with consumer GPUs over the peer-link topology: a maximum
- * matching that keeps pinned pairs, keeps current pairs where it can, and prefers fast links.
+ * matching that keeps pinned pairs, keeps current pairs where it can, and prefers links within
+ * a host, then fast links.
  */
 #pragma once
 
@@ -16,6 +17,7 @@ enum pairing_role {
 struct pairing_link {
         size_t a, b;      /* node indexes; the link is symmetric */
         double bandwidth; /* GB/s, 0 when unknown */
+        bool cross_host;  /* its ends are on two known, different hosts of the NVLink domain */
 };
 
 struct pairing_pair {
@@ -25,8 +27,10 @@ struct pairing_pair {
 /*
  * Pair producers with consumers. pinned pairs (from the config or an operator) are kept as they
  * are, link or not; current pairs are kept when their link still exists and neither side is
- * pinned elsewhere; remaining nodes are matched over links, fastest first, then by augmenting
- * paths so that as many GPUs as possible are paired. Returns 0 and a malloc'd array (possibly
+ * pinned elsewhere; remaining nodes are matched over links within a host first (a link whose
+ * ends' hosts are not known counts as one), cross-host links after them, each fastest first,
+ * then by augmenting paths so that as many GPUs as possible are paired (which may trade a
+ * same-host pair for two cross-host ones). Returns 0 and a malloc'd array (possibly
  * empty, *ret may be NULL) or -EINVAL for an index out of range or a pair of the wrong roles.
  */
 int pairing_compute(const enum pairing_role *roles, size_t n_nodes,

@@ -371,7 +371,16 @@ static double link_bandwidth(const struct broker *p, const struct gpu *g, size_t
 {
         if (g->links[k].bandwidth > 0 || !p->settings.links)
                 return g->links[k].bandwidth;
-        return (double)topology_link_by_uuid(p->settings.links, g->uuid, g->links[k].uuid) / 1e9;
+        /* A GPU reports links to the devices its own driver sees: on its own host. */
+        return (double)topology_link_by_host(p->settings.links, g->host, g->device, g->host,
+                                             g->links[k].uuid) /
+               1e9;
+}
+
+/* Both hosts known and different: a link between them crosses the NVLink fabric. */
+static bool cross_host(const struct gpu *a, const struct gpu *b)
+{
+        return a->host && b->host && strcmp(a->host, b->host) != 0;
 }
 
 int broker_repair(struct broker *p)
@@ -393,8 +402,13 @@ int broker_repair(struct broker *p)
         mate = calloc(p->n_gpus + 1, sizeof(*mate));
         source = calloc(p->n_gpus + 1, sizeof(*source));
         bw = calloc(p->n_gpus + 1, sizeof(*bw));
-        /* A reported link may name a device's two registrations; a device's two are linked. */
-        links = calloc(2 * max_links + p->n_gpus + 1, sizeof(*links));
+        /*
+         * A reported link may name a device's two registrations; a device's two are linked;
+         * with a topology file, any two GPUs on different hosts may be (no client reports those).
+         */
+        links = calloc(2 * max_links + p->n_gpus + 1 +
+                           (p->settings.links ? p->n_gpus * (p->n_gpus + 1) / 2 : 0),
+                       sizeof(*links));
         pinned = calloc(p->n_pins + 1, sizeof(*pinned));
         current = calloc(p->n_gpus + 1, sizeof(*current));
         if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
@@ -437,12 +451,29 @@ int broker_repair(struct broker *p)
                                     !gpu_is(gpus[j], gpus[i]->links[k].uuid))
                                         continue;
                                 links[n_links++] =
-                                    (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k)};
+                                    (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k),
+                                                          cross_host(gpus[i], gpus[j])};
                         }
-                /* The two roles of one device: no link is faster than its own memory. */
-                for (size_t j = i + 1; j < n; j++)
-                        if (gpus[j]->owner && strcmp(gpus[i]->device, gpus[j]->device) == 0)
-                                links[n_links++] = (struct pairing_link){i, j, HUGE_VAL};
+                for (size_t j = i + 1; j < n; j++) {
+                        uint64_t bytes;
+
+                        if (!gpus[j]->owner)
+                                continue;
+                        /* The two roles of one device: no link is faster than its own memory. */
+                        if (strcmp(gpus[i]->device, gpus[j]->device) == 0 &&
+                            !cross_host(gpus[i], gpus[j])) {
+                                links[n_links++] = (struct pairing_link){i, j, HUGE_VAL, false};
+                                continue;
+                        }
+                        if (!p->settings.links || !cross_host(gpus[i], gpus[j]))
+                                continue;
+                        bytes =
+                            topology_link_by_host(p->settings.links, gpus[i]->host, gpus[i]->device,
+                                                  gpus[j]->host, gpus[j]->device);
+                        if (bytes > 0)
+                                links[n_links++] =
+                                    (struct pairing_link){i, j, (double)bytes / 1e9, true};
+                }
         }
         for (size_t i = 0; i < n; i++)
                 if (roles[i] == PAIRING_PRODUCER && gpus[i]->paired) {

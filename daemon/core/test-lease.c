@@ -690,3 +690,75 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
         drain_notices();
         pool = broker_free(pool);
 }
+
+/* Registers uuid on host with links to the uuids in peers (no bandwidth reported). */
+static struct gpu *hello_on(const char *host, const char *uuid, enum gpu_role role,
+                            const char *const *peers, size_t n_peers, struct client *owner)
+{
+        struct broker_link links[4] = {{0}};
+        struct broker_hello h = {.uuid = uuid,
+                                 .role = role,
+                                 .granularity = 2 * MiB,
+                                 .links = links,
+                                 .n_links = n_peers,
+                                 .host = host,
+                                 .client_name = uuid};
+        struct broker_welcome w = {0};
+
+        for (size_t i = 0; i < n_peers; i++)
+                links[i] = (struct broker_link){.uuid = peers[i]};
+        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        free(w.lost_leases);
+        return w.gpu;
+}
+
+/*
+ * One NVLink domain of two hosts: the topology file links GPU-P (node-a) to GPU-R (node-b) at
+ * 900 GB/s, which no client can report; GPU-L is on GPU-P's host at 100 GB/s.
+ */
+Test(pins, auto_pairing_links_hosts_from_the_topology_file_and_prefers_the_same_host)
+{
+        struct topology_device devs[3] = {{.uuid = "GPU-P", .host = "node-a"},
+                                          {.uuid = "GPU-L", .host = "node-a"},
+                                          {.uuid = "GPU-R", .host = "node-b"}};
+        uint64_t bw[9] = {
+            0, 100000000000ull, 900000000000ull, 100000000000ull, 0, 0, 900000000000ull, 0, 0};
+        struct topology topo = {.devices = devs, .n_devices = 3, .bandwidth = bw};
+        struct broker_settings with_links = settings;
+        const char *to_l[] = {"GPU-L"}, *to_p[] = {"GPU-P"};
+        struct client owners[3];
+        struct gpu *p, *l, *r;
+
+        with_links.links = &topo;
+        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        l = hello_on("node-a", "GPU-L", GPU_ROLE_CONSUMER, to_p, 1, &owners[0]);
+        r = hello_on("node-b", "GPU-R", GPU_ROLE_CONSUMER, NULL, 0, &owners[1]);
+        p = hello_on("node-a", "GPU-P", GPU_ROLE_PRODUCER, to_l, 1, &owners[2]);
+        cr_assert_eq(p->paired, l, "a same-host consumer over a faster cross-host one");
+        cr_assert_null(r->paired);
+        broker_gpu_gone(pool, l);
+        cr_assert_eq(p->paired, r, "then the consumer on the other host, over the fabric");
+        cr_assert_float_eq(p->pair_bandwidth, 900.0, 1e-9);
+        drain_notices();
+        pool = broker_free(pool);
+}
+
+/* Hosts not known: the topology file's hosts add no link, as before hosts existed. */
+Test(pins, auto_pairing_adds_no_cross_host_link_for_gpus_without_a_host)
+{
+        struct topology_device devs[2] = {{.uuid = "GPU-P", .host = "node-a"},
+                                          {.uuid = "GPU-R", .host = "node-b"}};
+        uint64_t bw[4] = {0, 900000000000ull, 900000000000ull, 0};
+        struct topology topo = {.devices = devs, .n_devices = 2, .bandwidth = bw};
+        struct broker_settings with_links = settings;
+        struct client owners[2];
+        struct gpu *p;
+
+        with_links.links = &topo;
+        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        p = hello_on(NULL, "GPU-P", GPU_ROLE_PRODUCER, NULL, 0, &owners[0]);
+        hello_on(NULL, "GPU-R", GPU_ROLE_CONSUMER, NULL, 0, &owners[1]);
+        cr_assert_eq(p->paired, NULL);
+        drain_notices();
+        pool = broker_free(pool);
+}
