@@ -93,7 +93,7 @@ static void offer(size_t n, uint64_t *ret_ids)
                 cr_assert_geq(fds[i], 0);
         }
         cr_assert_eq(
-            broker_offer(pool, producer, sizes, refs, fds, n, ret_ids ? ret_ids : ids, err), 0,
+            broker_offer(pool, producer, sizes, refs, fds, NULL, n, ret_ids ? ret_ids : ids, err), 0,
             "%s", err);
         for (size_t i = 0; i < n; i++)
                 cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
@@ -245,9 +245,9 @@ Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
                 sizes[i] = 2 * MiB;
                 fds[i] = -1;
         }
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 65, ids, err), E(LIMIT));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 65, ids, err), E(LIMIT));
         sizes[0] = 3 * MiB;
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 1, ids, err), E(INVALID));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err), E(INVALID));
         cr_assert(strstr(err, "granularity"), "%s", err);
 }
 
