@@ -611,6 +611,7 @@ void broker_gpu_detach(struct broker *p, struct gpu *g)
         g->restored = true;
         /* Nobody can tell whether its process runs: the rule for pid 0 after a restart. */
         g->process = (struct proc_id){0};
+        g->held_alive = !list_empty(&g->leases);
         events_add(&p->events, "client", "%s (%s) cannot be heard: what it holds is kept", g->uuid,
                    g->client_name ? g->client_name : "?");
         if (!p->reconcile_deadline_ns)

@@ -222,8 +222,10 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         int code;
 
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
+        /* A remote producer passes its handles again; a consumer holds what it maps. */
         for (size_t i = 0; code == 0 && i < h->n_held; i++)
-                code = fabric_handle_check(h->held[i]->fabric_handle.len, c->remote,
+                code = fabric_handle_check(h->held[i]->fabric_handle.len,
+                                           c->remote && h->role == AQUA__ROLE__ROLE_PRODUCER,
                                            "hello: held chunk", i, err);
         if (code == 0 && h->held_total && h->held_total != n_all)
                 code = broker_fail(err, E(INVALID),
