@@ -127,8 +127,8 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
                             .id = g->chunks[i]->chunk_id,
                             .size = g->chunks[i]->size,
                             .fd = fds[i],
-                            .fabric = ctx->fabric && f->len == GPU_FABRIC_HANDLE_LEN ? f->data
-                                                                                     : NULL};
+                            .fabric =
+                                ctx->fabric && f->len == GPU_FABRIC_HANDLE_LEN ? f->data : NULL};
                 }
                 r = lease_create(&ctx->consumer.leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
                                  tensor_pool, ret_lease);

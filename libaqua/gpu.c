@@ -60,7 +60,8 @@ static int cu_errno(const struct gpu *g, CUresult r, const char *what)
         case CUDA_ERROR_NO_DEVICE:
                 return -ENODEV;
         case CUDA_ERROR_NOT_PERMITTED:
-                /* The only permission the driver checks for aqua: a fabric handle's IMEX channel. */
+                /* The only permission the driver checks for aqua: a fabric handle's IMEX channel.
+                 */
                 return -ENOKEY;
         default:
                 return -EIO;

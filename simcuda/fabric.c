@@ -6,8 +6,8 @@
  * alive for as long as any importer still holds or maps the memory. Sharing needs an IMEX channel
  * (AQUA_SIM_IMEX_CHANNEL), the same for exporter and importer, as the real driver requires.
  */
-#include <fcntl.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -80,7 +80,8 @@ static void sweep_locked(void)
                 return;
         TAKE_FD(fd);
         while ((de = readdir(d)))
-                if (strncmp(de->d_name, "f-", 2) == 0 && account_file_alive(fabric_fd, de->d_name) == 0)
+                if (strncmp(de->d_name, "f-", 2) == 0 &&
+                    account_file_alive(fabric_fd, de->d_name) == 0)
                         (void)unlinkat(fabric_fd, de->d_name, 0);
         closedir(d);
 }

@@ -190,7 +190,8 @@ Test(ipc, a_killed_process_frees_only_what_nobody_else_holds)
         kill(pid, SIGKILL);
         cr_assert_eq(waitpid(pid, &status, 0), pid);
         cr_assert(WIFSIGNALED(status));
-        cr_assert_eq(sim_used_bytes(), 2 * GRAN, "the fd this process holds keeps the shared chunk");
+        cr_assert_eq(sim_used_bytes(), 2 * GRAN,
+                     "the fd this process holds keeps the shared chunk");
 
         /* Only a mapping left: still counted, as the memory is still there. */
         CU_OK(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,

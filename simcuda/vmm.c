@@ -516,8 +516,7 @@ static bool header_read(int fd, struct header *ret)
 }
 
 /* A fabric handle names a file in the fabric's folder; it keeps the memory alive while held. */
-static CUresult import_fabric(CUmemGenericAllocationHandle *handle,
-                              const CUmemFabricHandle *fabric)
+static CUresult import_fabric(CUmemGenericAllocationHandle *handle, const CUmemFabricHandle *fabric)
 {
         CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
         _cleanup_close_ int fd = -1;

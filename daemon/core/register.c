@@ -76,7 +76,8 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                 struct chunk *c = broker_find_chunk(p, hc->chunk_id);
 
                 if (c && c->producer == g && !c->orphan && c->size == hc->size &&
-                    !chunk_has_handle(c) && (h->fabric ? hc->fabric != NULL : h->held_fds != NULL)) {
+                    !chunk_has_handle(c) &&
+                    (h->fabric ? hc->fabric != NULL : h->held_fds != NULL)) {
                         if (h->fabric) {
                                 c->fabric = malloc(BROKER_FABRIC_HANDLE_SIZE);
                                 if (!c->fabric)

@@ -329,8 +329,7 @@ static struct client *remote_owner(struct server *s, const char *uuid)
  * (Hello.fabric_handles), as a producer or consumer: descriptors only the local side channel
  * carries. Its process is one aquad cannot watch, so what it holds outlives its silence.
  */
-static void handle_remote_hello(struct server *s, const void *rid, size_t rlen,
-                                Aqua__Envelope *e)
+static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
         struct client *c, *old;
@@ -628,9 +627,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         if (pg.lease) {
                 chunks = calloc(pg.lease->n_chunks, sizeof(*chunks));
                 ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
-                code = !chunks || !ptrs ? -ENOMEM
-                       : c->remote      ? 0
-                                        : send_grant_fds(s, c, pg.lease);
+                code = !chunks || !ptrs ? -ENOMEM : c->remote ? 0 : send_grant_fds(s, c, pg.lease);
                 if (code < 0) {
                         char msg[160];
                         snprintf(msg, sizeof(msg),

@@ -728,15 +728,17 @@ static void expire(struct server *s, uint64_t now)
                  * it may say Hello again. */
                 if (remote_may_lapse(c) && now >= c->last_seen_ns + s->config->remote.grace_ns) {
                         if (c->gpu)
-                                log_notice("Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
+                                log_notice("Remote client %" PRIu64
+                                           " (%s at %s) silent for %" PRIu64
                                            " ms (remote.grace); dropping its registration, GPU "
                                            "%s keeps its %zu leases until it re-registers them "
                                            "or an operator releases it",
                                            c->id, c->remote_user, c->remote_addr,
-                                           s->config->remote.grace_ns / NSEC_PER_MSEC,
-                                           c->gpu->uuid, list_length(&c->gpu->leases));
+                                           s->config->remote.grace_ns / NSEC_PER_MSEC, c->gpu->uuid,
+                                           list_length(&c->gpu->leases));
                         else
-                                log_notice("Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
+                                log_notice("Remote client %" PRIu64
+                                           " (%s at %s) silent for %" PRIu64
                                            " ms (remote.grace); dropping its registration, which "
                                            "holds no memory",
                                            c->id, c->remote_user, c->remote_addr,
