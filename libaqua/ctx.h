@@ -97,6 +97,8 @@ struct aqua_ctx {
         char paired_with[48];
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
+        uint64_t keepalive_ms;     /* fabric: Welcome.keepalive_ms */
+        uint64_t keepalive_due_ns; /* fabric: when the next Keepalive goes */
 
         struct producer_state producer;
         struct consumer_state consumer;

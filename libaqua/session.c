@@ -223,7 +223,11 @@ static void session_welcome(aqua_ctx *ctx, const Aqua__Welcome *w)
         ctx->reclaim_deadline_ms = w->reclaim_deadline_ms;
         ctx->state = SESSION_CONNECTED;
         ctx->backoff_ms = 0;
-        transport_set_timer(ctx->t, 0);
+        ctx->keepalive_ms = ctx->fabric ? w->keepalive_ms : 0;
+        ctx->keepalive_due_ns =
+            ctx->keepalive_ms ? now_mono_ns() + ctx->keepalive_ms * NSEC_PER_MSEC : 0;
+        /* The timer wakes aqua_fd() for the next Keepalive, where there is one. */
+        transport_set_timer(ctx->t, ctx->keepalive_due_ns);
         for (size_t i = 0; ctx->ops && ctx->ops->lease_lost && i < w->n_lost_leases; i++)
                 ctx->ops->lease_lost(ctx, w->lost_leases[i]);
         alog_info("gpu %d registered with aquad as client %" PRIu64 "%s%s", ctx->device,
@@ -385,6 +389,27 @@ static void session_step(aqua_ctx *ctx)
         }
 }
 
+/* A client on tcp:// says it is still there, every Welcome.keepalive_ms while it polls. */
+static void session_keepalive(aqua_ctx *ctx)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT;
+        Aqua__Keepalive k = AQUA__KEEPALIVE__INIT;
+        uint64_t now;
+
+        if (!ctx->keepalive_due_ns || ctx->state != SESSION_CONNECTED)
+                return;
+        now = now_mono_ns();
+        if (now < ctx->keepalive_due_ns)
+                return;
+        env.request_id = transport_next_id(ctx->t);
+        env.body_case = AQUA__ENVELOPE__BODY_KEEPALIVE;
+        env.keepalive = &k;
+        if (transport_send(ctx->t, &env) < 0)
+                alog_debug("could not send a keepalive to aquad");
+        ctx->keepalive_due_ns = now + ctx->keepalive_ms * NSEC_PER_MSEC;
+        transport_set_timer(ctx->t, ctx->keepalive_due_ns);
+}
+
 int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
 {
         /* A blocking call does not wait for the back-off: try now. */
@@ -499,6 +524,14 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
         bool handled = false;
         int r = 0;
 
+        /* Over tcp aquad ended the registration (silent past remote.grace, or a new
+         * connection): register again with what this context holds. */
+        if (ctx->fabric && e->body_case == AQUA__ENVELOPE__BODY_ERROR &&
+            e->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED &&
+            ctx->state == SESSION_CONNECTED) {
+                session_lost(ctx, "aquad no longer knows this connection");
+                return 0;
+        }
         if (e->request_id != 0) {
                 /* Replies nobody tracks (the Ack of a load report) need nothing. */
                 if (ctx_take_pending(ctx, e->request_id, &p))
@@ -800,6 +833,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
+        session_keepalive(ctx);
         if (ctx->producer.scrub_n && ctx->state == SESSION_CONNECTED)
                 producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);

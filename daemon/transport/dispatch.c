@@ -188,6 +188,9 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
                 w.dram_budget = gpu->dram_bytes;
         }
         w.reclaim_deadline_ms = s->broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        /* Three a grace: one lost on the way does not end the registration. */
+        if (c->remote && s->config->remote.grace_ns)
+                w.keepalive_ms = MAX(s->config->remote.grace_ns / 3 / NSEC_PER_MSEC, 1);
         w.lost_leases = lost_leases;
         w.n_lost_leases = n_lost_leases;
         r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
@@ -844,6 +847,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         case AQUA__ENVELOPE__BODY_SCRUB_DONE:
                 handle_scrub_done(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_KEEPALIVE:
+                /* Its arrival is all it says (last_seen_ns, above). */
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:
