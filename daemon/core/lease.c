@@ -614,8 +614,10 @@ void broker_gpu_detach(struct broker *p, struct gpu *g)
         g->held_alive = !list_empty(&g->leases);
         events_add(&p->events, "client", "%s (%s) cannot be heard: what it holds is kept", g->uuid,
                    g->client_name ? g->client_name : "?");
-        if (!p->reconcile_deadline_ns)
-                p->reconcile_deadline_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
+        /* Its own reconcile window, as a restart gives every client. */
+        g->detached_until_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
+        if (!p->reconcile_deadline_ns || g->detached_until_ns < p->reconcile_deadline_ns)
+                p->reconcile_deadline_ns = g->detached_until_ns;
         broker_note_deadline(p, p->reconcile_deadline_ns);
 }
 
@@ -716,7 +718,16 @@ void broker_tick(struct broker *p, uint64_t now_ns)
                 list_for_each(pos, tmp, &p->gpus)
                 {
                         struct gpu *g = list_entry(pos, struct gpu, node);
-                        if (!g->restored || g->owner || holder_may_map(p, g))
+                        if (!g->restored || g->owner)
+                                continue;
+                        /* Detached later than the window that closes now: its own is open. */
+                        if (g->detached_until_ns > now_ns) {
+                                if (!p->reconcile_deadline_ns ||
+                                    g->detached_until_ns < p->reconcile_deadline_ns)
+                                        p->reconcile_deadline_ns = g->detached_until_ns;
+                                continue;
+                        }
+                        if (holder_may_map(p, g))
                                 continue;
                         log_notice("GPU %s did not re-register after the restart%s; releasing "
                                    "what it held",

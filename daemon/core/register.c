@@ -333,6 +333,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
         g->owner = owner;
         g->serial = ++p->next_serial;
         g->held_alive = false;
+        g->detached_until_ns = 0;
         /* Journaled for consumers: after a restart, who may still map what this GPU borrows
          * (what a producer lends, consumers map: its process does not matter). */
         if (consumer) {

@@ -692,6 +692,30 @@ Test(lease, a_consumer_that_cannot_be_heard_keeps_its_lease_until_it_registers_i
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 1);
 }
 
+Test(lease, an_unheard_producer_has_its_own_reconcile_window_then_is_gone)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_grant g;
+        uint64_t t0 = now_mono_ns();
+
+        offer_fabric(2, handles);
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(2 * MiB, 2 * MiB, false, &g));
+        /* A silent consumer makes the window close every second (its window: 1 s). */
+        broker_gpu_detach(pool, consumer);
+        pool->settings.reconcile_timeout_ns = 10 * NSEC_PER_SEC;
+        broker_gpu_detach(pool, producer);
+        cr_assert_eq(list_length(&producer->free_chunks), 0, "no handles: nothing to grant");
+        broker_tick(pool, t0 + 2 * NSEC_PER_SEC);
+        broker_tick(pool, t0 + 4 * NSEC_PER_SEC);
+        cr_assert_eq(broker_find_gpu(pool, "GPU-P"), producer, "inside its own window");
+        cr_assert(producer->restored);
+        broker_tick(pool, t0 + 12 * NSEC_PER_SEC);
+        cr_assert(!broker_find_gpu(pool, "GPU-P") || !broker_find_gpu(pool, "GPU-P")->restored,
+                  "gone once its window closed");
+        cr_assert_eq(pool->n_leases, 1, "the consumer's lease stays, orphaned");
+}
+
 Test(pins, pair_gpus_named_by_ordinal)
 {
         static const char *const prod[] = {"2", "3"}, *const cons[] = {"1", "0"};
