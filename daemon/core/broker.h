@@ -109,8 +109,8 @@ struct gpu {
         bool restored;   /* known from the journal, its client has not re-registered yet */
         bool held_alive; /* restored past the reconcile window: its process may still map */
         bool fabric;     /* its client passes fabric handles in messages, not descriptors */
-        uint64_t
-            detached_until_ns; /* detached: it must register again by then (0: the restart's) */
+        /* Detached (a remote client unheard): it must register again by then; 0: a restart's. */
+        uint64_t detached_until_ns;
 
         double load;
         uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
