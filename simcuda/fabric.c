@@ -79,6 +79,8 @@ static void sweep_locked(void)
         if (!d)
                 return;
         TAKE_FD(fd);
+        /* The dup shares the folder's offset with every earlier sweep. */
+        rewinddir(d);
         while ((de = readdir(d)))
                 if (strncmp(de->d_name, "f-", 2) == 0 &&
                     account_file_alive(fabric_fd, de->d_name) == 0)

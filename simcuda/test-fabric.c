@@ -96,6 +96,25 @@ Test(fabric, posix_only_memory_has_no_fabric_handle_and_garbage_is_refused)
                   CUDA_ERROR_INVALID_VALUE);
 }
 
+/* Entries in the fabric's folder. */
+static int fabric_entries(void)
+{
+        const char *base = getenv("AQUA_SIM_RUNTIME_DIR");
+        char path[512];
+        struct dirent *de;
+        int n = 0;
+        DIR *d;
+
+        snprintf(path, sizeof(path), "%s/aqua-sim-%u-fabric-%s", base && *base ? base : "/dev/shm",
+                 (unsigned)getuid(), fabric);
+        d = opendir(path);
+        cr_assert_not_null(d, "%s", path);
+        while ((de = readdir(d)))
+                n += strncmp(de->d_name, "f-", 2) == 0;
+        closedir(d);
+        return n;
+}
+
 Test(fabric, a_handle_of_released_memory_names_nothing)
 {
         CUmemAllocationProp prop = fabric_prop();
@@ -108,9 +127,15 @@ Test(fabric, a_handle_of_released_memory_names_nothing)
         CU_OK(cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
         CU_OK(cuMemExportToShareableHandle(&again, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
         cr_assert_arr_eq(fh.data, again.data, sizeof(fh.data), "one allocation, one handle");
+        cr_assert_eq(fabric_entries(), 1);
         CU_OK(cuMemRelease(h));
         CU_EXPECT(cuMemImportFromShareableHandle(&g, &fh, CU_MEM_HANDLE_TYPE_FABRIC),
                   CUDA_ERROR_INVALID_VALUE);
+        /* The next export sweeps the entry of the freed memory. */
+        CU_OK(cuMemCreate(&h, GRAN, &prop, 0));
+        CU_OK(cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+        cr_assert_eq(fabric_entries(), 1, "only the live allocation's entry is left");
+        CU_OK(cuMemRelease(h));
 }
 
 /*
