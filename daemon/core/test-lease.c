@@ -692,6 +692,21 @@ Test(lease, a_consumer_that_cannot_be_heard_keeps_its_lease_until_it_registers_i
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 1);
 }
 
+Test(lease, an_operator_releases_what_an_unheard_consumer_held)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_grant g;
+
+        offer_fabric(2, handles);
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), E(BUSY), "registered: %s", err);
+        broker_gpu_detach(pool, consumer);
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(producer->lent_bytes, 0, "the producer's memory is free again");
+}
+
 Test(lease, an_unheard_producer_has_its_own_reconcile_window_then_is_gone)
 {
         uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
