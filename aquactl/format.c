@@ -207,9 +207,10 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                         fprintf(out, "GPU %s is draining\n", safe);
                 if (g->silent)
                         fprintf(out,
-                                "GPU %s has not re-registered since aquad restarted; its leases "
-                                "are kept while its process may run ('aquactl release' once it "
-                                "is gone)\n",
+                                "GPU %s is silent (it has not re-registered since aquad "
+                                "restarted, or it is a remote client aquad cannot hear); its "
+                                "leases are kept while its process may run ('aquactl release' "
+                                "once it is gone)\n",
                                 safe);
         }
         return ferror(out) ? -EIO : 0;

@@ -117,11 +117,19 @@ static int grant_map(aqua_ctx *ctx, const Aqua__Grant *g, uint64_t deadline, boo
         }
         for (size_t i = 0; i < g->n_chunks; i++)
                 fds[i] = -1;
-        r = grant_fds(ctx, g, deadline, fds);
+        /* A consumer on another host finds fabric handles in the grant itself. */
+        r = ctx->fabric ? 0 : grant_fds(ctx, g, deadline, fds);
         if (r == 0) {
-                for (size_t i = 0; i < g->n_chunks; i++)
+                for (size_t i = 0; i < g->n_chunks; i++) {
+                        const ProtobufCBinaryData *f = &g->chunks[i]->fabric_handle;
+
                         chunks[i] = (struct lease_grant_chunk){
-                            .id = g->chunks[i]->chunk_id, .size = g->chunks[i]->size, .fd = fds[i]};
+                            .id = g->chunks[i]->chunk_id,
+                            .size = g->chunks[i]->size,
+                            .fd = fds[i],
+                            .fabric =
+                                ctx->fabric && f->len == GPU_FABRIC_HANDLE_LEN ? f->data : NULL};
+                }
                 r = lease_create(&ctx->consumer.leases, ctx->gpu, g->lease_id, chunks, g->n_chunks,
                                  tensor_pool, ret_lease);
         }

@@ -41,6 +41,7 @@ struct held {
         Aqua__HeldChunk **ptrs;
         size_t n;
         int *fds;      /* producer: an exported fd per item, for REREGISTER_FDS */
+        uint8_t (*fabric)[GPU_FABRIC_HANDLE_LEN]; /* a fabric producer's handles instead */
         uint64_t *ids; /* producer: the chunk id per item */
 };
 void held_clear(struct held *h);
@@ -77,7 +78,10 @@ struct aqua_ctx {
         int device;
         enum aqua_role role;
         const struct role_ops *ops; /* NULL: neutral */
-        char *endpoint, *side_path, *client_name;
+        char *endpoint, *side_path, *client_name; /* side_path NULL: fabric */
+        /* On another host than aquad (tcp:// and no side channel): chunk handles are fabric
+         * handles in the messages, not descriptors. */
+        bool fabric;
         char host[256]; /* gethostname(), sent in Hello */
         int timeout_ms;
         uint64_t chunk_bytes;
@@ -93,6 +97,8 @@ struct aqua_ctx {
         char paired_with[48];
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
+        uint64_t keepalive_ms;     /* fabric: Welcome.keepalive_ms */
+        uint64_t keepalive_due_ns; /* fabric: when the next Keepalive goes */
 
         struct producer_state producer;
         struct consumer_state consumer;

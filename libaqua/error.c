@@ -68,6 +68,8 @@ _public_ const char *aqua_strerror(int r)
                 return "no usable CUDA driver";
         case -EPERM:
                 return "not allowed for this context's role";
+        case -ENOKEY:
+                return "the driver does not permit fabric memory: no IMEX channel";
         default:
                 /* strerror() returns static text for every errno glibc knows. */
                 return strerror(-r);

@@ -59,6 +59,10 @@ static int cu_errno(const struct gpu *g, CUresult r, const char *what)
         case CUDA_ERROR_INVALID_DEVICE:
         case CUDA_ERROR_NO_DEVICE:
                 return -ENODEV;
+        case CUDA_ERROR_NOT_PERMITTED:
+                /* The only permission the driver checks for aqua: a fabric handle's IMEX channel.
+                 */
+                return -ENOKEY;
         default:
                 return -EIO;
         }
@@ -92,7 +96,7 @@ static int gpu_query(struct gpu *g)
         struct gpu_info *gi = &g->info;
         CUuuid uuid;
         size_t total = 0, gran = 0;
-        int count = 0, r;
+        int count = 0, fabric = 0, r;
 
         r = CU(g, cuDeviceGetUuid(&uuid, g->dev));
         if (r < 0)
@@ -109,6 +113,9 @@ static int gpu_query(struct gpu *g)
         if (gran == 0 || (gran & (gran - 1)))
                 return -EIO;
         gi->granularity = gran;
+        if (g->d->cuDeviceGetAttribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+                                       g->dev) == CUDA_SUCCESS)
+                gi->fabric = fabric == 1;
         r = CU(g, cuDeviceGetCount(&count));
         if (r < 0)
                 return r;
@@ -190,14 +197,21 @@ const struct gpu_info *gpu_info(const struct gpu *g)
         return &g->info;
 }
 
-int gpu_alloc_exportable(struct gpu *g, uint64_t size, gpu_handle *ret)
+int gpu_alloc_exportable(struct gpu *g, uint64_t size, bool fabric, gpu_handle *ret)
 {
         CUmemAllocationProp prop = device_prop(g, true);
         CUmemGenericAllocationHandle h;
         int r;
 
+        if (fabric)
+                prop.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_FABRIC;
         WITH_PRIMARY(g);
         r = CU(g, cuMemCreate(&h, size, &prop, 0));
+        if (r == -ENOKEY && fabric)
+                alog_error("device %d: the driver does not permit fabric memory "
+                           "(CUDA_ERROR_NOT_PERMITTED): this user has no IMEX channel "
+                           "(/dev/nvidia-caps-imex-channels/channelN)",
+                           g->info.ordinal);
         if (r < 0)
                 return r;
         *ret = h;
@@ -217,6 +231,19 @@ int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd)
         return 0;
 }
 
+int gpu_export_fabric(struct gpu *g, gpu_handle h, uint8_t ret[GPU_FABRIC_HANDLE_LEN])
+{
+        CUmemFabricHandle fh;
+        int r;
+
+        WITH_PRIMARY(g);
+        r = CU(g, cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+        if (r < 0)
+                return r;
+        memcpy(ret, fh.data, GPU_FABRIC_HANDLE_LEN);
+        return 0;
+}
+
 int gpu_release(struct gpu *g, gpu_handle h)
 {
         WITH_PRIMARY(g);
@@ -231,6 +258,25 @@ int gpu_import(struct gpu *g, int fd, gpu_handle *ret)
         WITH_PRIMARY(g);
         r = CU(g, cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        if (r < 0)
+                return r;
+        *ret = h;
+        return 0;
+}
+
+int gpu_import_fabric(struct gpu *g, const uint8_t fabric[GPU_FABRIC_HANDLE_LEN], gpu_handle *ret)
+{
+        CUmemGenericAllocationHandle h;
+        CUmemFabricHandle fh;
+        int r;
+
+        memcpy(fh.data, fabric, GPU_FABRIC_HANDLE_LEN);
+        WITH_PRIMARY(g);
+        r = CU(g, cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC));
+        if (r == -ENOKEY)
+                alog_error("device %d: the driver does not permit importing a fabric handle "
+                           "(CUDA_ERROR_NOT_PERMITTED): no IMEX channel, or not the exporter's",
+                           g->info.ordinal);
         if (r < 0)
                 return r;
         *ret = h;

@@ -24,6 +24,7 @@ struct gpu_info {
         char uuid[GPU_UUID_LEN]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
         uint64_t capacity;
         uint64_t granularity;
+        bool fabric;    /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED */
         size_t n_peers; /* devices this one can access directly */
         struct gpu_peer peers[16];
 };
@@ -36,15 +37,23 @@ const struct gpu_info *gpu_info(const struct gpu *g);
 /* An opaque driver allocation handle (CUmemGenericAllocationHandle). */
 typedef uint64_t gpu_handle;
 
-/* Producer: an exportable (POSIX fd) allocation of size bytes on this device. -ENOMEM: full. */
-int gpu_alloc_exportable(struct gpu *g, uint64_t size, gpu_handle *ret);
+/*
+ * Producer: an exportable allocation of size bytes on this device, as a POSIX fd and, with
+ * fabric, as a fabric handle too. -ENOMEM: full; -ENOKEY: fabric memory without an IMEX channel.
+ */
+int gpu_alloc_exportable(struct gpu *g, uint64_t size, bool fabric, gpu_handle *ret);
 /* A new fd for an allocation (the caller closes it). */
 int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd);
+/* The fabric handle (CUmemFabricHandle) of an allocation made with fabric. */
+#define GPU_FABRIC_HANDLE_LEN 64
+int gpu_export_fabric(struct gpu *g, gpu_handle h, uint8_t ret[GPU_FABRIC_HANDLE_LEN]);
 /* Drop a handle: the allocation is freed once no mapping or importer holds it. */
 int gpu_release(struct gpu *g, gpu_handle h);
 
 /* Consumer: a handle for an allocation exported by another process (fd stays the caller's). */
 int gpu_import(struct gpu *g, int fd, gpu_handle *ret);
+/* The same for a fabric handle, exported on any host of the NVLink domain. */
+int gpu_import_fabric(struct gpu *g, const uint8_t fabric[GPU_FABRIC_HANDLE_LEN], gpu_handle *ret);
 /* Reserve an address range of size bytes (a multiple of the granularity). */
 int gpu_reserve(struct gpu *g, uint64_t size, uint64_t *ret_dptr);
 int gpu_unreserve(struct gpu *g, uint64_t dptr, uint64_t size);

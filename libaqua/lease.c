@@ -90,12 +90,14 @@ int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
                 goto fail;
         /* Every chunk is tried, so that the daemon learns of all the bad ones at once. */
         for (size_t i = 0; i < n; i++) {
-                r = gpu_import(g, chunks[i].fd, &l->chunks[i].handle);
+                r = chunks[i].fabric ? gpu_import_fabric(g, chunks[i].fabric, &l->chunks[i].handle)
+                                     : gpu_import(g, chunks[i].fd, &l->chunks[i].handle);
                 l->chunks[i].has_handle = r == 0;
-                /* Out of memory is this process's trouble, not the chunk's. */
-                chunks[i].unusable = r < 0 && r != -ENOMEM;
+                /* Out of memory, or no permission (no IMEX channel), is this process's trouble,
+                 * not the chunk's. */
+                chunks[i].unusable = r < 0 && r != -ENOMEM && r != -ENOKEY;
                 unusable |= chunks[i].unusable;
-                if (r == -ENOMEM)
+                if (r == -ENOMEM || r == -ENOKEY)
                         goto fail;
         }
         if (unusable) {

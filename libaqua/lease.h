@@ -56,6 +56,7 @@ struct lease_grant_chunk {
         uint64_t id;
         uint64_t size;
         int fd;
+        const uint8_t *fabric; /* a fabric handle (GPU_FABRIC_HANDLE_LEN bytes) instead of fd */
         bool unusable; /* set by lease_create(): the driver refused to import fd */
 };
 

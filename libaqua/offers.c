@@ -6,7 +6,8 @@
 
 #include "util.h"
 
-int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, struct offered_chunk **ret)
+int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, bool fabric,
+                 struct offered_chunk **ret)
 {
         _cleanup_free_ struct offered_chunk *c = NULL;
         int r;
@@ -22,7 +23,7 @@ int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, struct offered_
         c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        r = gpu_alloc_exportable(g, size, &c->handle);
+        r = gpu_alloc_exportable(g, size, fabric, &c->handle);
         if (r < 0)
                 return r;
         c->ref = ++p->last_ref;

@@ -38,8 +38,10 @@ struct offers {
         uint64_t offered_bytes; /* OFFERED or RECLAIMING */
 };
 
-/* Allocate an exportable chunk of size bytes on g and add it (state OFFERING). */
-int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, struct offered_chunk **ret);
+/* Allocate an exportable chunk of size bytes on g (with fabric: as a fabric handle too) and add it
+ * (state OFFERING). */
+int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, bool fabric,
+                 struct offered_chunk **ret);
 /* Record the daemon's id: the chunk is OFFERED. */
 int offers_set_id(struct offers *p, struct offered_chunk *c, uint64_t id);
 struct offered_chunk *offers_get(const struct offers *p, uint64_t id);

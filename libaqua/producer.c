@@ -22,13 +22,14 @@ static int check_producer(aqua_ctx *ctx)
         return ctx->role == AQUA_ROLE_PRODUCER ? 0 : -EPERM;
 }
 
-/* Offer chunks[0..n): fds first on the side channel, then the Offer. */
+/* Offer chunks[0..n): fds first on the side channel, then the Offer; or fabric handles in it. */
 static int offer_batch(aqua_ctx *ctx, struct offered_chunk **chunks, size_t n)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
         Aqua__Offer offer = AQUA__OFFER__INIT;
         Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
         Aqua__ChunkOffer items[OFFER_BATCH], *ptrs[OFFER_BATCH];
+        uint8_t fabric[OFFER_BATCH][GPU_FABRIC_HANDLE_LEN];
         int fds[OFFER_BATCH];
         size_t n_fds = 0;
         uint64_t deadline = ctx_deadline(ctx);
@@ -44,6 +45,14 @@ static int offer_batch(aqua_ctx *ctx, struct offered_chunk **chunks, size_t n)
                 items[i].client_ref = chunks[i]->ref;
                 items[i].size = chunks[i]->size;
                 ptrs[i] = &items[i];
+                if (ctx->fabric) {
+                        r = gpu_export_fabric(ctx->gpu, chunks[i]->handle, fabric[i]);
+                        items[i].fabric_handle =
+                            (ProtobufCBinaryData){.len = GPU_FABRIC_HANDLE_LEN, .data = fabric[i]};
+                        if (r < 0)
+                                goto out;
+                        continue;
+                }
                 r = gpu_export(ctx->gpu, chunks[i]->handle, &fds[i]);
                 if (r < 0)
                         goto out;
@@ -57,7 +66,7 @@ static int offer_batch(aqua_ctx *ctx, struct offered_chunk **chunks, size_t n)
 
         f.kind = AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS;
         f.request_id = env.request_id;
-        r = transport_side_send(ctx->t, &f, fds, n_fds);
+        r = ctx->fabric ? 0 : transport_side_send(ctx->t, &f, fds, n_fds);
         if (r > 0)
                 r = -ENOTCONN;
         if (r < 0)
@@ -111,7 +120,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
 
                 for (; n < want; n++) {
                         r = offers_alloc(&ctx->producer.offers, ctx->gpu, ctx->chunk_bytes,
-                                         &batch[n]);
+                                         ctx->fabric, &batch[n]);
                         if (r == -ENOMEM) {
                                 full = true;
                                 break;
@@ -463,8 +472,11 @@ static int producer_held(aqua_ctx *ctx, struct held *ret)
         h.items = calloc(n, sizeof(*h.items));
         h.ptrs = calloc(n, sizeof(*h.ptrs));
         h.ids = calloc(n, sizeof(*h.ids));
-        h.fds = malloc(n * sizeof(*h.fds));
-        if (!h.items || !h.ptrs || !h.ids || !h.fds) {
+        if (ctx->fabric)
+                h.fabric = malloc(n * sizeof(*h.fabric));
+        else
+                h.fds = malloc(n * sizeof(*h.fds));
+        if (!h.items || !h.ptrs || !h.ids || (!h.fds && !h.fabric)) {
                 held_clear(&h);
                 return -ENOMEM;
         }
@@ -474,12 +486,16 @@ static int producer_held(aqua_ctx *ctx, struct held *ret)
 
                 if (c->id == 0)
                         continue;
-                r = gpu_export(ctx->gpu, c->handle, &h.fds[h.n]);
+                r = h.fabric ? gpu_export_fabric(ctx->gpu, c->handle, h.fabric[h.n])
+                             : gpu_export(ctx->gpu, c->handle, &h.fds[h.n]);
                 if (r < 0) {
                         held_clear(&h);
                         return r;
                 }
                 aqua__held_chunk__init(hc);
+                if (h.fabric)
+                        hc->fabric_handle = (ProtobufCBinaryData){.len = GPU_FABRIC_HANDLE_LEN,
+                                                                  .data = h.fabric[h.n]};
                 hc->chunk_id = c->id;
                 hc->size = c->size;
                 h.ids[h.n] = c->id;

@@ -107,6 +107,7 @@ void held_clear(struct held *h)
         free(h->items);
         free(h->ptrs);
         free(h->fds);
+        free(h->fabric);
         free(h->ids);
         *h = (struct held){0};
 }
@@ -141,7 +142,10 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
         int r = 0;
 
         aqua__hello__init(hello);
-        hello->token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)token};
+        if (!ctx->fabric)
+                hello->token =
+                    (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)token};
+        hello->fabric_handles = ctx->fabric;
         hello->role = role_to_proto(ctx->role);
         hello->gpu_uuid = (char *)gi->uuid;
         hello->gpu_ordinal = (uint32_t)gi->ordinal;
@@ -219,7 +223,11 @@ static void session_welcome(aqua_ctx *ctx, const Aqua__Welcome *w)
         ctx->reclaim_deadline_ms = w->reclaim_deadline_ms;
         ctx->state = SESSION_CONNECTED;
         ctx->backoff_ms = 0;
-        transport_set_timer(ctx->t, 0);
+        ctx->keepalive_ms = ctx->fabric ? w->keepalive_ms : 0;
+        ctx->keepalive_due_ns =
+            ctx->keepalive_ms ? now_mono_ns() + ctx->keepalive_ms * NSEC_PER_MSEC : 0;
+        /* The timer wakes aqua_fd() for the next Keepalive, where there is one. */
+        transport_set_timer(ctx->t, ctx->keepalive_due_ns);
         for (size_t i = 0; ctx->ops && ctx->ops->lease_lost && i < w->n_lost_leases; i++)
                 ctx->ops->lease_lost(ctx, w->lost_leases[i]);
         alog_info("gpu %d registered with aquad as client %" PRIu64 "%s%s", ctx->device,
@@ -236,7 +244,7 @@ static int session_connect(aqua_ctx *ctx, uint64_t deadline_ns)
         _cleanup_(held_clear) struct held held = {0};
         int r;
 
-        r = transport_side_connect(ctx->t, deadline_ns, token);
+        r = ctx->fabric ? 0 : transport_side_connect(ctx->t, deadline_ns, token);
         if (r == TRANSPORT_E_REJECTED) {
                 alog_error("aquad refused this process: %s", transport_reject_reason(ctx->t));
                 return error_from_reject(transport_reject_code(ctx->t));
@@ -290,9 +298,12 @@ static void session_lost(aqua_ctx *ctx, const char *why)
 {
         struct aqua_event ev = {.type = AQUA_EVENT_DISCONNECTED};
 
-        if (ctx->state == SESSION_RETRY && !transport_side_connected(ctx->t))
+        if (ctx->state == SESSION_RETRY && (ctx->fabric || !transport_side_connected(ctx->t)))
                 return;
         alog_warning("gpu %d lost aquad (%s); reconnecting", ctx->device, why);
+        /* The reconnect that may have caused this is seen: it is not a second loss. */
+        if (ctx->fabric)
+                (void)transport_reconnected(ctx->t);
         transport_side_close(ctx->t);
         if (ctx->state == SESSION_CONNECTED) {
                 ctx_push_event(ctx, &ev);
@@ -327,7 +338,7 @@ static void session_step(aqua_ctx *ctx)
         case SESSION_RETRY:
                 if (now < ctx->session_deadline_ns)
                         return;
-                r = transport_side_start(ctx->t);
+                r = ctx->fabric ? 0 : transport_side_start(ctx->t);
                 if (r < 0) {
                         schedule_retry(ctx);
                         return;
@@ -343,7 +354,7 @@ static void session_step(aqua_ctx *ctx)
                 Aqua__PeerLink links[16], *link_ptrs[16];
                 _cleanup_(held_clear) struct held held = {0};
 
-                r = transport_side_finish(ctx->t, token);
+                r = ctx->fabric ? 0 : transport_side_finish(ctx->t, token);
                 if (r == -EAGAIN) {
                         if (now >= ctx->session_deadline_ns)
                                 schedule_retry(ctx);
@@ -378,6 +389,27 @@ static void session_step(aqua_ctx *ctx)
         }
 }
 
+/* A client on tcp:// says it is still there, every Welcome.keepalive_ms while it polls. */
+static void session_keepalive(aqua_ctx *ctx)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT;
+        Aqua__Keepalive k = AQUA__KEEPALIVE__INIT;
+        uint64_t now;
+
+        if (!ctx->keepalive_due_ns || ctx->state != SESSION_CONNECTED)
+                return;
+        now = now_mono_ns();
+        if (now < ctx->keepalive_due_ns)
+                return;
+        env.request_id = transport_next_id(ctx->t);
+        env.body_case = AQUA__ENVELOPE__BODY_KEEPALIVE;
+        env.keepalive = &k;
+        if (transport_send(ctx->t, &env) < 0)
+                alog_debug("could not send a keepalive to aquad");
+        ctx->keepalive_due_ns = now + ctx->keepalive_ms * NSEC_PER_MSEC;
+        transport_set_timer(ctx->t, ctx->keepalive_due_ns);
+}
+
 int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
 {
         /* A blocking call does not wait for the back-off: try now. */
@@ -405,8 +437,10 @@ int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
 int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply)
 {
         Aqua__Envelope *reply = NULL;
+        bool again = ctx->fabric;
         int r;
 
+retry:
         r = ctx_ensure_connected(ctx, deadline_ns);
         if (r < 0)
                 return r;
@@ -420,6 +454,18 @@ int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Env
         if (reply->body_case == AQUA__ENVELOPE__BODY_ERROR) {
                 alog_debug("aquad answered %s with error %d: %s", wire_body_name(req),
                            reply->error->code, reply->error->message ? reply->error->message : "");
+                /* Over tcp a new connection (ZeroMQ reconnected after a cut link) is a new
+                 * client to aquad: register again, with what this context holds. */
+                if (ctx->fabric &&
+                    reply->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED) {
+                        aqua__envelope__free_unpacked(reply, NULL);
+                        session_lost(ctx, "aquad no longer knows this connection");
+                        if (!again)
+                                return -ENOTCONN;
+                        again = false;
+                        req->request_id = 0;
+                        goto retry;
+                }
                 r = error_from_code(reply->error->code);
                 aqua__envelope__free_unpacked(reply, NULL);
                 return r == 0 ? -EPROTO : r;
@@ -478,6 +524,14 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
         bool handled = false;
         int r = 0;
 
+        /* Over tcp aquad ended the registration (silent past remote.grace, or a new
+         * connection): register again with what this context holds. */
+        if (ctx->fabric && e->body_case == AQUA__ENVELOPE__BODY_ERROR &&
+            e->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED &&
+            ctx->state == SESSION_CONNECTED) {
+                session_lost(ctx, "aquad no longer knows this connection");
+                return 0;
+        }
         if (e->request_id != 0) {
                 /* Replies nobody tracks (the Ack of a load report) need nothing. */
                 if (ctx_take_pending(ctx, e->request_id, &p))
@@ -512,6 +566,8 @@ int ctx_pump(aqua_ctx *ctx)
 {
         int r;
 
+        if (ctx->fabric && transport_reconnected(ctx->t) && ctx->state == SESSION_CONNECTED)
+                session_lost(ctx, "the connection to aquad was made again");
         for (;;) {
                 Aqua__Envelope *e = NULL;
 
@@ -551,6 +607,11 @@ static int resolve_side_path(const char *given, const char *endpoint, char **ret
                 if (!s)
                         return -ENOMEM;
                 *ret = s;
+                return 0;
+        }
+        /* Another host: no side channel at all, fabric handles instead. */
+        if (strncmp(endpoint, "tcp://", 6) == 0) {
+                *ret = NULL;
                 return 0;
         }
         if (strncmp(endpoint, "ipc://", 6) != 0 || !endpoint[6])
@@ -651,6 +712,14 @@ _public_ int aqua_open(int device, enum aqua_role role, const struct aqua_option
         r = gpu_open(device, &ctx->gpu);
         if (r < 0)
                 return r;
+        ctx->fabric = !ctx->side_path;
+        if (ctx->fabric && role != AQUA_ROLE_NEUTRAL && !gpu_info(ctx->gpu)->fabric) {
+                alog_error("%s has no side channel (no side_path, no $AQUA_SIDE_PATH): lending "
+                           "across hosts needs fabric handles, which device %d does not support "
+                           "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0)",
+                           endpoint, device);
+                return -EOPNOTSUPP;
+        }
         ctx->chunk_bytes = ALIGN_UP(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK_BYTES,
                                     gpu_info(ctx->gpu)->granularity);
         r = resolve_curve(&o, keys, &curve);
@@ -762,6 +831,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
         if (r < 0)
                 return r;
         session_step(ctx);
+        session_keepalive(ctx);
         if (ctx->producer.scrub_n && ctx->state == SESSION_CONNECTED)
                 producer_scrub_step(ctx);
         n = MIN(n_events, ctx->ev_n);

@@ -377,7 +377,7 @@ static void make_peer_chunks(void)
         cr_assert_eq(gpu_open(1, &peer), 0);
         cr_assert_eq(gpu_open(0, &local), 0);
         for (int i = 0; i < 3; i++)
-                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, &peer_mem[i]), 0);
+                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, false, &peer_mem[i]), 0);
 }
 
 static void drop_peer_chunks(void)

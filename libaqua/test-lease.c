@@ -25,7 +25,7 @@ static void setup(void)
         cr_assert_eq(gpu_open(1, &prod), 0);
         cr_assert_eq(gpu_open(0, &cons), 0);
         for (int i = 0; i < NCHUNKS; i++) {
-                cr_assert_eq(gpu_alloc_exportable(prod, CHUNK, &handles[i]), 0);
+                cr_assert_eq(gpu_alloc_exportable(prod, CHUNK, false, &handles[i]), 0);
                 cr_assert_eq(gpu_export(prod, handles[i], &fds[i]), 0);
                 grant[i] = (struct lease_grant_chunk){.id = 100 + i, .size = CHUNK, .fd = fds[i]};
         }

@@ -115,7 +115,7 @@ static aqua_lease *borrow_pool(size_t n, uint64_t dram)
 
         cr_assert_leq(n_peer + n, MAX_PEER);
         for (size_t i = 0; i < n; i++)
-                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, &peer_mem[n_peer++]), 0);
+                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, false, &peer_mem[n_peer++]), 0);
         pthread_create(&th, NULL, serve_grant, &j);
         cr_assert_eq(aqua_borrow(ctx, n ? n * CHUNK : dram, 0,
                                  AQUA_BORROW_TENSORS | AQUA_BORROW_ALLOW_DRAM, &g),
@@ -445,7 +445,7 @@ Test(tensor, returns_a_lease_only_after_the_copies_into_it_are_done)
 
         cr_assert(src && scratch && sink);
         for (size_t i = 0; i < j.n; i++)
-                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, &peer_mem[n_peer++]), 0);
+                cr_assert_eq(gpu_alloc_exportable(peer, CHUNK, false, &peer_mem[n_peer++]), 0);
         pthread_create(&th, NULL, serve_grant, &j);
         cr_assert_eq(aqua_borrow(ctx, 2 * CHUNK, 0, 0, &g), 0);
         pthread_join(th, NULL);

@@ -36,6 +36,11 @@ struct transport {
         /* Until a receive has seen EAGAIN after the last send or receive, ZeroMQ may hold
          * messages without its fd being readable (a send can swallow the read activation). */
         bool zmq_maybe_pending;
+        /* No side channel (a client on another host): ZeroMQ's reconnects are what tells that
+         * aquad sees a new client, so the DEALER's handshakes are watched. */
+        void *monitor;
+        int monitor_fd;
+        unsigned handshakes;
         bool timer_armed;
         struct env_node *inbox_head, **inbox_tail;
         struct side_msg *side_head, **side_tail;
@@ -105,16 +110,16 @@ int transport_new(const char *endpoint, const char *side_path, const struct tran
         t = calloc(1, sizeof(*t));
         if (!t)
                 return -ENOMEM;
-        t->side_fd = t->epoll_fd = t->timer_fd = t->zmq_fd = -1;
+        t->side_fd = t->epoll_fd = t->timer_fd = t->zmq_fd = t->monitor_fd = -1;
         t->inbox_tail = &t->inbox_head;
         t->side_tail = &t->side_head;
         t->limits = (struct wire_limits)WIRE_LIMITS_DEFAULT;
         t->limits.max_message = TRANSPORT_MAX_MESSAGE;
         t->endpoint = strdup(endpoint);
-        t->side_path = strdup(side_path);
-        if (!t->endpoint || !t->side_path)
+        t->side_path = side_path ? strdup(side_path) : NULL;
+        if (!t->endpoint || (side_path && !t->side_path))
                 return -ENOMEM;
-        if (strlen(side_path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path))
+        if (side_path && strlen(side_path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path))
                 return -ENAMETOOLONG;
         if (!zctx_ref())
                 return -errno;
@@ -135,6 +140,20 @@ int transport_new(const char *endpoint, const char *side_path, const struct tran
              zmq_setsockopt(t->dealer, ZMQ_CURVE_SECRETKEY, curve->secret_key,
                             strlen(curve->secret_key)) < 0))
                 return -errno;
+        if (!side_path) {
+                char addr[64];
+
+                snprintf(addr, sizeof(addr), "inproc://aqua-monitor-%p", (void *)t);
+                if (zmq_socket_monitor(t->dealer, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) < 0)
+                        return -errno;
+                t->monitor = zmq_socket(zctx, ZMQ_PAIR);
+                if (!t->monitor)
+                        return -errno;
+                zmq_setsockopt(t->monitor, ZMQ_LINGER, &linger, sizeof(linger));
+                if (zmq_connect(t->monitor, addr) < 0 ||
+                    zmq_getsockopt(t->monitor, ZMQ_FD, &t->monitor_fd, &fd_len) < 0)
+                        return -errno;
+        }
         if (zmq_connect(t->dealer, endpoint) < 0 ||
             zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0)
                 return -errno;
@@ -147,6 +166,9 @@ int transport_new(const char *endpoint, const char *side_path, const struct tran
                 return -errno;
         ev.data.fd = t->timer_fd;
         if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->timer_fd, &ev) < 0)
+                return -errno;
+        ev.data.fd = t->monitor_fd;
+        if (t->monitor && epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, t->monitor_fd, &ev) < 0)
                 return -errno;
         t->zmq_maybe_pending = true;
         *ret = TAKE_PTR(t);
@@ -168,7 +190,10 @@ struct transport *transport_free(struct transport *t)
                 t->side_head = m->next;
                 side_msg_free(m);
         }
+        if (t->monitor)
+                zmq_close(t->monitor);
         if (t->dealer) {
+                zmq_socket_monitor(t->dealer, NULL, 0);
                 zmq_close(t->dealer);
                 zctx_unref();
         }
@@ -526,8 +551,9 @@ int transport_call(struct transport *t, Aqua__Envelope *req, uint64_t deadline_n
                 }
                 if (r != -EAGAIN)
                         return r;
-                /* A dead daemon never answers: its side channel's EOF says so at once. */
-                r = transport_side_pump(t);
+                /* A dead daemon never answers: its side channel's EOF says so at once. Without
+                 * one (a client on another host) only the deadline can. */
+                r = t->side_path ? transport_side_pump(t) : 0;
                 if (r == TRANSPORT_E_CLOSED || r == TRANSPORT_E_REJECTED || r < 0)
                         return r == TRANSPORT_E_REJECTED ? TRANSPORT_E_CLOSED : r;
                 r = transport_wait(t, deadline_ns);
@@ -538,11 +564,44 @@ int transport_call(struct transport *t, Aqua__Envelope *req, uint64_t deadline_n
 
 /* ---------------------------------------------------------------- readiness */
 
+static bool monitor_pending(struct transport *t)
+{
+        int events = 0;
+        size_t len = sizeof(events);
+
+        return t->monitor && zmq_getsockopt(t->monitor, ZMQ_EVENTS, &events, &len) == 0 &&
+               (events & ZMQ_POLLIN);
+}
+
+bool transport_reconnected(struct transport *t)
+{
+        bool again = false;
+
+        while (monitor_pending(t)) {
+                zmq_msg_t m;
+                uint16_t event;
+
+                zmq_msg_init(&m);
+                if (zmq_msg_recv(&m, t->monitor, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&m);
+                        break;
+                }
+                /* An event is a frame with its number and value, then one with the address. */
+                if (zmq_msg_more(&m) && zmq_msg_size(&m) >= sizeof(event)) {
+                        memcpy(&event, zmq_msg_data(&m), sizeof(event));
+                        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && t->handshakes++ > 0)
+                                again = true;
+                }
+                zmq_msg_close(&m);
+        }
+        return again;
+}
+
 bool transport_idle(struct transport *t)
 {
         struct pollfd p = {.fd = t->epoll_fd, .events = POLLIN};
 
-        if (t->inbox_head || t->zmq_maybe_pending)
+        if (t->inbox_head || t->zmq_maybe_pending || monitor_pending(t))
                 return false;
         return poll(&p, 1, 0) == 0;
 }

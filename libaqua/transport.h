@@ -33,7 +33,8 @@ struct side_msg {
 
 /*
  * Create the DEALER (connected to endpoint; ZeroMQ connects in the background) and the epoll fd.
- * side_path is where transport_side_connect() goes. No I/O happens here.
+ * side_path is where transport_side_connect() goes; NULL: none (a client on another host, whose
+ * chunk handles travel in the messages). No I/O happens here.
  */
 /* CURVE keys (Z85) for the DEALER; all NULL: none. */
 struct transport_curve {
@@ -107,6 +108,9 @@ void transport_side_drop(struct transport *t, Aqua__SideFrame__Kind kind);
 /* Send a side frame with descriptors (they stay open in the caller). */
 int transport_side_send(struct transport *t, Aqua__SideFrame *f, const int *fds, size_t n_fds);
 
+/* Without a side channel: whether ZeroMQ connected again since the first connection (or the last
+ * call), which aquad sees as a new client. */
+bool transport_reconnected(struct transport *t);
 /*
  * True when nothing can be pending: no queued envelope or side frame, ZeroMQ's and the side
  * channel's fds not readable, and the last receive drained ZeroMQ. One poll(2) with timeout 0.

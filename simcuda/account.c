@@ -33,6 +33,16 @@ const char *account_dir(void)
         return dir_path;
 }
 
+int account_folder_open(const char *path)
+{
+        int fd;
+
+        if (mkdir(path, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        fd = open(path, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+        return fd < 0 ? -errno : fd;
+}
+
 int account_open(const char *machine)
 {
         const char *base = getenv("AQUA_SIM_RUNTIME_DIR");
@@ -43,11 +53,9 @@ int account_open(const char *machine)
         if ((size_t)snprintf(dir_path, sizeof(dir_path), "%s/aqua-sim-%u-%s", base,
                              (unsigned)getuid(), machine) >= sizeof(dir_path))
                 return -ENAMETOOLONG;
-        if (mkdir(dir_path, 0700) < 0 && errno != EEXIST)
-                return -errno;
-        dfd = open(dir_path, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+        dfd = account_folder_open(dir_path);
         if (dfd < 0)
-                return -errno;
+                return dfd;
         lfd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (lfd < 0)
                 return -errno;
@@ -61,10 +69,9 @@ int account_open(const char *machine)
         return 0;
 }
 
-/* Is anyone's open file description of this record still alive? */
-static int record_alive(const char *name)
+int account_file_alive(int dfd, const char *name)
 {
-        _cleanup_close_ int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_close_ int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
 
         if (fd < 0)
@@ -96,7 +103,7 @@ static int scan_locked(int device, uint64_t *ret_used)
 
                 if (sscanf(de->d_name, "d%u-%" SCNu64 "-", &dev, &size) != 2)
                         continue;
-                r = record_alive(de->d_name);
+                r = account_file_alive(dir_fd, de->d_name);
                 if (r == -ENOENT)
                         continue;
                 if (r < 0) {

@@ -6,6 +6,9 @@
 
 #include <stdint.h>
 
+/* Open a private folder, creating it if needed: an O_DIRECTORY fd or a negative errno. */
+int account_folder_open(const char *path);
+
 /* Open (creating if needed) the folder of machine id; called once by cuInit. */
 int account_open(const char *machine);
 
@@ -18,6 +21,9 @@ int account_create(int device, uint64_t size, uint64_t capacity, int *ret_fd);
 
 /* Bytes held on device by all processes of this machine; frees records nobody holds any more. */
 int account_used(int device, uint64_t *ret_used);
+
+/* Is anyone's open file description of the file name in folder dfd still alive (an OFD lock)? */
+int account_file_alive(int dfd, const char *name);
 
 /* The folder in use (for tests and diagnostics). */
 const char *account_dir(void);

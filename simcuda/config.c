@@ -3,6 +3,7 @@
  * by AQUA_SIM_TOPOLOGY, and the machine id AQUA_SIM_MACHINE that processes share memory under.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,29 +164,72 @@ out:
         return r;
 }
 
+/* A name for files: letters, digits, '.', '_', '-', shorter than size. */
+static int name_check(const char *var, const char *value, size_t size, char **ret_error)
+{
+        for (const char *p = value; *p; p++)
+                if (!isalnum((unsigned char)*p) && !strchr("._-", *p)) {
+                        if (asprintf(ret_error, "%s=%s: use letters, digits, '.', '_', '-'", var,
+                                     value) < 0)
+                                *ret_error = NULL;
+                        return -EINVAL;
+                }
+        if (strlen(value) >= size) {
+                if (asprintf(ret_error, "%s is too long", var) < 0)
+                        *ret_error = NULL;
+                return -EINVAL;
+        }
+        return 0;
+}
+
+/* AQUA_SIM_FABRIC names the fabric, AQUA_SIM_IMEX_CHANNEL the channel this process may use. */
+static int load_fabric(char **ret_error)
+{
+        const char *fabric = getenv("AQUA_SIM_FABRIC");
+        const char *channel = getenv("AQUA_SIM_IMEX_CHANNEL");
+        char *end;
+        long n;
+        int r;
+
+        sim.fabric[0] = 0;
+        sim.imex_channel = -1;
+        if (fabric && *fabric) {
+                r = name_check("AQUA_SIM_FABRIC", fabric, sizeof(sim.fabric), ret_error);
+                if (r < 0)
+                        return r;
+                strcpy(sim.fabric, fabric);
+        }
+        if (!channel || !*channel)
+                return 0;
+        errno = 0;
+        n = strtol(channel, &end, 10);
+        if (errno || *end || n < 0 || n > INT32_MAX) {
+                if (asprintf(ret_error, "AQUA_SIM_IMEX_CHANNEL=%s: not a channel number", channel) <
+                    0)
+                        *ret_error = NULL;
+                return -EINVAL;
+        }
+        sim.imex_channel = (int)n;
+        return 0;
+}
+
 int sim_config_load(char **ret_error)
 {
         const char *machine = getenv("AQUA_SIM_MACHINE");
         const char *topology = getenv("AQUA_SIM_TOPOLOGY");
         const char *devices = getenv("AQUA_SIM_DEVICES");
         const char *host = getenv("AQUA_SIM_HOST_MEMORY");
+        int r;
 
         if (!machine || !*machine)
                 machine = "default";
-        for (const char *p = machine; *p; p++)
-                if (!isalnum((unsigned char)*p) && !strchr("._-", *p)) {
-                        if (asprintf(ret_error,
-                                     "AQUA_SIM_MACHINE=%s: use letters, digits, '.', '_', '-'",
-                                     machine) < 0)
-                                *ret_error = NULL;
-                        return -EINVAL;
-                }
-        if (strlen(machine) >= sizeof(sim.machine)) {
-                if (asprintf(ret_error, "AQUA_SIM_MACHINE is too long") < 0)
-                        *ret_error = NULL;
-                return -EINVAL;
-        }
+        r = name_check("AQUA_SIM_MACHINE", machine, sizeof(sim.machine), ret_error);
+        if (r < 0)
+                return r;
         strcpy(sim.machine, machine);
+        r = load_fabric(ret_error);
+        if (r < 0)
+                return r;
 
         sim.host_memory = 0;
         if (host && *host && (parse_size(host, &sim.host_memory) < 0 || !sim.host_memory)) {

@@ -51,6 +51,13 @@ SIM_API cuInit(unsigned int Flags)
                 failed = CUDA_ERROR_OPERATING_SYSTEM;
                 goto out;
         }
+        r = fabric_open();
+        if (r < 0) {
+                fprintf(stderr, "simcuda: cannot open the folder of fabric %s: %s\n", sim.fabric,
+                        strerror(-r));
+                failed = CUDA_ERROR_OPERATING_SYSTEM;
+                goto out;
+        }
         for (int i = 0; i < sim.n_devices; i++) {
                 struct CUctx_st *ctx = calloc(1, sizeof(*ctx));
 
@@ -202,6 +209,9 @@ SIM_API cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
         case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
         case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
                 v = 1;
+                break;
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+                v = sim.fabric[0] != 0;
                 break;
         /*
          * Kept 0 because the behaviour is not there: devices reach pageable memory only through

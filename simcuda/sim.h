@@ -69,6 +69,10 @@ struct sim {
         bool strict;
         /* AQUA_SIM_HOST_MEMORY: host-location VMM memory of the whole machine (0: no limit). */
         uint64_t host_memory;
+        /* AQUA_SIM_FABRIC: the fabric this machine's devices share memory on ("": none), and
+         * AQUA_SIM_IMEX_CHANNEL: the IMEX channel granted to this process (-1: none). */
+        char fabric[128];
+        int imex_channel;
 
         /* Streams, events and their queues: one lock, one condition for any progress. */
         pthread_mutex_t stream_lock;
@@ -122,6 +126,14 @@ bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_
 /* A backing file for size bytes at a location (device memory is charged to the machine). */
 CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64_t size,
                          int *ret_fd);
+
+/* Fabric handles (fabric.c): the fabric's folder, opened by cuInit when AQUA_SIM_FABRIC is set. */
+int fabric_open(void);
+/* Link the backing file fd into the fabric and describe it in *ret. */
+CUresult sim_fabric_export(int fd, int loc_id, uint64_t size, CUmemFabricHandle *ret);
+/* Open what a handle names, holding it alive; CUDA_ERROR_NOT_PERMITTED without the same channel. */
+CUresult sim_fabric_import(const CUmemFabricHandle *handle, int *ret_fd, int *ret_loc_id,
+                           uint64_t *ret_size);
 
 /* Linear allocations (mem.c): cuMemAlloc and pinned host memory. *ret_found: p is in one. */
 CUresult sim_linear_check(uintptr_t p, size_t n, bool *ret_found);

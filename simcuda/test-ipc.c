@@ -57,18 +57,13 @@ static int recv_msg(int sock, int *ret_value, int *ret_fd)
         return 0;
 }
 
-#define CHILD_OK(call)                                                                             \
-        do {                                                                                       \
-                if ((call) != CUDA_SUCCESS)                                                        \
-                        _exit(10 + __LINE__ % 100);                                                \
-        } while (0)
-
 /*
  * Child: import the fd, map it for the other device (device 1; device 0 on a one-GPU machine),
  * read the parent's value, answer with its own.
  */
-static void importer(int sock)
+static void importer(int sock, const void *arg)
 {
+        (void)arg;
         CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
                                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         CUmemGenericAllocationHandle h;
@@ -106,19 +101,11 @@ static void importer(int sock)
 Test(ipc, two_processes_share_memory_through_posix_fds)
 {
         CUmemGenericAllocationHandle h;
-        int sv[2], fd, value = 0x1234, status;
+        int sv[1], fd, value = 0x1234, status;
         CUdeviceptr p;
         pid_t pid;
 
-        cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-        /* Fork before either side touches the driver, as CUDA requires. */
-        pid = fork();
-        cr_assert_geq(pid, 0);
-        if (pid == 0) {
-                close(sv[0]);
-                importer(sv[1]);
-        }
-        close(sv[1]);
+        pid = sim_fork_child(importer, NULL, &sv[0]);
         sim_start(0);
         p = map_new(0, GRAN, &h);
         CU_OK(cuMemcpyHtoD(p, &value, sizeof(value)));
@@ -134,8 +121,14 @@ Test(ipc, two_processes_share_memory_through_posix_fds)
 }
 
 /* Child: allocate what the parent says, report, and wait to be told to exit (or be killed). */
-static void holder(int sock, size_t private_bytes, size_t shared_bytes)
+struct holding {
+        size_t private_bytes, shared_bytes;
+};
+
+static void holder(int sock, const void *arg)
 {
+        size_t private_bytes = ((const struct holding *)arg)->private_bytes;
+        size_t shared_bytes = ((const struct holding *)arg)->shared_bytes;
         CUmemAllocationProp priv = device_prop(0, false), shared = device_prop(0, true);
         CUmemGenericAllocationHandle a, b;
         CUcontext ctx;
@@ -158,68 +151,47 @@ static void holder(int sock, size_t private_bytes, size_t shared_bytes)
         _exit(0);
 }
 
-static size_t used_now(void)
-{
-        size_t free, total;
-
-        CU_OK(cuMemGetInfo(&free, &total));
-        return total - free;
-}
-
 Test(ipc, memory_info_counts_other_processes_until_they_exit)
 {
-        int sv[2], value, status;
+        int sv[1], value, status;
         size_t before, during;
         pid_t pid;
 
-        cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-        pid = fork();
-        cr_assert_geq(pid, 0);
-        if (pid == 0) {
-                close(sv[0]);
-                holder(sv[1], 8 * GRAN, 0);
-        }
-        close(sv[1]);
+        pid = sim_fork_child(holder, &(struct holding){8 * GRAN, 0}, &sv[0]);
         sim_start(0);
-        before = used_now();
+        before = sim_used_bytes();
         cr_assert_eq(send_msg(sv[0], 0, -1), 0);
         cr_assert_eq(recv_msg(sv[0], &value, NULL), 0, "the child could not allocate");
-        during = used_now();
+        during = sim_used_bytes();
         cr_assert_geq(during - before, 8 * GRAN);
         cr_assert_eq(send_msg(sv[0], 0, -1), 0);
         cr_assert_eq(waitpid(pid, &status, 0), pid);
         cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
         if (!on_real_gpu())
-                cr_assert_eq(used_now(), before, "the exited child's memory is free again");
+                cr_assert_eq(sim_used_bytes(), before, "the exited child's memory is free again");
 }
 
 Test(ipc, a_killed_process_frees_only_what_nobody_else_holds)
 {
         CUmemGenericAllocationHandle h;
-        int sv[2], value, fd, status;
+        int sv[1], value, fd, status;
         CUdeviceptr p;
         pid_t pid;
 
         SIM_ONLY(); /* exact byte counts */
-        cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-        pid = fork();
-        cr_assert_geq(pid, 0);
-        if (pid == 0) {
-                close(sv[0]);
-                holder(sv[1], 4 * GRAN, 2 * GRAN);
-        }
-        close(sv[1]);
+        pid = sim_fork_child(holder, &(struct holding){4 * GRAN, 2 * GRAN}, &sv[0]);
         sim_start(0);
-        cr_assert_eq(used_now(), 0);
+        cr_assert_eq(sim_used_bytes(), 0);
         cr_assert_eq(send_msg(sv[0], 0, -1), 0);
         cr_assert_eq(recv_msg(sv[0], &value, &fd), 0);
         cr_assert_geq(fd, 0);
-        cr_assert_eq(used_now(), 6 * GRAN);
+        cr_assert_eq(sim_used_bytes(), 6 * GRAN);
 
         kill(pid, SIGKILL);
         cr_assert_eq(waitpid(pid, &status, 0), pid);
         cr_assert(WIFSIGNALED(status));
-        cr_assert_eq(used_now(), 2 * GRAN, "the fd this process holds keeps the shared chunk");
+        cr_assert_eq(sim_used_bytes(), 2 * GRAN,
+                     "the fd this process holds keeps the shared chunk");
 
         /* Only a mapping left: still counted, as the memory is still there. */
         CU_OK(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
@@ -228,7 +200,7 @@ Test(ipc, a_killed_process_frees_only_what_nobody_else_holds)
         CU_OK(cuMemAddressReserve(&p, 2 * GRAN, 0, 0, 0));
         CU_OK(cuMemMap(p, 2 * GRAN, 0, h, 0));
         CU_OK(cuMemRelease(h));
-        cr_assert_eq(used_now(), 2 * GRAN);
+        cr_assert_eq(sim_used_bytes(), 2 * GRAN);
         CU_OK(cuMemUnmap(p, 2 * GRAN));
-        cr_assert_eq(used_now(), 0);
+        cr_assert_eq(sim_used_bytes(), 0);
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define CU_OK(call)                                                                                \
@@ -98,6 +99,45 @@ static inline void sim_machine_cleanup(void)
                         unlinkat(dirfd(d), de->d_name, 0);
         closedir(d);
         rmdir(path);
+}
+
+/* In a forked child: exit with a status naming the line of a call that failed. */
+#define CHILD_OK(call)                                                                             \
+        do {                                                                                       \
+                if ((call) != CUDA_SUCCESS)                                                        \
+                        _exit(10 + __LINE__ % 100);                                                \
+        } while (0)
+
+/*
+ * Fork a child running fn(sock, arg), which must _exit, before either side touches the driver, as
+ * CUDA requires; the two talk over a SOCK_SEQPACKET pair. *ret_sock: the parent's end.
+ */
+static inline pid_t sim_fork_child(void (*fn)(int sock, const void *arg), const void *arg,
+                                   int *ret_sock)
+{
+        int sv[2];
+        pid_t pid;
+
+        cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                close(sv[0]);
+                fn(sv[1], arg);
+                _exit(99);
+        }
+        close(sv[1]);
+        *ret_sock = sv[0];
+        return pid;
+}
+
+/* Device memory in use on the current context's device, by every process of the machine. */
+static inline size_t sim_used_bytes(void)
+{
+        size_t free, total;
+
+        CU_OK(cuMemGetInfo(&free, &total));
+        return total - free;
 }
 
 /* cuInit, then make device's primary context current. */

@@ -33,6 +33,8 @@ struct alloc {
         CUmemAllocationProp prop;
         unsigned handles; /* cuMemCreate/Import/RetainAllocationHandle not yet released */
         unsigned maps;
+        bool fabric_exported; /* fabric holds the handle every export of it returns */
+        CUmemFabricHandle fabric;
 };
 
 struct mapping {
@@ -296,7 +298,11 @@ static CUresult prop_check(const CUmemAllocationProp *prop)
 {
         if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        if (prop->requestedHandleTypes &
+            ~(unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
+                return CUDA_ERROR_NOT_SUPPORTED;
+        /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED reads 0 without AQUA_SIM_FABRIC. */
+        if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) && !sim.fabric[0])
                 return CUDA_ERROR_NOT_SUPPORTED;
         /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED reads 0. */
         if (prop->allocFlags.gpuDirectRDMACapable)
@@ -409,6 +415,9 @@ SIM_API cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         res = prop_check(prop);
         if (res != CUDA_SUCCESS)
                 return res;
+        /* Without an IMEX channel the driver refuses fabric memory ("insufficient permission"). */
+        if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) && sim.imex_channel < 0)
+                return CUDA_ERROR_NOT_PERMITTED;
         res = sim_backing_new(prop->location.type, prop->location.id, prop->requestedHandleTypes,
                               size, &fd);
         if (res != CUDA_SUCCESS)
@@ -449,6 +458,23 @@ SIM_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
         return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* A fabric export: the same handle for every export of one allocation. Caller holds vm_lock. */
+static CUresult export_fabric_locked(struct alloc *a, CUmemFabricHandle *ret)
+{
+        CUresult res;
+
+        if (!(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC))
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!a->fabric_exported) {
+                res = sim_fabric_export(a->fd, a->prop.location.id, a->size, &a->fabric);
+                if (res != CUDA_SUCCESS)
+                        return res;
+                a->fabric_exported = true;
+        }
+        *ret = a->fabric;
+        return CUDA_SUCCESS;
+}
+
 /* The fd shares the allocation's open file description, so it keeps the memory (and its
  * accounting record) alive in whichever process ends up holding it. */
 SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
@@ -461,11 +487,16 @@ SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocati
         SIM_CHECK_INIT();
         if (!shareableHandle || flags != 0)
                 return CUDA_ERROR_INVALID_VALUE;
-        if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+            handleType != CU_MEM_HANDLE_TYPE_FABRIC)
                 return CUDA_ERROR_NOT_SUPPORTED;
         pthread_mutex_lock(&vm_lock);
         a = handle_find(handle);
-        if (!a || !(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        if (!a) {
+                res = CUDA_ERROR_INVALID_VALUE;
+        } else if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+                res = export_fabric_locked(a, shareableHandle);
+        } else if (!(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
                 res = CUDA_ERROR_INVALID_VALUE;
         } else {
                 int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
@@ -479,6 +510,42 @@ SIM_API cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocati
         return res;
 }
 
+/* A backing file's header, if fd is simcuda memory of its size; else false. */
+static bool header_read(int fd, struct header *ret)
+{
+        struct stat st;
+
+        return fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+               pread(fd, ret, sizeof(*ret), 0) == (ssize_t)sizeof(*ret) &&
+               memcmp(ret->magic, HEADER_MAGIC, sizeof(ret->magic)) == 0 &&
+               (uint64_t)st.st_size == SIM_HEADER_SIZE + ret->size;
+}
+
+/* A fabric handle names a file in the fabric's folder; it keeps the memory alive while held. */
+static CUresult import_fabric(CUmemGenericAllocationHandle *handle, const CUmemFabricHandle *fabric)
+{
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
+        _cleanup_close_ int fd = -1;
+        struct header h;
+        uint64_t size;
+        CUresult res;
+        int loc_id;
+
+        if (!fabric)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = sim_fabric_import(fabric, &fd, &loc_id, &size);
+        if (res != CUDA_SUCCESS)
+                return res;
+        if (!header_read(fd, &h) || h.size != size || h.loc_id != loc_id)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(h.loc_id))
+                return CUDA_ERROR_INVALID_DEVICE;
+        prop.location.type = (CUmemLocationType)h.loc_type;
+        prop.location.id = h.loc_id;
+        prop.requestedHandleTypes = (CUmemAllocationHandleType)h.handle_types;
+        return alloc_add(TAKE_FD(fd), h.size, &prop, handle);
+}
+
 SIM_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                        CUmemAllocationHandleType shHandleType)
 {
@@ -487,18 +554,16 @@ SIM_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, voi
         CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED};
         _cleanup_close_ int dup_fd = -1;
         struct header h;
-        struct stat st;
 
         SIM_CHECK_INIT();
         if (!handle)
                 return CUDA_ERROR_INVALID_VALUE;
+        if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC)
+                return import_fabric(handle, osHandle);
         if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
                 return CUDA_ERROR_NOT_SUPPORTED;
         /* A closed fd, or one that is not simcuda memory, is not a shareable handle. */
-        if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-            pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
-            memcmp(h.magic, HEADER_MAGIC, sizeof(h.magic)) != 0 ||
-            (uint64_t)st.st_size != SIM_HEADER_SIZE + h.size)
+        if (!header_read(fd, &h))
                 return CUDA_ERROR_INVALID_VALUE;
         if (h.loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !sim_device_valid(h.loc_id))
                 return CUDA_ERROR_INVALID_DEVICE;

@@ -25,6 +25,10 @@ void chunk_release(struct broker *p, struct chunk *c);
 bool chunk_grantable(const struct chunk *c);
 /* Whether a grantable chunk may go to consumer: clean, or dirty with that consumer's own data. */
 bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer);
+/* Whether the daemon holds a handle for the chunk (a descriptor or a fabric handle). */
+bool chunk_has_handle(const struct chunk *c);
+/* Close or forget the chunk's handles. */
+void chunk_drop_handle(struct chunk *c);
 void chunk_set_free_listed(struct chunk *c);
 
 struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer);

@@ -251,9 +251,21 @@ void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char 
         notice_queue(p, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
 }
 
+bool chunk_has_handle(const struct chunk *c)
+{
+        return c->fd >= 0 || c->fabric;
+}
+
+void chunk_drop_handle(struct chunk *c)
+{
+        c->fd = safe_close(c->fd);
+        free(c->fabric);
+        c->fabric = NULL;
+}
+
 bool chunk_grantable(const struct chunk *c)
 {
-        return c->state == CHUNK_FREE && c->fd >= 0 && !c->orphan && !c->scrubbing &&
+        return c->state == CHUNK_FREE && chunk_has_handle(c) && !c->orphan && !c->scrubbing &&
                c->producer->owner && !c->producer->draining;
 }
 
@@ -322,7 +334,7 @@ void chunk_destroy(struct broker *p, struct chunk *c)
         c->producer->offered_bytes -= c->size;
         p->pool_bytes -= c->size;
         p->n_chunks--;
-        safe_close(c->fd);
+        chunk_drop_handle(c);
         free(c);
 }
 

@@ -23,6 +23,8 @@
 #include "proc.h"
 
 #define BROKER_ERR_MAX 256
+/* A fabric handle (CUmemFabricHandle): opaque bytes aquad keeps and passes on, never reads. */
+#define BROKER_FABRIC_HANDLE_SIZE 64
 
 /* Outcomes a caller must handle, each with a message that names the problem. */
 enum broker_error {
@@ -106,6 +108,9 @@ struct gpu {
         bool draining;   /* operator drain: no new offers or grants */
         bool restored;   /* known from the journal, its client has not re-registered yet */
         bool held_alive; /* restored past the reconcile window: its process may still map */
+        bool fabric;     /* its client passes fabric handles in messages, not descriptors */
+        /* Detached (a remote client unheard): it must register again by then; 0: a restart's. */
+        uint64_t detached_until_ns;
 
         double load;
         uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
@@ -118,6 +123,7 @@ struct chunk {
         uint64_t size;
         uint64_t client_ref;
         int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
+        uint8_t *fabric; /* BROKER_FABRIC_HANDLE_SIZE bytes from a fabric producer, or NULL */
         enum chunk_state state;
         bool orphan;           /* producer gone: dropped once the consumer returns it */
         bool dirty;            /* free, last mapped by a consumer, not yet scrubbed */
@@ -303,6 +309,7 @@ struct broker_held {
         uint64_t chunk_id;
         uint64_t size;
         uint64_t lease_id; /* 0: held unleased (a producer's chunk in the pool) */
+        const uint8_t *fabric; /* a fabric producer's handle for it (BROKER_FABRIC_HANDLE_SIZE) */
 };
 
 struct broker_hello {
@@ -320,6 +327,7 @@ struct broker_hello {
         const struct broker_held *held;
         size_t n_held;
         int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
+        bool fabric;   /* handles travel as fabric handles (held[].fabric), not descriptors */
 };
 
 struct broker_welcome {
@@ -333,6 +341,14 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                     struct broker_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
 void broker_gpu_gone(struct broker *p, struct gpu *g);
+/*
+ * g's client can no longer be heard, but nothing proves its process gone (a remote client silent
+ * past remote.grace, or one whose new connection registers g again): g keeps what it holds as
+ * after a restart, for a client whose process cannot be identified. A consumer's leases stay,
+ * their chunks granted to nobody, until it re-registers them, or an operator releases it; a
+ * producer's handles are dropped until it re-registers and passes them again.
+ */
+void broker_gpu_detach(struct broker *p, struct gpu *g);
 /* Operator: g's client did not come back after a restart and is known to be gone. */
 int broker_release(struct broker *p, struct gpu *g, char *err);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
@@ -343,9 +359,13 @@ int broker_unpin(struct broker *p, const char *gpu, char *err);
 
 /* ------------------------------------------------------ lease.c: the lease state machine */
 
-/* Producer: put chunks into the pool; fds are taken on success. ret_ids gets n daemon ids. */
+/*
+ * Producer: put chunks into the pool; fds are taken on success. A fabric producer passes fabrics
+ * (n handles of BROKER_FABRIC_HANDLE_SIZE bytes, copied) and fds NULL. ret_ids gets n daemon ids.
+ */
 int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
-                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err);
+                 const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
+                 uint64_t *ret_ids, char *err);
 
 struct broker_grant {
         struct lease *lease; /* NULL when only DRAM was granted */

@@ -176,7 +176,7 @@ static void offer(struct fuzz *f, size_t k, uint8_t b)
                         die("offer", "cannot dup");
                 max_fd = MAX(max_fd, fds[i]);
         }
-        if (broker_offer(f->broker, f->gpus[k], sizes, refs, fds, n, ids, err) != 0) {
+        if (broker_offer(f->broker, f->gpus[k], sizes, refs, fds, NULL, n, ids, err) != 0) {
                 for (size_t i = 0; i < n; i++)
                         close(fds[i]);
                 return;

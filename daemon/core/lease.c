@@ -20,7 +20,8 @@ static const char *fmt_size(char *buf, uint64_t bytes)
 }
 
 int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
-                 const uint64_t *client_refs, int *fds, size_t n, uint64_t *ret_ids, char *err)
+                 const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
+                 uint64_t *ret_ids, char *err)
 {
         size_t made = 0;
 
@@ -43,14 +44,25 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
         }
         for (; made < n; made++) {
                 struct chunk *c = chunk_new(p, producer, p->next_chunk_id, sizes[made],
-                                            client_refs[made], fds[made]);
+                                            client_refs[made], fds ? fds[made] : -1);
                 if (!c)
                         goto oom;
                 ret_ids[made] = c->id;
+                if (fabrics) {
+                        c->fabric = malloc(BROKER_FABRIC_HANDLE_SIZE);
+                        if (!c->fabric) {
+                                made++;
+                                goto oom;
+                        }
+                        memcpy(c->fabric, fabrics + made * BROKER_FABRIC_HANDLE_SIZE,
+                               BROKER_FABRIC_HANDLE_SIZE);
+                        chunk_set_free_listed(c);
+                }
         }
         for (size_t i = 0; i < n; i++) {
                 journal_chunk(p, broker_find_chunk(p, ret_ids[i]));
-                fds[i] = -1;
+                if (fds)
+                        fds[i] = -1;
         }
         p->stats.chunks_offered += n;
         return 0;
@@ -521,7 +533,7 @@ static void producer_gone(struct broker *p, struct gpu *g)
                 if (c->orphan)
                         continue;
                 c->orphan = true;
-                c->fd = safe_close(c->fd);
+                chunk_drop_handle(c);
                 /* Deadlines of an earlier reclaim no longer matter: nobody waits for it. */
                 c->state = CHUNK_LEASED;
                 c->deadline_ns = c->deadline_ms = 0;
@@ -585,6 +597,28 @@ void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_
                 journal_chunk(p, c);
                 broker_note_deadline(p, c->deadline_ns);
         }
+}
+
+void broker_gpu_detach(struct broker *p, struct gpu *g)
+{
+        for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next) {
+                struct chunk *c = list_entry(n, struct chunk, producer_node);
+                if (!c->orphan)
+                        chunk_drop_handle(c);
+                chunk_set_free_listed(c);
+        }
+        g->owner = NULL;
+        g->restored = true;
+        /* Nobody can tell whether its process runs: the rule for pid 0 after a restart. */
+        g->process = (struct proc_id){0};
+        g->held_alive = !list_empty(&g->leases);
+        events_add(&p->events, "client", "%s (%s) cannot be heard: what it holds is kept", g->uuid,
+                   g->client_name ? g->client_name : "?");
+        /* Its own reconcile window, as a restart gives every client. */
+        g->detached_until_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
+        if (!p->reconcile_deadline_ns || g->detached_until_ns < p->reconcile_deadline_ns)
+                p->reconcile_deadline_ns = g->detached_until_ns;
+        broker_note_deadline(p, p->reconcile_deadline_ns);
 }
 
 int broker_release(struct broker *p, struct gpu *g, char *err)
@@ -684,7 +718,16 @@ void broker_tick(struct broker *p, uint64_t now_ns)
                 list_for_each(pos, tmp, &p->gpus)
                 {
                         struct gpu *g = list_entry(pos, struct gpu, node);
-                        if (!g->restored || g->owner || holder_may_map(p, g))
+                        if (!g->restored || g->owner)
+                                continue;
+                        /* Detached later than the window that closes now: its own is open. */
+                        if (g->detached_until_ns > now_ns) {
+                                if (!p->reconcile_deadline_ns ||
+                                    g->detached_until_ns < p->reconcile_deadline_ns)
+                                        p->reconcile_deadline_ns = g->detached_until_ns;
+                                continue;
+                        }
+                        if (holder_may_map(p, g))
                                 continue;
                         log_notice("GPU %s did not re-register after the restart%s; releasing "
                                    "what it held",

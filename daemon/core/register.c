@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "broker-private.h"
@@ -74,9 +75,18 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                 const struct broker_held *hc = &h->held[i];
                 struct chunk *c = broker_find_chunk(p, hc->chunk_id);
 
-                if (c && c->producer == g && !c->orphan && c->size == hc->size && c->fd < 0) {
-                        c->fd = h->held_fds[i];
-                        h->held_fds[i] = -1;
+                if (c && c->producer == g && !c->orphan && c->size == hc->size &&
+                    !chunk_has_handle(c) &&
+                    (h->fabric ? hc->fabric != NULL : h->held_fds != NULL)) {
+                        if (h->fabric) {
+                                c->fabric = malloc(BROKER_FABRIC_HANDLE_SIZE);
+                                if (!c->fabric)
+                                        return -ENOMEM;
+                                memcpy(c->fabric, hc->fabric, BROKER_FABRIC_HANDLE_SIZE);
+                        } else {
+                                c->fd = h->held_fds[i];
+                                h->held_fds[i] = -1;
+                        }
                         chunk_set_free_listed(c);
                         continue;
                 }
@@ -87,7 +97,7 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
         list_for_each(pos, tmp, &g->chunks)
         {
                 struct chunk *c = list_entry(pos, struct chunk, producer_node);
-                if (c->fd >= 0 || c->orphan)
+                if (chunk_has_handle(c) || c->orphan)
                         continue;
                 if (c->state == CHUNK_FREE) {
                         chunk_drop(p, c);
@@ -319,9 +329,11 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
         g->granularity = h->granularity;
         g->role = h->role;
         g->pid = h->pid;
+        g->fabric = h->fabric;
         g->owner = owner;
         g->serial = ++p->next_serial;
         g->held_alive = false;
+        g->detached_until_ns = 0;
         /* Journaled for consumers: after a restart, who may still map what this GPU borrows
          * (what a producer lends, consumers map: its process does not matter). */
         if (consumer) {

@@ -20,6 +20,9 @@ void chunk_dirty(struct broker *p, struct chunk *c, const struct gpu *consumer)
 
 bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer)
 {
+        /* A consumer takes the kind of handle its transport carries. */
+        if (consumer->fabric ? !c->fabric : c->fd < 0)
+                return false;
         return !c->dirty || (c->dirty_for && c->dirty_for == consumer->serial);
 }
 
@@ -37,8 +40,8 @@ void scrub_check(struct broker *p, struct gpu *producer)
 
                 /* What the paired consumer left stays for it; everything else gets ready for
                  * whoever borrows next. */
-                if (c->state != CHUNK_FREE || !c->dirty || c->scrubbing || c->fd < 0 || c->orphan ||
-                    (keep && c->dirty_for == keep))
+                if (c->state != CHUNK_FREE || !c->dirty || c->scrubbing || !chunk_has_handle(c) ||
+                    c->orphan || (keep && c->dirty_for == keep))
                         continue;
                 if (n == alloc) {
                         size_t a = alloc ? alloc * 2 : 16;

@@ -93,8 +93,8 @@ static void offer(size_t n, uint64_t *ret_ids)
                 cr_assert_geq(fds[i], 0);
         }
         cr_assert_eq(
-            broker_offer(pool, producer, sizes, refs, fds, n, ret_ids ? ret_ids : ids, err), 0,
-            "%s", err);
+            broker_offer(pool, producer, sizes, refs, fds, NULL, n, ret_ids ? ret_ids : ids, err),
+            0, "%s", err);
         for (size_t i = 0; i < n; i++)
                 cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
 }
@@ -245,9 +245,9 @@ Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
                 sizes[i] = 2 * MiB;
                 fds[i] = -1;
         }
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 65, ids, err), E(LIMIT));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 65, ids, err), E(LIMIT));
         sizes[0] = 3 * MiB;
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, 1, ids, err), E(INVALID));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err), E(INVALID));
         cr_assert(strstr(err, "granularity"), "%s", err);
 }
 
@@ -617,6 +617,120 @@ Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_rec
 }
 
 /* Pins from a placer plan name GPUs by ordinal; they must win over automatic pairing. */
+/* A fabric producer's chunks: handles of BROKER_FABRIC_HANDLE_SIZE bytes, no descriptors. */
+static void offer_fabric(size_t n, uint8_t *ret_handles)
+{
+        uint64_t sizes[16], refs[16], ids[16];
+
+        for (size_t i = 0; i < n; i++) {
+                sizes[i] = 2 * MiB;
+                refs[i] = 200 + i;
+                memset(ret_handles + i * BROKER_FABRIC_HANDLE_SIZE, 0xa0 + (int)i,
+                       BROKER_FABRIC_HANDLE_SIZE);
+        }
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, NULL, ret_handles, n, ids, err), 0,
+                     "%s", err);
+}
+
+Test(lease, fabric_handles_go_only_to_a_consumer_that_takes_them)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_grant g;
+        size_t i = 0;
+
+        offer_fabric(2, handles);
+        /* A local consumer takes descriptors, which these chunks do not have. */
+        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
+        for (struct list_node *n = g.lease->chunks.next; n != &g.lease->chunks; n = n->next, i++) {
+                const struct chunk *c = list_entry(n, struct chunk, lease_node);
+                cr_assert_eq(c->fd, -1);
+                cr_assert_arr_eq(c->fabric,
+                                 handles + (c->client_ref - 200) * BROKER_FABRIC_HANDLE_SIZE,
+                                 BROKER_FABRIC_HANDLE_SIZE, "the bytes the producer gave");
+        }
+        cr_assert_eq(i, 2);
+}
+
+Test(lease, a_consumer_that_cannot_be_heard_keeps_its_lease_until_it_registers_it_again)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_reclaim rec = {0};
+        struct broker_welcome w;
+        struct broker_held held[2];
+        struct broker_grant g;
+        size_t i = 0;
+
+        offer_fabric(2, handles);
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
+        for (struct list_node *n = g.lease->chunks.next; n != &g.lease->chunks; n = n->next, i++)
+                held[i] =
+                    (struct broker_held){.chunk_id = list_entry(n, struct chunk, lease_node)->id,
+                                         .size = 2 * MiB,
+                                         .lease_id = g.lease->id};
+        broker_gpu_detach(pool, consumer);
+        cr_assert_null(consumer->owner);
+        cr_assert(consumer->held_alive, "named silent at once");
+        /* The producer's reuse waits: nothing comes back while the consumer may map it. */
+        cr_assert_eq(broker_reclaim(pool, producer, 4 * MiB, false, false, "test", &rec, err), 0);
+        cr_assert_eq(rec.n_free, 0);
+        cr_assert_eq(rec.n_pending, 2);
+        broker_reclaim_clear(&rec);
+        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        cr_assert_eq(pool->n_leases, 1, "silence never releases it");
+        /* It registers again from a new connection, listing what it maps: the lease is kept
+         * and the reclaim is asked again. */
+        drain_notices();
+        cr_assert_eq(
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, held, 2, NULL, &w),
+            consumer);
+        cr_assert_eq(w.n_lost_leases, 0);
+        free(w.lost_leases);
+        cr_assert_eq(pool->n_leases, 1);
+        cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 1);
+}
+
+Test(lease, an_operator_releases_what_an_unheard_consumer_held)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_grant g;
+
+        offer_fabric(2, handles);
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), E(BUSY), "registered: %s", err);
+        broker_gpu_detach(pool, consumer);
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(producer->lent_bytes, 0, "the producer's memory is free again");
+}
+
+Test(lease, an_unheard_producer_has_its_own_reconcile_window_then_is_gone)
+{
+        uint8_t handles[2 * BROKER_FABRIC_HANDLE_SIZE];
+        struct broker_grant g;
+        uint64_t t0 = now_mono_ns();
+
+        offer_fabric(2, handles);
+        consumer->fabric = true;
+        cr_assert_not_null(borrow(2 * MiB, 2 * MiB, false, &g));
+        /* A silent consumer makes the window close every second (its window: 1 s). */
+        broker_gpu_detach(pool, consumer);
+        pool->settings.reconcile_timeout_ns = 10 * NSEC_PER_SEC;
+        broker_gpu_detach(pool, producer);
+        cr_assert_eq(list_length(&producer->free_chunks), 0, "no handles: nothing to grant");
+        broker_tick(pool, t0 + 2 * NSEC_PER_SEC);
+        broker_tick(pool, t0 + 4 * NSEC_PER_SEC);
+        cr_assert_eq(broker_find_gpu(pool, "GPU-P"), producer, "inside its own window");
+        cr_assert(producer->restored);
+        broker_tick(pool, t0 + 12 * NSEC_PER_SEC);
+        cr_assert(!broker_find_gpu(pool, "GPU-P") || !broker_find_gpu(pool, "GPU-P")->restored,
+                  "gone once its window closed");
+        cr_assert_eq(pool->n_leases, 1, "the consumer's lease stays, orphaned");
+}
+
 Test(pins, pair_gpus_named_by_ordinal)
 {
         static const char *const prod[] = {"2", "3"}, *const cons[] = {"1", "0"};

@@ -114,6 +114,26 @@ static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
 /* ------------------------------------------------------------------------------ hello */
 
 /*
+ * A fabric handle's length where one may come: exactly BROKER_FABRIC_HANDLE_SIZE from a client
+ * that passes fabric handles, none from one whose handles are descriptors. The bytes themselves
+ * are the driver's business: aquad passes them on and never reads them.
+ */
+static int fabric_handle_check(size_t len, bool fabric, const char *what, size_t i, char *err)
+{
+        if (fabric && len != BROKER_FABRIC_HANDLE_SIZE)
+                return broker_fail(err, E(INVALID),
+                                   "%s %zu: a fabric handle of %zu bytes; a CUmemFabricHandle has "
+                                   "%d",
+                                   what, i, len, BROKER_FABRIC_HANDLE_SIZE);
+        if (!fabric && len)
+                return broker_fail(err, E(INVALID),
+                                   "%s %zu: a fabric handle from a client that passes "
+                                   "descriptors on the side channel",
+                                   what, i);
+        return 0;
+}
+
+/*
  * What a re-registering client holds: the HelloHeld parts that came first, then the Hello's own,
  * in the pool's terms.
  */
@@ -127,10 +147,15 @@ static int held_all(struct client *c, const Aqua__Hello *h, struct broker_held *
                 return -ENOMEM;
         if (c->n_held)
                 memcpy(all, c->held, c->n_held * sizeof(*all));
-        for (size_t i = 0; i < h->n_held; i++)
-                all[c->n_held + i] = (struct broker_held){.chunk_id = h->held[i]->chunk_id,
-                                                          .size = h->held[i]->size,
-                                                          .lease_id = h->held[i]->lease_id};
+        for (size_t i = 0; i < h->n_held; i++) {
+                const ProtobufCBinaryData *f = &h->held[i]->fabric_handle;
+
+                all[c->n_held + i] = (struct broker_held){
+                    .chunk_id = h->held[i]->chunk_id,
+                    .size = h->held[i]->size,
+                    .lease_id = h->held[i]->lease_id,
+                    .fabric = f->len == BROKER_FABRIC_HANDLE_SIZE ? f->data : NULL};
+        }
         *ret_all = all;
         *ret_n = n;
         return 0;
@@ -163,6 +188,9 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
                 w.dram_budget = gpu->dram_bytes;
         }
         w.reclaim_deadline_ms = s->broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        /* Three a grace: one lost on the way does not end the registration. */
+        if (c->remote && s->config->remote.grace_ns)
+                w.keepalive_ms = MAX(s->config->remote.grace_ns / 3 / NSEC_PER_MSEC, 1);
         w.lost_leases = lost_leases;
         w.n_lost_leases = n_lost_leases;
         r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
@@ -192,10 +220,16 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
             .links = links,
             .n_links = h->n_links,
             .held_fds = fds,
+            .fabric = c->remote,
         };
         int code;
 
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
+        /* A remote producer passes its handles again; a consumer holds what it maps. */
+        for (size_t i = 0; code == 0 && i < h->n_held; i++)
+                code = fabric_handle_check(h->held[i]->fabric_handle.len,
+                                           c->remote && h->role == AQUA__ROLE__ROLE_PRODUCER,
+                                           "hello: held chunk", i, err);
         if (code == 0 && h->held_total && h->held_total != n_all)
                 code = broker_fail(err, E(INVALID),
                                    "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
@@ -230,9 +264,15 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         c->registered = true;
         c->role = h->role;
         c->gpu = pw.gpu;
-        log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
-                 (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, role_name(h->role),
-                 pw.n_lost_leases ? " (with lost leases)" : "");
+        if (c->remote)
+                log_info("Remote client %" PRIu64 " (%s at %s) registered GPU %s as %s with fabric "
+                         "handles%s",
+                         c->id, c->remote_user, c->remote_addr, pw.gpu->uuid, role_name(h->role),
+                         pw.n_lost_leases ? " (with lost leases)" : "");
+        else
+                log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
+                         (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, role_name(h->role),
+                         pw.n_lost_leases ? " (with lost leases)" : "");
         reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases);
         free(pw.lost_leases);
 }
@@ -270,35 +310,66 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
 }
 
 /*
- * A Hello over tcp:// without a token: a client on another host, its identity the CURVE key ZAP
- * accepted. It may only register as an admin (status, listings, and the operator requests the
- * admin lists allow its user): lending and borrowing move chunk handles, which only the local
- * side channel carries, and its process is one aquad cannot watch.
+ * A remote registration of uuid under the same identity, from an earlier connection (ZeroMQ
+ * reconnected after a cut link, with a new routing id). NULL when there is none.
  */
-static void handle_remote_hello(struct server *s, const void *rid, size_t rlen,
-                                const Aqua__Envelope *e)
+static struct client *remote_owner(struct server *s, const char *uuid)
+{
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *o = list_entry(n, struct client, node);
+                if (o->remote && o->gpu && o->gpu->owner == o && uuid &&
+                    strcmp(o->gpu->device, uuid) == 0 && s->request_user &&
+                    strcmp(o->remote_user, s->request_user) == 0)
+                        return o;
+        }
+        return NULL;
+}
+
+/*
+ * A Hello over tcp:// without a token: a client on another host, its identity the CURVE key ZAP
+ * accepted. It registers as an admin (status, listings, and the operator requests the admin
+ * lists allow its user), or, when it passes its chunk handles as fabric handles in the messages
+ * (Hello.fabric_handles), as a producer or consumer: descriptors only the local side channel
+ * carries. Its process is one aquad cannot watch, so what it holds outlives its silence.
+ */
+static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
-        struct client *c;
+        struct client *c, *old;
 
-        if (h->role != AQUA__ROLE__ROLE_ADMIN) {
+        if (h->role != AQUA__ROLE__ROLE_ADMIN && !h->fabric_handles) {
                 server_send_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
                                   "hello: as %s over tcp://: a client on another host may only "
-                                  "register as admin (the control path); lending and borrowing "
-                                  "need chunk handles, which only the local side channel carries "
-                                  "(fabric handles are not supported yet)",
+                                  "register as admin (the control path) unless it passes fabric "
+                                  "handles (Hello.fabric_handles); descriptors need the local "
+                                  "side channel",
                                   role_name(h->role));
                 return;
         }
         c = server_add_remote(s, rid, rlen, e->request_id);
         if (!c)
                 return;
-        c->registered = true;
-        c->role = h->role;
-        log_info("Remote client %" PRIu64 " (%s at %s, uid %u) registered as admin%s%s", c->id,
-                 c->remote_user, c->remote_addr, c->cred.uid, h->client_name ? ": " : "",
-                 h->client_name ? h->client_name : "");
-        reply_welcome(s, c, e->request_id, NULL, NULL, 0);
+        if (h->role == AQUA__ROLE__ROLE_ADMIN) {
+                c->registered = true;
+                c->role = h->role;
+                log_info("Remote client %" PRIu64 " (%s at %s, uid %u) registered as admin%s%s",
+                         c->id, c->remote_user, c->remote_addr, c->cred.uid,
+                         h->client_name ? ": " : "", h->client_name ? h->client_name : "");
+                reply_welcome(s, c, e->request_id, NULL, NULL, 0);
+                return;
+        }
+        /* Its own earlier connection still holds the GPU: that registration ends as an aquad
+         * restart would end it, and this Hello reconciles what it holds. */
+        old = remote_owner(s, h->gpu_uuid);
+        if (old) {
+                log_notice("Remote client %" PRIu64 " (%s at %s) registers GPU %s again from a new "
+                           "connection; client %" PRIu64 " ends, what it held is reconciled",
+                           c->id, c->remote_user, c->remote_addr, old->gpu->uuid, old->id);
+                server_detach_gpu(s, old);
+        }
+        finish_hello(s, c, e, NULL, 0);
+        if (!c->registered)
+                server_drop_client(s, c);
 }
 
 static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
@@ -410,18 +481,27 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         _cleanup_free_ uint64_t *sizes = calloc(n + 1, sizeof(uint64_t));
         _cleanup_free_ uint64_t *refs = calloc(n + 1, sizeof(uint64_t));
         _cleanup_free_ uint64_t *ids = calloc(n + 1, sizeof(uint64_t));
+        _cleanup_free_ uint8_t *fabrics =
+            c->remote ? calloc(n + 1, BROKER_FABRIC_HANDLE_SIZE) : NULL;
         char err[BROKER_ERR_MAX];
-        int code;
+        int code = 0;
 
-        if (!sizes || !refs || !ids) {
+        if (!sizes || !refs || !ids || (c->remote && !fabrics)) {
                 client_send_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
                 return;
         }
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < n && code == 0; i++) {
+                const ProtobufCBinaryData *f = &e->offer->chunks[i]->fabric_handle;
+
                 sizes[i] = e->offer->chunks[i]->size;
                 refs[i] = e->offer->chunks[i]->client_ref;
+                code = fabric_handle_check(f->len, c->remote, "offer: chunk", i, err);
+                if (code == 0 && fabrics)
+                        memcpy(fabrics + i * BROKER_FABRIC_HANDLE_SIZE, f->data, f->len);
         }
-        code = translate_outcome(broker_offer(s->broker, c->gpu, sizes, refs, fds, n, ids, err));
+        if (code == 0)
+                code = translate_outcome(
+                    broker_offer(s->broker, c->gpu, sizes, refs, fds, fabrics, n, ids, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "offer", err);
                 return;
@@ -464,6 +544,11 @@ static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
 
         if (need == 0) {
                 client_send_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
+                goto done;
+        }
+        /* Fabric handles came in the message: nothing to wait for. */
+        if (c->remote) {
+                finish_offer(s, c, e, NULL, need);
                 goto done;
         }
         if (p && p->env) {
@@ -545,7 +630,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         if (pg.lease) {
                 chunks = calloc(pg.lease->n_chunks, sizeof(*chunks));
                 ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
-                code = !chunks || !ptrs ? -ENOMEM : send_grant_fds(s, c, pg.lease);
+                code = !chunks || !ptrs ? -ENOMEM : c->remote ? 0 : send_grant_fds(s, c, pg.lease);
                 if (code < 0) {
                         char msg[160];
                         snprintf(msg, sizeof(msg),
@@ -565,6 +650,9 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
                         chunks[i].chunk_id = ch->id;
                         chunks[i].size = ch->size;
                         chunks[i].producer_uuid = ch->producer->uuid;
+                        if (c->remote && ch->fabric)
+                                chunks[i].fabric_handle = (ProtobufCBinaryData){
+                                    .len = BROKER_FABRIC_HANDLE_SIZE, .data = ch->fabric};
                         ptrs[i] = &chunks[i];
                 }
                 g.lease_id = pg.lease->id;
@@ -759,6 +847,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         case AQUA__ENVELOPE__BODY_SCRUB_DONE:
                 handle_scrub_done(s, c, e);
+                break;
+        case AQUA__ENVELOPE__BODY_KEEPALIVE:
+                /* Its arrival is all it says (last_seen_ns, above). */
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:

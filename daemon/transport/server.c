@@ -647,16 +647,33 @@ static void handle_signals(struct server *s)
         }
 }
 
+void server_drop_client(struct server *s, struct client *c)
+{
+        client_free(s, c);
+}
+
+void server_detach_gpu(struct server *s, struct client *c)
+{
+        if (c->gpu)
+                broker_gpu_detach(s->broker, c->gpu);
+        c->gpu = NULL;
+        client_free(s, c);
+}
+
 /*
- * Whether silence may end a remote client's registration: only while it holds nothing. A remote
- * client with a GPU registered (leases, mapped memory) is never taken for dead because it is
- * silent: no side channel and no process table across hosts can prove it gone, so it stays
- * until it comes back, returns what it holds, or an operator releases it ("Silence is not
- * death"). Today tcp clients register as admins only, so this is the rule for what comes next.
+ * Whether silence may end a remote client's registration: any remote one's, and its GPU then
+ * keeps what it holds as after an aquad restart (server_detach_gpu). A remote consumer is never
+ * taken for dead because it is silent: no side channel and no process table across hosts can
+ * prove it gone, and a fabric mapping keeps memory alive after its exporter let go, so its
+ * leases stay, their chunks granted to nobody (the producer's reuse waits), until it
+ * re-registers them, returns them, or an operator releases it, as for a client whose process
+ * cannot be identified ("Silence is not death"). A remote producer that does not register
+ * again within reconcile-timeout is treated as gone, as after a restart: its consumers are
+ * asked to move off, which loses nothing.
  */
 static bool remote_may_lapse(const struct client *c)
 {
-        return c->remote && !c->gpu;
+        return c->remote;
 }
 
 /* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
@@ -711,12 +728,32 @@ static void expire(struct server *s, uint64_t now)
                 /* Past its grace of silence a remote registration that holds nothing goes;
                  * it may say Hello again. */
                 if (remote_may_lapse(c) && now >= c->last_seen_ns + s->config->remote.grace_ns) {
-                        log_notice("Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
-                                   " ms (remote.grace); dropping its registration, which holds "
-                                   "no memory",
-                                   c->id, c->remote_user, c->remote_addr,
-                                   s->config->remote.grace_ns / NSEC_PER_MSEC);
-                        client_free(s, c);
+                        if (c->gpu && c->gpu->role == GPU_ROLE_PRODUCER)
+                                log_notice(
+                                    "Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
+                                    " ms (remote.grace); dropping its registration, GPU "
+                                    "%s lends nothing until it registers again, and is "
+                                    "treated as gone if it does not within "
+                                    "reconcile-timeout",
+                                    c->id, c->remote_user, c->remote_addr,
+                                    s->config->remote.grace_ns / NSEC_PER_MSEC, c->gpu->uuid);
+                        else if (c->gpu)
+                                log_notice("Remote client %" PRIu64
+                                           " (%s at %s) silent for %" PRIu64
+                                           " ms (remote.grace); dropping its registration, GPU "
+                                           "%s keeps its %zu leases until it re-registers them "
+                                           "or an operator releases it",
+                                           c->id, c->remote_user, c->remote_addr,
+                                           s->config->remote.grace_ns / NSEC_PER_MSEC, c->gpu->uuid,
+                                           list_length(&c->gpu->leases));
+                        else
+                                log_notice("Remote client %" PRIu64
+                                           " (%s at %s) silent for %" PRIu64
+                                           " ms (remote.grace); dropping its registration, which "
+                                           "holds no memory",
+                                           c->id, c->remote_user, c->remote_addr,
+                                           s->config->remote.grace_ns / NSEC_PER_MSEC);
+                        server_detach_gpu(s, c);
                         tmp = s->clients.next;
                         continue;
                 }

@@ -183,6 +183,10 @@ bool client_is_admin(const struct server *s, const struct client *c);
 /* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
 bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
 
+/* Forget a client (an unregistered one: nothing it holds is touched but its pending requests). */
+void server_drop_client(struct server *s, struct client *c);
+/* Forget a remote client that can no longer be heard; its GPU keeps what it holds. */
+void server_detach_gpu(struct server *s, struct client *c);
 /* A client that registered over tcp:// (dispatch.c); NULL after an error was sent. */
 struct client *server_add_remote(struct server *s, const void *routing_id, size_t len,
                                  uint64_t request_id);

@@ -1,7 +1,10 @@
 /*
  * A client on "another host" for tests/netns/run: one DEALER to aquad's remote.endpoint, with
  * CURVE keys or plain (--plain), driven by lines on stdin; one line out per command:
- *   hello admin|producer|consumer  -> "welcome ID" | "error CODE MESSAGE" | "timeout"
+ *   hello admin|producer|consumer [fabric] -> "welcome ID" | "error CODE MESSAGE" | "timeout"
+ *                                     (fabric: the Hello says fabric_handles)
+ *   offer LEN                      -> "offered ID" | "error CODE MESSAGE" | "timeout"
+ *                                     (one 2 MiB chunk with a fabric handle of LEN bytes)
  *   status                         -> "status clients=N" | "error CODE MESSAGE" | "timeout"
  *   reconnect                      -> "reconnected" (a new connection, a new routing id)
  * Usage: remote-client [--plain] [--timeout MS] [--routing-id ID] ENDPOINT
@@ -100,9 +103,10 @@ static void hello(const char *role)
         Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r;
         Aqua__Hello h = AQUA__HELLO__INIT;
 
-        h.role = strcmp(role, "producer") == 0   ? AQUA__ROLE__ROLE_PRODUCER
-                 : strcmp(role, "consumer") == 0 ? AQUA__ROLE__ROLE_CONSUMER
-                                                 : AQUA__ROLE__ROLE_ADMIN;
+        h.role = strncmp(role, "producer", 8) == 0   ? AQUA__ROLE__ROLE_PRODUCER
+                 : strncmp(role, "consumer", 8) == 0 ? AQUA__ROLE__ROLE_CONSUMER
+                                                     : AQUA__ROLE__ROLE_ADMIN;
+        h.fabric_handles = strstr(role, " fabric") != NULL;
         h.client_name = "remote-client";
         h.gpu_uuid = "GPU-00000000-0000-0000-0000-0000000000aa";
         h.gpu_capacity = 1ull << 34;
@@ -114,6 +118,31 @@ static void hello(const char *role)
                 printf("welcome %llu\n", (unsigned long long)r->welcome->client_id);
         else
                 print_error_or(r, "Welcome");
+        if (r)
+                aqua__envelope__free_unpacked(r, NULL);
+}
+
+/* An Offer of one chunk whose fabric handle has len bytes (64 is a CUmemFabricHandle's size). */
+static void offer(size_t len)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *r;
+        Aqua__Offer o = AQUA__OFFER__INIT;
+        Aqua__ChunkOffer c = AQUA__CHUNK_OFFER__INIT, *cp = &c;
+        uint8_t handle[256] = {0};
+
+        c.client_ref = 1;
+        c.size = 2u << 20;
+        c.fabric_handle =
+            (ProtobufCBinaryData){.len = len < sizeof(handle) ? len : 0, .data = handle};
+        o.chunks = &cp;
+        o.n_chunks = 1;
+        e.body_case = AQUA__ENVELOPE__BODY_OFFER;
+        e.offer = &o;
+        r = call(&e);
+        if (r && r->body_case == AQUA__ENVELOPE__BODY_OFFER_REPLY && r->offer_reply->n_chunk_ids)
+                printf("offered %llu\n", (unsigned long long)r->offer_reply->chunk_ids[0]);
+        else
+                print_error_or(r, "OfferReply");
         if (r)
                 aqua__envelope__free_unpacked(r, NULL);
 }
@@ -169,6 +198,8 @@ int main(int argc, char **argv)
                 line[strcspn(line, "\n")] = '\0';
                 if (strncmp(line, "hello ", 6) == 0)
                         hello(line + 6);
+                else if (strncmp(line, "offer ", 6) == 0)
+                        offer(strtoul(line + 6, NULL, 10));
                 else if (strcmp(line, "status") == 0)
                         status();
                 else if (strcmp(line, "reconnect") == 0)

@@ -123,11 +123,14 @@ struct aqua_options {
          * CURVE for a tcp:// endpoint (aquad's remote.endpoint): aquad's public key and this
          * client's key pair, each Z85 text (40 characters, as `aquactl keygen` writes them).
          * NULL: $AQUA_SERVER_KEY (the key, or a file with a "public-key:" line such as aquad's
-         * .pub file) and $AQUA_KEY_FILE (this client's pair file); neither: no CURVE. The side
-         * channel is still needed (side_path): chunk handles are file descriptors, so a
-         * producer or a consumer runs on aquad's host, and aquad refuses one over tcp without a
-         * side channel's token. Errors: -EINVAL (a key that is not Z85, half a set, or a key
-         * file that does not read).
+         * .pub file) and $AQUA_KEY_FILE (this client's pair file); neither: no CURVE. With a
+         * side channel (side_path or $AQUA_SIDE_PATH) chunk handles are file descriptors on it,
+         * as on aquad's host. Without one the client is on another host of the NVLink domain:
+         * chunk handles travel as fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) in the messages,
+         * which the device must support (aqua_open() fails with -EOPNOTSUPP otherwise) and the
+         * driver must permit (an IMEX channel; aqua_offer() and aqua_borrow() fail with -ENOKEY
+         * otherwise). Errors: -EINVAL (a key that is not Z85, half a set, or a key file that
+         * does not read).
          */
         const char *server_key;
         const char *public_key;
@@ -195,7 +198,7 @@ AQUA_API int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret);
  * never touches it. On a partial allocation (the GPU ran out of memory), what was allocated is
  * offered. *ret_offered (may be NULL) receives the bytes actually offered.
  * Errors: -EPERM (not a producer), -ENOMEM (not one chunk could be allocated), AQUA_LIMIT,
- * -ENOTCONN (no daemon), -ETIMEDOUT.
+ * -ENOTCONN (no daemon), -ETIMEDOUT, -ENOKEY (fabric memory not permitted: no IMEX channel).
  */
 AQUA_API int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered);
 
@@ -248,7 +251,8 @@ struct aqua_grant {
  * address range, maps them there and grants this GPU access. Blocks for at most the context's
  * timeout. Returns 0 (possibly a partial grant), AQUA_NO_MEMORY (nothing granted), AQUA_BARRED,
  * AQUA_LIMIT, AQUA_THROTTLED, -EPERM (not a consumer), -EINVAL (min_bytes > bytes),
- * -ENOTCONN, -ETIMEDOUT, -ENOMEM, -EIO (the driver failed to import or map).
+ * -ENOTCONN, -ETIMEDOUT, -ENOMEM, -EIO (the driver failed to import or map), -ENOKEY (the
+ * driver does not permit importing fabric handles: no IMEX channel, or not the producer's).
  */
 AQUA_API int aqua_borrow(aqua_ctx *ctx, uint64_t bytes, uint64_t min_bytes, unsigned flags,
                          struct aqua_grant *ret);
