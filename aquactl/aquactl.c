@@ -53,8 +53,10 @@ static void help(FILE *out)
             "  drain GPU              stop lending GPU's memory and take it all back\n"
             "  pair PRODUCER CONSUMER pair two GPUs\n"
             "  unpair GPU             remove GPU's pair\n"
-            "  release GPU            release what GPU's client held before aquad restarted,\n"
-            "                         once you know that process is gone (it is silent)\n"
+            "  release GPU [--force]  release what GPU's silent client held (after an aquad\n"
+            "                         restart, or a cut link): refused while its process runs\n"
+            "                         or cannot be seen; --force then ends its leases, and\n"
+            "                         quarantines their chunks while that process runs\n"
             "  keygen FILE            write a CURVE key pair to FILE (0600) and its public key\n"
             "                         to FILE.pub, for aquad's remote.key-file or a client\n"
             "\n"
@@ -239,6 +241,9 @@ static int change(struct admin *a, const struct options *o, struct request *req)
                 return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
         }
         printf("%s\n", req->done);
+        if (reply->body_case == AQUA__ENVELOPE__BODY_ACK && reply->ack->text &&
+            reply->ack->text[0])
+                printf("%s\n", reply->ack->text);
         if (reply->body_case == AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
                 const Aqua__ReclaimReply *rr = reply->reclaim_reply;
                 char d[32];
@@ -322,12 +327,21 @@ static int build_unpair(char **args, int n, struct request *req)
 static int build_release(char **args, int n, struct request *req)
 {
         req->u.release = (Aqua__AdminRelease)AQUA__ADMIN_RELEASE__INIT;
+        if (n == 2 && strcmp(args[0], "--force") == 0) {
+                req->u.release.force = true;
+                args++;
+        } else if (n == 2 && strcmp(args[1], "--force") == 0)
+                req->u.release.force = true;
+        else if (n == 2) {
+                log_error("release: '%s' is not --force", args[1]);
+                return -EINVAL;
+        }
         req->u.release.gpu = args[0];
         req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RELEASE;
         req->e.admin_release = &req->u.release;
         req->gpu = args[0];
         snprintf(req->done, sizeof(req->done),
-                 "released what GPU %s held: its chunks are scrubbed and lent again", args[0]);
+                 "released what GPU %s held", args[0]);
         return 0;
 }
 
@@ -343,7 +357,7 @@ static const struct command commands[] = {
     {"drain", 1, 1, build_drain, "drain GPU"},
     {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
     {"unpair", 1, 1, build_unpair, "unpair GPU"},
-    {"release", 1, 1, build_release, "release GPU"},
+    {"release", 1, 2, build_release, "release GPU [--force]"},
 };
 
 static int parse_options(int argc, char **argv, struct options *o)

@@ -441,8 +441,8 @@ static int format_chunks(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
         static const char *const headers[] = {"CHUNK", "PRODUCER", "SIZE", "STATE", "LEASE"};
         _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
         /* Totals by state, in the order a chunk passes through them (aquad's ChunkInfo.state). */
-        static const char *const states[] = {"free",     "leased", "reclaiming",
-                                             "returned", "dirty",  "scrubbing"};
+        static const char *const states[] = {"free",  "leased",    "reclaiming", "returned",
+                                             "dirty", "scrubbing", "quarantined"};
         uint64_t bytes[ARRAY_SIZE(states) + 1] = {0};
         size_t count[ARRAY_SIZE(states) + 1] = {0};
         int r;

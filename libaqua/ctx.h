@@ -98,6 +98,10 @@ struct aqua_ctx {
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
         uint64_t keepalive_ms;     /* fabric: Welcome.keepalive_ms */
+        /* The custody secret aquad gave (Welcome.custody_secret), presented when registering
+         * again: without it aquad gives what this GPU holds to nobody, this client included. */
+        uint8_t custody_secret[32];
+        bool has_custody_secret;
         uint64_t keepalive_due_ns; /* fabric: when the next Keepalive goes */
 
         struct producer_state producer;

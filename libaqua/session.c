@@ -146,6 +146,9 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
                 hello->token =
                     (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)token};
         hello->fabric_handles = ctx->fabric;
+        if (ctx->has_custody_secret)
+                hello->custody_secret = (ProtobufCBinaryData){
+                    .len = sizeof(ctx->custody_secret), .data = ctx->custody_secret};
         hello->role = role_to_proto(ctx->role);
         hello->gpu_uuid = (char *)gi->uuid;
         hello->gpu_ordinal = (uint32_t)gi->ordinal;
@@ -221,6 +224,10 @@ static void session_welcome(aqua_ctx *ctx, const Aqua__Welcome *w)
                  w->paired_with ? w->paired_with : "");
         ctx->dram_budget = w->dram_budget;
         ctx->reclaim_deadline_ms = w->reclaim_deadline_ms;
+        if (w->custody_secret.len == sizeof(ctx->custody_secret)) {
+                memcpy(ctx->custody_secret, w->custody_secret.data, sizeof(ctx->custody_secret));
+                ctx->has_custody_secret = true;
+        }
         ctx->state = SESSION_CONNECTED;
         ctx->backoff_ms = 0;
         ctx->keepalive_ms = ctx->fabric ? w->keepalive_ms : 0;
@@ -756,6 +763,7 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
         free(ctx->client_name);
         free(ctx->events);
         free(ctx->pending);
+        explicit_bzero(ctx->custody_secret, sizeof(ctx->custody_secret));
         free(ctx);
         return NULL;
 }

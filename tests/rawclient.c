@@ -180,12 +180,35 @@ Aqua__Envelope *raw_call_bytes(struct raw *r, const void *data, size_t len, uint
         return raw_wait(r, id, id ? 0 : AQUA__ENVELOPE__BODY_ERROR, RAW_TIMEOUT_MS);
 }
 
+/* The custody secrets Welcomes gave this process, by GPU uuid. */
+#define RAW_SECRETS 64
+static struct {
+        char uuid[64];
+        uint8_t secret[32];
+} secrets[RAW_SECRETS];
+
+static uint8_t *secret_of(const char *uuid, bool add)
+{
+        for (size_t i = 0; uuid && i < RAW_SECRETS; i++)
+                if (strcmp(secrets[i].uuid, uuid) == 0 || (add && !secrets[i].uuid[0])) {
+                        snprintf(secrets[i].uuid, sizeof(secrets[i].uuid), "%s", uuid);
+                        return secrets[i].secret;
+                }
+        return NULL;
+}
+
+void raw_forget_secrets(void)
+{
+        memset(secrets, 0, sizeof(secrets));
+}
+
 Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, const char *peer,
                           Aqua__HeldChunk **held, size_t n_held, const int *fds)
 {
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *w;
         Aqua__Hello h = AQUA__HELLO__INIT;
         Aqua__PeerLink link = AQUA__PEER_LINK__INIT, *links[] = {&link};
+        uint8_t *secret = r->no_secret ? NULL : secret_of(uuid, false);
 
         h.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = r->token};
         h.role = role;
@@ -196,6 +219,8 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
         h.host = (char *)(r->host ? r->host : "");
         h.held = held;
         h.n_held = n_held;
+        if (secret)
+                h.custody_secret = (ProtobufCBinaryData){.len = 32, .data = secret};
         if (peer) {
                 link.gpu_uuid = (char *)peer;
                 link.bandwidth_gbps = 450;
@@ -214,7 +239,11 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
         }
         if (raw_send(r, &e) < 0)
                 return NULL;
-        return raw_wait(r, e.request_id, 0, RAW_TIMEOUT_MS);
+        w = raw_wait(r, e.request_id, 0, RAW_TIMEOUT_MS);
+        if (w && w->body_case == AQUA__ENVELOPE__BODY_WELCOME &&
+            w->welcome->custody_secret.len == 32 && (secret = secret_of(uuid, true)))
+                memcpy(secret, w->welcome->custody_secret.data, 32);
+        return w;
 }
 
 int raw_memfd(uint64_t size, const char *text)

@@ -25,7 +25,14 @@ struct raw {
         size_t n_notices;
         bool own_ctx;
         const char *host; /* sent as Hello.host when set (after connecting); NULL: not told */
+        /* A stranger: present no custody secret. Otherwise raw_hello presents the one the last
+         * Welcome for the uuid gave in this process, as libaqua keeps it in memory. */
+        bool no_secret;
 };
+
+/* Forget every custody secret this process was given (a new process, as far as aquad can tell
+ * from secrets alone). */
+void raw_forget_secrets(void);
 
 /* Connect both channels. Returns 0, 1 when refused (reason in r->reject), or a negative errno. */
 int raw_connect(struct raw *r, const char *endpoint, const char *side_path);

@@ -524,6 +524,7 @@ Test(aquad, answers_malformed_and_oversized_messages_while_others_carry_on)
         cr_assert_eq(raw_error_code(r), E(NOT_REGISTERED));
         raw_free(r);
 
+        bad.no_secret = true; /* it knows the uuid, not the secret */
         r = raw_hello(&bad, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", NULL, NULL, 0, NULL);
         cr_assert_eq(raw_error_code(r), E(BUSY), "GPU-C is taken");
         raw_free(r);

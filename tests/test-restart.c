@@ -201,29 +201,51 @@ Test(restart, a_notice_behind_a_full_queue_is_delivered_and_its_deadline_starts_
         close(cfd);
 }
 
-static Aqua__Envelope *release(const char *gpu)
+static Aqua__Envelope *release_as(const char *gpu, bool force)
 {
         Aqua__Envelope e = AQUA__ENVELOPE__INIT;
         Aqua__AdminRelease rl = AQUA__ADMIN_RELEASE__INIT;
 
         rl.gpu = (char *)gpu;
+        rl.force = force;
         e.body_case = BODY(ADMIN_RELEASE);
         e.admin_release = &rl;
         return raw_call(&admin, &e);
 }
 
+static Aqua__Envelope *release(const char *gpu)
+{
+        return release_as(gpu, false);
+}
+
+/* The state aquad lists for chunk id. */
+static bool chunk_is(uint64_t id, const char *state)
+{
+        Aqua__Envelope *q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS);
+        bool is = false;
+
+        for (size_t k = 0; k < q->admin_reply->n_chunks; k++)
+                is |= q->admin_reply->chunks[k]->chunk_id == id &&
+                      strcmp(q->admin_reply->chunks[k]->state, state) == 0;
+        raw_free(q);
+        return is;
+}
+
 /*
  * A consumer silent after a restart keeps its leases while its process may run; aquactl shows
- * it as silent, and an operator who knows it is gone releases what it held. A connected
- * client's GPU cannot be released from under it.
+ * it as silent. An operator's release is refused while that process runs (naming it); --force
+ * ends the lease and quarantines its chunk: it is lent to nobody while the process may map it.
+ * A connected client's GPU cannot be released from under it.
  */
 Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
 {
         Aqua__Envelope *q, *r;
+        uint64_t chunk, lease;
         int pfd, cfd;
         bool silent = false;
 
-        lend_one_chunk("reconcile-timeout: 200ms\nscrub-chunks: false\n", &pfd, &cfd, NULL, NULL);
+        lend_one_chunk("reconcile-timeout: 200ms\nscrub-chunks: false\n", &pfd, &cfd, &lease,
+                       &chunk);
         r = release("GPU-C");
         cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY, "a connected client");
         raw_free(r);
@@ -232,6 +254,7 @@ Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
         close_all();
         cr_assert_eq(aquad_restart(daemon_), 0);
         test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        rehello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", &chunk, lease, 1, &pfd);
         /* The consumer (this process) runs but says nothing: after the window it is silent. */
         for (int i = 0; i < 300 && !silent; i++) {
                 q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS);
@@ -247,14 +270,26 @@ Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
         raw_free(q);
 
         r = release("GPU-C");
+        cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY,
+                     "its process runs: refused");
+        cr_assert(strstr(r->error->message, "still runs") &&
+                      strstr(r->error->message, "--force"),
+                  "%s", r->error->message);
+        raw_free(r);
+        r = release_as("GPU-C", true);
         cr_assert_eq(r->body_case, BODY(ACK), "error %d", raw_error_code(r));
+        cr_assert(strstr(r->ack->text, "1 chunks are quarantined"), "%s", r->ack->text);
         raw_free(r);
         q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
         cr_assert_eq(q->admin_reply->status->leases, 0);
         raw_free(q);
+        cr_assert(chunk_is(chunk, "quarantined"), "lent to nobody while this process may map it");
+        /* Nor handed back: the producer's reclaim of it waits for the process to be gone. */
+        reclaim_all();
+        cr_assert(chunk_is(chunk, "quarantined"));
         r = release("GPU-P");
-        cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_INVALID,
-                     "the producer holds nothing to release: it is not silent");
+        cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY,
+                     "the producer is connected: it is not silent");
         raw_free(r);
         close(pfd);
         close(cfd);

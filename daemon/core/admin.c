@@ -42,7 +42,8 @@ int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim 
         return broker_drain(p, g, ret, err);
 }
 
-int broker_admin_release(struct broker *p, const char *gpu, char *err)
+int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *ret_quarantined,
+                         char *err)
 {
         struct gpu *g = NULL;
         int r;
@@ -50,5 +51,5 @@ int broker_admin_release(struct broker *p, const char *gpu, char *err)
         r = need_gpu(p, gpu, "admin-release", &g, err);
         if (r != 0)
                 return r;
-        return broker_release(p, g, err);
+        return broker_release(p, g, force, ret_quarantined, err);
 }

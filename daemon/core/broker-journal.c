@@ -62,6 +62,17 @@ static Aquaj__JChunk *jchunk_new(const struct chunk *c)
         j->orphan = c->orphan;
         j->dirty = c->dirty;
         j->deadline_ms = c->deadline_ms;
+        j->quarantined = c->quarantined;
+        j->quarantine_back = c->quarantine_back;
+        if (c->quarantined) {
+                j->quarantine_pid = c->quarantine.pid > 0 ? (uint32_t)c->quarantine.pid : 0;
+                j->quarantine_start_time = c->quarantine.start_time;
+                if (c->quarantine.boot_id[0] &&
+                    !(j->quarantine_boot_id = strdup(c->quarantine.boot_id))) {
+                        free(j->producer);
+                        j->producer = NULL;
+                }
+        }
         if (!j->producer) {
                 free(j);
                 return NULL;
@@ -102,13 +113,27 @@ static Aquaj__JGpu *jgpu_new(const struct gpu *g)
         j->draining = g->draining;
         j->pid = g->process.pid > 0 ? (uint32_t)g->process.pid : 0;
         j->start_time = g->process.start_time;
-        if (g->process.boot_id[0] && !(j->boot_id = strdup(g->process.boot_id))) {
-                free(j->uuid);
-                free(j);
-                return NULL;
+        j->custody = g->custody.held;
+        if (g->custody.held) {
+                j->holder_remote = g->custody.who.remote;
+                j->holder_uid = (uint32_t)g->custody.who.uid;
+                if (g->custody.who.key[0])
+                        j->holder_key = strdup(g->custody.who.key);
+                if (g->custody.has_secret) {
+                        j->secret_hash.data = malloc(BROKER_SECRET_HASH_LEN);
+                        if (j->secret_hash.data) {
+                                memcpy(j->secret_hash.data, g->custody.secret_hash,
+                                       BROKER_SECRET_HASH_LEN);
+                                j->secret_hash.len = BROKER_SECRET_HASH_LEN;
+                        }
+                }
         }
-        if (!j->uuid) {
-                free(j);
+        if (g->process.boot_id[0])
+                j->boot_id = strdup(g->process.boot_id);
+        if (!j->uuid || (g->process.boot_id[0] && !j->boot_id) ||
+            (g->custody.who.key[0] && g->custody.held && !j->holder_key) ||
+            (g->custody.held && g->custody.has_secret && !j->secret_hash.data)) {
+                aquaj__jgpu__free_unpacked(j, NULL);
                 return NULL;
         }
         return j;
@@ -361,6 +386,18 @@ static int apply_chunk(struct broker *p, const Aquaj__JChunk *j)
                         chunk_lease(p, c, l);
         }
         c->orphan = j->orphan;
+        bool quarantined = j->quarantined && !l;
+        if (c->quarantined != quarantined)
+                p->n_quarantined += quarantined ? 1 : (size_t)-1;
+        c->quarantined = quarantined;
+        c->quarantine_back = c->quarantined && j->quarantine_back;
+        c->quarantine = (struct proc_id){0};
+        if (c->quarantined) {
+                c->quarantine.pid = (pid_t)j->quarantine_pid;
+                c->quarantine.start_time = j->quarantine_start_time;
+                if (j->quarantine_boot_id && strlen(j->quarantine_boot_id) == PROC_BOOT_ID_LEN - 1)
+                        memcpy(c->quarantine.boot_id, j->quarantine_boot_id, PROC_BOOT_ID_LEN);
+        }
         /* Whose data a dirty chunk holds does not survive a restart: it is scrubbed for all. */
         c->dirty = j->dirty;
         c->dirty_for = 0;
@@ -394,6 +431,24 @@ static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
         g->process = (struct proc_id){.pid = (pid_t)j->pid, .start_time = j->start_time};
         if (j->boot_id && strlen(j->boot_id) == PROC_BOOT_ID_LEN - 1)
                 memcpy(g->process.boot_id, j->boot_id, PROC_BOOT_ID_LEN);
+        custody_clear(g);
+        if (j->custody) {
+                g->custody.held = true;
+                g->custody.who.remote = j->holder_remote;
+                g->custody.who.uid = (uid_t)j->holder_uid;
+                snprintf(g->custody.who.key, sizeof(g->custody.who.key), "%s",
+                         j->holder_key ? j->holder_key : "");
+                g->custody.has_secret = j->secret_hash.len == BROKER_SECRET_HASH_LEN;
+                if (g->custody.has_secret)
+                        memcpy(g->custody.secret_hash, j->secret_hash.data,
+                               BROKER_SECRET_HASH_LEN);
+        } else if (j->pid) {
+                /* Journaled before custody existed: the process that held it, uid unknown. */
+                g->custody.held = true;
+                g->custody.who.uid = CUSTODY_UID_UNKNOWN;
+        }
+        if (g->custody.held && !g->custody.who.remote)
+                g->custody.who.process = g->process;
         return 0;
 }
 
@@ -483,6 +538,10 @@ void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact
                         broker_note_deadline(p,
                                              list_entry(k, struct chunk, lease_node)->deadline_ns);
         }
+        if (p->n_quarantined) {
+                p->quarantine_check_ns = now_mono_ns();
+                broker_note_deadline(p, p->quarantine_check_ns);
+        }
         if (any) {
                 p->reconcile_deadline_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
                 broker_note_deadline(p, p->reconcile_deadline_ns);
@@ -537,7 +596,8 @@ int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
                         if (!(s->chunks[s->n_chunks++] =
                                   jchunk_new(list_entry(k, struct chunk, producer_node))))
                                 goto oom;
-                if ((g->dram_bytes || g->barred || g->draining || g->process.pid) &&
+                if ((g->dram_bytes || g->barred || g->draining || g->process.pid ||
+                     g->custody.held) &&
                     n_gpus < p->n_gpus) {
                         if (!(s->gpus[s->n_gpus++] = jgpu_new(g)))
                                 goto oom;

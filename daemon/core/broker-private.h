@@ -59,5 +59,23 @@ void scrub_check(struct broker *p, struct gpu *producer);
 void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
 
+/* custody.c */
+int custody_init(void);
+/* A new custody of g for who; ret_secret gets the secret, of which g keeps only the hash. */
+void custody_issue(struct gpu *g, const struct broker_identity *who,
+                   uint8_t ret_secret[BROKER_SECRET_LEN]);
+void custody_clear(struct gpu *g);
+/* Whether who, presenting secret (NULL: none), is the holder of custody c. */
+bool custody_matches(const struct custody *c, const struct broker_identity *who,
+                     const uint8_t *secret);
+/* Whether g has anything a newcomer could inherit: chunks it lends, leases, DRAM budget. */
+bool gpu_holds_state(const struct gpu *g);
+/* Whether g's holder is provably gone (never for a remote one). */
+enum proc_liveness custody_liveness(const struct broker *p, const struct gpu *g);
+/* An operator ended c's lease while holder may still map it: out of everyone's reach. */
+void chunk_quarantine(struct broker *p, struct chunk *c, const struct proc_id *holder);
+/* Quarantined chunks whose holder is gone are scrubbed (or go back to a producer that asked). */
+void quarantine_tick(struct broker *p, uint64_t now_ns);
+
 /* Bring the pool's earliest deadline forward to at least deadline_ns. */
 void broker_note_deadline(struct broker *p, uint64_t deadline_ns);

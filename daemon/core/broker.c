@@ -207,6 +207,7 @@ static void gpu_destroy(struct broker *p, struct gpu *g)
         free(g->host);
         free(g->uuid);
         free(g->device);
+        custody_clear(g);
         free(g);
 }
 
@@ -266,7 +267,7 @@ void chunk_drop_handle(struct chunk *c)
 bool chunk_grantable(const struct chunk *c)
 {
         return c->state == CHUNK_FREE && chunk_has_handle(c) && !c->orphan && !c->scrubbing &&
-               c->producer->owner && !c->producer->draining;
+               !c->quarantined && c->producer->owner && !c->producer->draining;
 }
 
 void chunk_set_free_listed(struct chunk *c)
@@ -334,6 +335,7 @@ void chunk_destroy(struct broker *p, struct chunk *c)
         c->producer->offered_bytes -= c->size;
         p->pool_bytes -= c->size;
         p->n_chunks--;
+        p->n_quarantined -= c->quarantined;
         chunk_drop_handle(c);
         free(c);
 }
@@ -440,6 +442,11 @@ int broker_new(const struct broker_settings *settings, struct broker **ret)
 
         if (!p)
                 return -ENOMEM;
+        r = custody_init();
+        if (r < 0) {
+                free(p);
+                return r;
+        }
         p->settings = *settings;
         list_init(&p->gpus);
         list_init(&p->leases);

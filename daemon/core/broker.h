@@ -25,6 +25,11 @@
 #define BROKER_ERR_MAX 256
 /* A fabric handle (CUmemFabricHandle): opaque bytes aquad keeps and passes on, never reads. */
 #define BROKER_FABRIC_HANDLE_SIZE 64
+/* The custody secret a Welcome carries, and its hash, the only form aquad keeps or journals. */
+#define BROKER_SECRET_LEN      32
+#define BROKER_SECRET_HASH_LEN 32
+/* A CURVE public key in Z85 (40 characters) and its NUL. */
+#define BROKER_KEY_TEXT 41
 
 /* Outcomes a caller must handle, each with a message that names the problem. */
 enum broker_error {
@@ -50,6 +55,28 @@ enum gpu_role {
 
 /* The transport's connection a GPU is registered by; the pool never looks inside. */
 struct client;
+
+/*
+ * Who a registration belongs to (daemon/README.md, "Who may hold what"): on this host the uid
+ * the kernel gave for the side channel and the process (pid, start time, boot), on another host
+ * the CURVE public key its connection authenticated with.
+ */
+struct broker_identity {
+        bool remote;
+        uid_t uid;              /* local */
+        struct proc_id process; /* local; pid 0: the kernel could not say */
+        char key[BROKER_KEY_TEXT]; /* remote */
+};
+
+/* Custody of a GPU's state: the identity that holds it and the hash of the secret it was given. */
+#define CUSTODY_UID_UNKNOWN ((uid_t)-1) /* state journaled before custody: the uid is not known */
+
+struct custody {
+        bool held; /* false: nobody's (nothing to inherit, or never registered) */
+        struct broker_identity who;
+        bool has_secret; /* false only for state journaled before secrets existed */
+        uint8_t secret_hash[BROKER_SECRET_HASH_LEN];
+};
 /* How often a silent holder's process is looked at after a restart. */
 #define BROKER_LIVENESS_RECHECK_NS (UINT64_C(1000) * 1000 * 1000)
 
@@ -89,6 +116,7 @@ struct gpu {
         char *host; /* the host its client named; NULL: not told */
         pid_t pid;
         struct proc_id process; /* of the registering client, journaled; pid 0: none known */
+        struct custody custody; /* journaled: who may register it again while it holds state */
         struct gpu_link *links;
         size_t n_links;
 
@@ -133,6 +161,11 @@ struct chunk {
         bool deadline_pending; /* reclaiming: its deadline starts when the notice is delivered */
         uint64_t deadline_ms;  /* the same as wall clock, for the journal */
         uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
+        /* An operator ended its lease while the consumer's process still ran: granted to nobody,
+         * scrubbed by nobody, handed back to nobody until that process is gone. */
+        bool quarantined;
+        struct proc_id quarantine; /* the process that may still map it */
+        bool quarantine_back;      /* its producer asked for it: back to it, not to the pool */
         struct list_node producer_node, free_node, lease_node;
 };
 
@@ -205,6 +238,7 @@ struct broker_stats {
         uint64_t chunks_scrubbed;
         uint64_t scrub_failures;
         uint64_t chunks_unusable; /* consumers could not import them (dropped) */
+        uint64_t custody_refused; /* Hellos for a GPU whose state another identity holds */
 };
 
 struct broker {
@@ -227,6 +261,8 @@ struct broker {
         uint64_t
             next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
         uint64_t reconcile_deadline_ns;
+        size_t n_quarantined;        /* chunks in quarantine */
+        uint64_t quarantine_check_ns; /* when their processes are looked at next */
 
         bool replaying;
         struct journal *journal; /* NULL: nothing persists (tests) */
@@ -313,6 +349,8 @@ struct broker_held {
 };
 
 struct broker_hello {
+        const struct broker_identity *who; /* required */
+        const uint8_t *secret;             /* BROKER_SECRET_LEN bytes it was given; NULL: none */
         const char *uuid;
         enum gpu_role role;
         uint32_t ordinal;
@@ -334,9 +372,21 @@ struct broker_welcome {
         struct gpu *gpu;
         uint64_t *lost_leases;
         size_t n_lost_leases;
+        /* A new custody: the secret to give the client (it presents it when it registers again);
+         * false when it re-registered with the one it has. */
+        bool new_secret;
+        uint8_t secret[BROKER_SECRET_LEN];
+        /* The earlier connection of the same identity this registration replaces (the transport
+         * forgets it without touching the GPU); NULL when none. */
+        struct client *replaced;
 };
 
-/* Register a client's GPU (owner: the client), reconciling what it says it holds. */
+/*
+ * Register a client's GPU (owner: the client), reconciling what it says it holds. A GPU whose
+ * state (chunks, leases, DRAM budget) another identity holds, or that identity without the
+ * secret it was given, is refused BUSY, naming the holder, for as long as the holder may still
+ * map its memory; a newcomer never inherits what another held.
+ */
 int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
@@ -349,8 +399,16 @@ void broker_gpu_gone(struct broker *p, struct gpu *g);
  * producer's handles are dropped until it re-registers and passes them again.
  */
 void broker_gpu_detach(struct broker *p, struct gpu *g);
-/* Operator: g's client did not come back after a restart and is known to be gone. */
-int broker_release(struct broker *p, struct gpu *g, char *err);
+/*
+ * Operator: g's client did not come back after a restart (or cannot be heard). Refused BUSY while
+ * its process runs or nothing tells whether it does; with force, a live local holder's chunks are
+ * quarantined until its process is gone, and an unknown one (remote, or pid unknown) is taken to
+ * be gone on the operator's word. ret_quarantined (may be NULL) gets how many chunks were.
+ */
+int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined,
+                   char *err);
+/* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
+const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
 int broker_repair(struct broker *p);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
@@ -421,7 +479,8 @@ int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *
 int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
                          struct broker_reclaim *ret, char *err);
 int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err);
-int broker_admin_release(struct broker *p, const char *gpu, char *err);
+int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *ret_quarantined,
+                         char *err);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
 

@@ -125,7 +125,9 @@ static void hello(struct fuzz *f, size_t k, uint8_t b)
 {
         struct broker_link links[GPUS - 1];
         struct broker_welcome w = {0};
+        struct broker_identity who = {.uid = 1000};
         struct broker_hello h = {
+            .who = &who,
             .uuid = names[k],
             .role = is_producer(k) ? GPU_ROLE_PRODUCER : GPU_ROLE_CONSUMER,
             .ordinal = (uint32_t)k,
@@ -272,7 +274,7 @@ static void admin(struct fuzz *f, size_t k, uint8_t b)
                 (void)broker_admin_drain(f->broker, names[k], &r, err);
                 break;
         case 2:
-                (void)broker_admin_release(f->broker, names[k], err);
+                (void)broker_admin_release(f->broker, names[k], b & 4, NULL, err);
                 break;
         case 3:
                 (void)broker_pin(f->broker, names[k & 1], names[2 + ((b >> 3) & 1)], err);

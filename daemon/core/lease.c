@@ -442,6 +442,18 @@ int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool 
                                 break;
                         if (c->state != CHUNK_FREE || c->orphan)
                                 continue;
+                        if (c->quarantined) {
+                                /* A process may still map it: it comes back when that is gone. */
+                                if (c->quarantine_back)
+                                        continue;
+                                r = ids_push(&res.pending_ids, &res.n_pending, c->id);
+                                if (r < 0)
+                                        return r;
+                                c->quarantine_back = true;
+                                got += c->size;
+                                journal_chunk(p, c);
+                                continue;
+                        }
                         r = ids_push(&res.free_ids, &res.n_free, c->id);
                         if (r < 0)
                                 return r;
@@ -570,8 +582,9 @@ void broker_gpu_gone(struct broker *p, struct gpu *g)
         g->restored = false;
         g->held_alive = false;
         g->pid = 0;
-        if (g->process.pid) {
+        if (g->process.pid || g->custody.held) {
                 g->process = (struct proc_id){0};
+                custody_clear(g);
                 journal_gpu(p, g);
         }
         /* Repairing also asks producers to scrub what a departed consumer left. */
@@ -621,9 +634,12 @@ void broker_gpu_detach(struct broker *p, struct gpu *g)
         broker_note_deadline(p, p->reconcile_deadline_ns);
 }
 
-int broker_release(struct broker *p, struct gpu *g, char *err)
+int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined,
+                   char *err)
 {
-        size_t leases = list_length(&g->leases);
+        size_t leases = list_length(&g->leases), quarantined = 0;
+        enum proc_liveness live;
+        char who[192];
 
         if (g->owner)
                 return broker_fail(
@@ -634,11 +650,53 @@ int broker_release(struct broker *p, struct gpu *g, char *err)
         if (!g->restored)
                 return broker_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
                                    g->uuid);
-        log_warning("Operator releases what GPU %s held before the restart (%zu leases, pid %d)",
-                    g->uuid, leases, (int)g->process.pid);
-        events_add(&p->events, "client", "%s released by an operator: %zu leases", g->uuid, leases);
+        live = custody_liveness(p, g);
+        gpu_holder(g, who, sizeof(who));
+        if (live == PROC_ALIVE && !force)
+                return broker_fail(err, E(BUSY),
+                                   "release: GPU %s: its holder %s still runs and may map what it "
+                                   "holds; --force ends its leases and quarantines their chunks "
+                                   "until that process is gone",
+                                   g->uuid, who);
+        if (live == PROC_UNKNOWN && !force)
+                return broker_fail(err, E(BUSY),
+                                   "release: GPU %s: nothing tells whether its holder %s still "
+                                   "maps what it holds (%s); --force is your word that it is gone",
+                                   g->uuid, who,
+                                   g->custody.who.remote ? "it is on another host"
+                                                         : "its process is not known");
+        if (live == PROC_ALIVE) {
+                /* Its leases end; their chunks go to nobody until its process is gone. */
+                while (!list_empty(&g->leases)) {
+                        struct lease *l = list_entry(g->leases.next, struct lease, consumer_node);
+                        while (!list_empty(&l->chunks)) {
+                                chunk_quarantine(
+                                    p, list_entry(l->chunks.next, struct chunk, lease_node),
+                                    &g->process);
+                                quarantined++;
+                        }
+                        lease_free(p, l);
+                }
+                log_warning("Operator releases GPU %s whose holder %s still runs: %zu leases end, "
+                            "%zu chunks quarantined until pid %d is gone (their producers are not "
+                            "told; a reclaim of them waits for that)",
+                            g->uuid, who, leases, quarantined, (int)g->process.pid);
+                events_add(&p->events, "client",
+                           "%s released by an operator (--force): %zu leases, %zu chunks "
+                           "quarantined while pid %d runs",
+                           g->uuid, leases, quarantined, (int)g->process.pid);
+        } else {
+                log_warning("Operator releases what GPU %s held (%zu leases, holder %s%s)", g->uuid,
+                            leases, who,
+                            live == PROC_GONE ? ", gone" : ", gone on the operator's word");
+                events_add(&p->events, "client", "%s released by an operator: %zu leases%s",
+                           g->uuid, leases,
+                           live == PROC_GONE ? "" : " (--force: holder taken to be gone)");
+        }
         p->stats.leases_lost += leases;
         broker_gpu_gone(p, g);
+        if (ret_quarantined)
+                *ret_quarantined = quarantined;
         return 0;
 }
 
@@ -680,6 +738,7 @@ void broker_tick(struct broker *p, uint64_t now_ns)
         if (!p->next_deadline_ns || now_ns < p->next_deadline_ns)
                 return;
         p->next_deadline_ns = 0;
+        quarantine_tick(p, now_ns);
         list_for_each(pos, tmp, &p->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);

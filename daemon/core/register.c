@@ -263,11 +263,73 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
         return renotice(p, g);
 }
 
+static struct gpu *find_gpu(struct broker *p, const char *name)
+{
+        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+                struct gpu *x = list_entry(n, struct gpu, node);
+                if (strcmp(x->uuid, name) == 0)
+                        return x;
+        }
+        return NULL;
+}
+
+enum admission {
+        ADMIT_NEW,      /* nothing of anyone's to take up */
+        ADMIT_HOLDER,   /* its holder, taking up what it holds */
+        ADMIT_RELEASED, /* a newcomer, once what the gone holder held is released */
+};
+
+/*
+ * Custody (no changes made here): whether h may register g (NULL: a GPU aquad does not know). Its
+ * holder, presenting its secret, takes up what it holds, replacing an earlier connection of its
+ * own. Anyone else gets the GPU only with nothing of the holder's in it: at once where it holds
+ * nothing or its process is provably gone (what it held is then released as at its death, to be
+ * scrubbed before anyone gets it), never while the holder may still map its memory.
+ */
+static int admit(struct broker *p, const struct gpu *g, const struct broker_hello *h,
+                 enum admission *ret, char *err)
+{
+        char who[192];
+
+        *ret = ADMIT_NEW;
+        if (!g)
+                return 0;
+        /* State journaled before custody existed has no holder: whoever lists it takes it up
+         * (only a producer's chunks, which nobody maps without the handles it passes again). */
+        if (custody_matches(&g->custody, h->who, h->secret) ||
+            (!g->owner && !g->custody.held && gpu_holds_state(g))) {
+                *ret = ADMIT_HOLDER;
+                return 0;
+        }
+        if (g->owner) {
+                p->stats.custody_refused++;
+                return broker_fail(err, E(BUSY), "hello: GPU %s is already registered by %s",
+                                   g->uuid, gpu_holder(g, who, sizeof(who)));
+        }
+        if (gpu_holds_state(g) && custody_liveness(p, g) != PROC_GONE) {
+                p->stats.custody_refused++;
+                events_add(&p->events, "custody", "%s refused to %s: held by %s", g->uuid,
+                           h->client_name && h->client_name[0] ? h->client_name : "a client",
+                           gpu_holder(g, who, sizeof(who)));
+                return broker_fail(err, E(BUSY),
+                                   "hello: GPU %s holds memory of %s, which may still map it; only "
+                                   "that %s can register it again (or an operator: aquactl "
+                                   "release)",
+                                   g->uuid, gpu_holder(g, who, sizeof(who)),
+                                   g->custody.who.remote ? "CURVE identity" : "process");
+        }
+        if (g->restored || g->custody.held)
+                *ret = ADMIT_RELEASED;
+        return 0;
+}
+
 int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err)
 {
         struct broker_welcome w = {0};
         struct gpu *g = NULL;
+        enum admission how;
+        char who[192];
         bool producer = h->role == GPU_ROLE_PRODUCER;
         bool consumer = h->role == GPU_ROLE_CONSUMER;
         size_t chunks = 0;
@@ -291,16 +353,13 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                                            h->uuid);
         } else
                 snprintf(name, sizeof(name), "%s", h->uuid);
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
-                struct gpu *x = list_entry(n, struct gpu, node);
-                if (strcmp(x->uuid, name) == 0)
-                        g = x;
-        }
-        if (g && g->owner)
-                return broker_fail(err, E(BUSY),
-                                   "hello: GPU %s is already registered by %s (pid %d)", g->uuid,
-                                   g->client_name ? g->client_name : "another client", (int)g->pid);
-        if (g) {
+        if (!h->who)
+                return broker_fail(err, E(INVALID), "hello: no identity");
+        g = find_gpu(p, name);
+        r = admit(p, g, h, &how, err);
+        if (r != 0)
+                return r;
+        if (how == ADMIT_HOLDER) {
                 for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
                         chunks += !list_entry(n, struct chunk, producer_node)->orphan;
                 if (chunks && !producer)
@@ -315,6 +374,22 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                 return broker_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
                                    h->n_held);
 
+        if (how == ADMIT_HOLDER && g->owner) {
+                /* Its own new connection (ZeroMQ reconnected, a link came back): the old one
+                 * ends without touching what it holds, which this Hello reconciles. */
+                log_notice("GPU %s is registered again by its holder %s from a new connection; "
+                           "the old connection ends",
+                           g->uuid, gpu_holder(g, who, sizeof(who)));
+                w.replaced = g->owner;
+                broker_gpu_detach(p, g);
+        } else if (how == ADMIT_RELEASED) {
+                if (gpu_holds_state(g))
+                        log_notice("GPU %s: its holder %s is gone; what it held is released "
+                                   "before another client registers it",
+                                   g->uuid, gpu_holder(g, who, sizeof(who)));
+                broker_gpu_gone(p, g);
+                g = find_gpu(p, name);
+        }
         if (!g && !(g = gpu_ensure(p, name)))
                 return -ENOMEM;
         r = set_links(g, h->links, h->n_links);
@@ -334,12 +409,14 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
         g->serial = ++p->next_serial;
         g->held_alive = false;
         g->detached_until_ns = 0;
-        /* Journaled for consumers: after a restart, who may still map what this GPU borrows
-         * (what a producer lends, consumers map: its process does not matter). */
-        if (consumer) {
-                g->process = h->process ? *h->process : (struct proc_id){0};
-                journal_gpu(p, g);
+        /* Journaled: after a restart, whose process may still map what this GPU holds, and who
+         * may register it again. A holder presenting a secret of an older kind gets a new one. */
+        g->process = h->process ? *h->process : (struct proc_id){0};
+        if (how != ADMIT_HOLDER || !g->custody.has_secret) {
+                custody_issue(g, h->who, w.secret);
+                w.new_secret = true;
         }
+        journal_gpu(p, g);
 
         if (producer)
                 r = reconcile_producer(p, g, h, &w);

@@ -31,12 +31,31 @@ static const struct broker_settings settings = {
     .auto_pairing = true,
 };
 
+/* The custody secret each GPU's holder was given, presented when it registers again. */
+static struct {
+        char uuid[32];
+        uint8_t secret[BROKER_SECRET_LEN];
+} secrets[8];
+static const struct broker_identity tenant = {.uid = 1000};
+
+static uint8_t *secret_of(const char *uuid, bool add)
+{
+        for (size_t i = 0; i < 8; i++)
+                if (strcmp(secrets[i].uuid, uuid) == 0 || (add && !secrets[i].uuid[0])) {
+                        snprintf(secrets[i].uuid, sizeof(secrets[i].uuid), "%s", uuid);
+                        return secrets[i].secret;
+                }
+        return NULL;
+}
+
 static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
                          struct client *owner, const struct broker_held *held, size_t n_held,
                          int *fds, struct broker_welcome *ret)
 {
         struct broker_link links[] = {{.uuid = peer, .bandwidth = 400}};
-        struct broker_hello h = {.uuid = uuid,
+        struct broker_hello h = {.who = &tenant,
+                                 .secret = secret_of(uuid, false),
+                                 .uuid = uuid,
                                  .role = role,
                                  .granularity = 2 * MiB,
                                  .links = links,
@@ -48,6 +67,8 @@ static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
         struct broker_welcome w = {0};
 
         cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        if (w.new_secret)
+                memcpy(secret_of(uuid, true), w.secret, BROKER_SECRET_LEN);
         if (ret)
                 *ret = w;
         else
@@ -57,6 +78,7 @@ static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
 
 static void setup(void)
 {
+        memset(secrets, 0, sizeof(secrets));
         cr_assert_eq(broker_new(&settings, &pool), 0);
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
@@ -700,9 +722,13 @@ Test(lease, an_operator_releases_what_an_unheard_consumer_held)
         offer_fabric(2, handles);
         consumer->fabric = true;
         cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
-        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), E(BUSY), "registered: %s", err);
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", false, NULL, err), E(BUSY),
+                     "registered: %s", err);
         broker_gpu_detach(pool, consumer);
-        cr_assert_eq(broker_admin_release(pool, "GPU-C", err), 0, "%s", err);
+        /* Nothing can tell whether it still maps them: only the operator's word releases. */
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", false, NULL, err), E(BUSY), "%s", err);
+        cr_assert(strstr(err, "--force"), "%s", err);
+        cr_assert_eq(broker_admin_release(pool, "GPU-C", true, NULL, err), 0, "%s", err);
         cr_assert_eq(pool->n_leases, 0);
         cr_assert_eq(producer->lent_bytes, 0, "the producer's memory is free again");
 }
@@ -747,7 +773,8 @@ Test(pins, pair_gpus_named_by_ordinal)
                 links[i] = (struct broker_link){.uuid = uuids[i], .bandwidth = 400};
         }
         for (uint32_t i = 0; i < 4; i++) {
-                struct broker_hello h = {.uuid = uuids[i],
+                struct broker_hello h = {.who = &tenant,
+                                         .uuid = uuids[i],
                                          .ordinal = i,
                                          .role = roles[i],
                                          .granularity = 2 * MiB,
@@ -787,7 +814,8 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
                 links[i] = (struct broker_link){.uuid = uuids[i]};
         }
         for (uint32_t i = 0; i < 3; i++) {
-                struct broker_hello h = {.uuid = uuids[i],
+                struct broker_hello h = {.who = &tenant,
+                                         .uuid = uuids[i],
                                          .ordinal = i,
                                          .role = roles[i],
                                          .granularity = 2 * MiB,
@@ -810,7 +838,8 @@ static struct gpu *hello_on(const char *host, const char *uuid, enum gpu_role ro
                             const char *const *peers, size_t n_peers, struct client *owner)
 {
         struct broker_link links[4] = {{0}};
-        struct broker_hello h = {.uuid = uuid,
+        struct broker_hello h = {.who = &tenant,
+                                 .uuid = uuid,
                                  .role = role,
                                  .granularity = 2 * MiB,
                                  .links = links,

@@ -478,6 +478,13 @@ const struct config_remote_client *config_remote_find(const struct config *c, co
 
         if (!zmq_z85_encode(z85, key, 32))
                 return NULL;
+        return config_remote_find_text(c, z85);
+}
+
+const struct config_remote_client *config_remote_find_text(const struct config *c, const char *z85)
+{
+        if (!z85)
+                return NULL;
         for (size_t i = 0; i < c->remote.n_clients; i++)
                 for (size_t k = 0; k < c->remote.clients[i].n_keys; k++)
                         if (strcmp(c->remote.clients[i].keys[k], z85) == 0)

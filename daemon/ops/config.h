@@ -114,6 +114,8 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct config *, config_free);
  */
 /* The remote client a CURVE public key (32 bytes) authenticates, or NULL. */
 const struct config_remote_client *config_remote_find(const struct config *c, const uint8_t key[32]);
+/* The same by the key's Z85 text (ZeroMQ's User-Id of a CURVE connection, as aquad's ZAP sets it). */
+const struct config_remote_client *config_remote_find_text(const struct config *c, const char *z85);
 
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);

@@ -163,6 +163,7 @@ static size_t fill_chunks(struct broker *p, struct reply_mem *m, size_t max)
                         i->producer_uuid = g->uuid;
                         i->size = c->size;
                         i->state = c->state != CHUNK_FREE ? (char *)chunk_state_to_string(c->state)
+                                   : c->quarantined       ? "quarantined"
                                    : c->scrubbing         ? "scrubbing"
                                    : c->dirty             ? "dirty"
                                                           : "free";
@@ -265,11 +266,12 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         reply_mem_free(&m);
 }
 
-static void ack(struct server *s, struct client *c, uint64_t request_id)
+static void ack(struct server *s, struct client *c, uint64_t request_id, const char *text)
 {
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Ack a = AQUA__ACK__INIT;
 
+        a.text = (char *)(text ? text : "");
         r.body_case = AQUA__ENVELOPE__BODY_ACK;
         r.ack = &a;
         r.request_id = request_id;
@@ -280,7 +282,8 @@ static void ack(struct server *s, struct client *c, uint64_t request_id)
 void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
-        char err[BROKER_ERR_MAX];
+        char err[BROKER_ERR_MAX], text[256] = "";
+        size_t quarantined = 0;
         int code = 0;
 
         if (e->body_case == AQUA__ENVELOPE__BODY_ADMIN_QUERY) {
@@ -310,8 +313,18 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 code = translate_outcome(broker_unpin(s->broker, e->admin_unpair->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
-                code =
-                    translate_outcome(broker_admin_release(s->broker, e->admin_release->gpu, err));
+                code = translate_outcome(broker_admin_release(s->broker, e->admin_release->gpu,
+                                                              e->admin_release->force,
+                                                              &quarantined, err));
+                if (code == 0 && !quarantined)
+                        snprintf(text, sizeof(text),
+                                 "its chunks are scrubbed before they are lent again");
+                else if (code == 0)
+                        snprintf(text, sizeof(text),
+                                 "its leases ended; %zu chunks are quarantined (granted, "
+                                 "scrubbed and handed back to nobody) until its process is "
+                                 "gone; their producers are not told, a reclaim of them waits",
+                                 quarantined);
                 break;
         default:
                 code =
@@ -328,5 +341,5 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         log_notice("Admin request %s from uid %u (pid %d) done", wire_body_name(e), c->cred.uid,
                    (int)c->cred.pid);
         events_add(&s->broker->events, "admin", "%s by uid %u", wire_body_name(e), c->cred.uid);
-        ack(s, c, e->request_id);
+        ack(s, c, e->request_id, text);
 }

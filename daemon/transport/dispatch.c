@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <sodium.h>
 #include <string.h>
 
 #include "log.h"
@@ -174,9 +175,10 @@ static struct broker_link *links_of(const Aqua__Hello *h)
         return links;
 }
 
-/* Welcome a registered client; gpu NULL for an admin. */
+/* Welcome a registered client; gpu NULL for an admin; secret NULL: none new to give. */
 static void reply_welcome(struct server *s, struct client *c, uint64_t request_id,
-                          const struct gpu *gpu, uint64_t *lost_leases, size_t n_lost_leases)
+                          const struct gpu *gpu, uint64_t *lost_leases, size_t n_lost_leases,
+                          uint8_t *secret)
 {
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Welcome w = AQUA__WELCOME__INIT;
@@ -193,6 +195,8 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
                 w.keepalive_ms = MAX(s->config->remote.grace_ns / 3 / NSEC_PER_MSEC, 1);
         w.lost_leases = lost_leases;
         w.n_lost_leases = n_lost_leases;
+        if (secret)
+                w.custody_secret = (ProtobufCBinaryData){.len = BROKER_SECRET_LEN, .data = secret};
         r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
         r.welcome = &w;
         reply(s, c, request_id, &r);
@@ -207,7 +211,10 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         size_t n_all = 0;
         struct broker_welcome pw = {0};
         char err[BROKER_ERR_MAX];
+        struct broker_identity who = {.remote = c->remote, .uid = c->cred.uid};
         struct broker_hello ph = {
+            .who = &who,
+            .secret = h->custody_secret.len == BROKER_SECRET_LEN ? h->custody_secret.data : NULL,
             .uuid = h->gpu_uuid,
             .role = translate_role_from_wire(h->role),
             .ordinal = h->gpu_ordinal,
@@ -224,7 +231,15 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         };
         int code;
 
+        if (c->remote)
+                snprintf(who.key, sizeof(who.key), "%s", c->remote_key);
+        else
+                who.process = c->process;
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
+        if (code == 0 && h->custody_secret.len && h->custody_secret.len != BROKER_SECRET_LEN)
+                code = broker_fail(err, E(INVALID),
+                                   "hello: a custody secret of %zu bytes; Welcome gives %d",
+                                   h->custody_secret.len, BROKER_SECRET_LEN);
         /* A remote producer passes its handles again; a consumer holds what it maps. */
         for (size_t i = 0; code == 0 && i < h->n_held; i++)
                 code = fabric_handle_check(h->held[i]->fabric_handle.len,
@@ -264,6 +279,11 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         c->registered = true;
         c->role = h->role;
         c->gpu = pw.gpu;
+        if (pw.replaced) {
+                /* Its holder's earlier connection: forgotten, the GPU left as this Hello made it. */
+                pw.replaced->gpu = NULL;
+                server_drop_client(s, pw.replaced);
+        }
         if (c->remote)
                 log_info("Remote client %" PRIu64 " (%s at %s) registered GPU %s as %s with fabric "
                          "handles%s",
@@ -273,7 +293,9 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
                 log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
                          (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, role_name(h->role),
                          pw.n_lost_leases ? " (with lost leases)" : "");
-        reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases);
+        reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases,
+                      pw.new_secret ? pw.secret : NULL);
+        sodium_memzero(pw.secret, sizeof(pw.secret));
         free(pw.lost_leases);
 }
 
@@ -310,22 +332,6 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
 }
 
 /*
- * A remote registration of uuid under the same identity, from an earlier connection (ZeroMQ
- * reconnected after a cut link, with a new routing id). NULL when there is none.
- */
-static struct client *remote_owner(struct server *s, const char *uuid)
-{
-        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
-                struct client *o = list_entry(n, struct client, node);
-                if (o->remote && o->gpu && o->gpu->owner == o && uuid &&
-                    strcmp(o->gpu->device, uuid) == 0 && s->request_user &&
-                    strcmp(o->remote_user, s->request_user) == 0)
-                        return o;
-        }
-        return NULL;
-}
-
-/*
  * A Hello over tcp:// without a token: a client on another host, its identity the CURVE key ZAP
  * accepted. It registers as an admin (status, listings, and the operator requests the admin
  * lists allow its user), or, when it passes its chunk handles as fabric handles in the messages
@@ -335,7 +341,7 @@ static struct client *remote_owner(struct server *s, const char *uuid)
 static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
-        struct client *c, *old;
+        struct client *c;
 
         if (h->role != AQUA__ROLE__ROLE_ADMIN && !h->fabric_handles) {
                 server_send_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
@@ -355,18 +361,11 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
                 log_info("Remote client %" PRIu64 " (%s at %s, uid %u) registered as admin%s%s",
                          c->id, c->remote_user, c->remote_addr, c->cred.uid,
                          h->client_name ? ": " : "", h->client_name ? h->client_name : "");
-                reply_welcome(s, c, e->request_id, NULL, NULL, 0);
+                reply_welcome(s, c, e->request_id, NULL, NULL, 0, NULL);
                 return;
         }
-        /* Its own earlier connection still holds the GPU: that registration ends as an aquad
-         * restart would end it, and this Hello reconciles what it holds. */
-        old = remote_owner(s, h->gpu_uuid);
-        if (old) {
-                log_notice("Remote client %" PRIu64 " (%s at %s) registers GPU %s again from a new "
-                           "connection; client %" PRIu64 " ends, what it held is reconciled",
-                           c->id, c->remote_user, c->remote_addr, old->gpu->uuid, old->id);
-                server_detach_gpu(s, old);
-        }
+        /* An earlier connection of its own (the same key, with the custody secret) is replaced
+         * by the core; any other identity is refused while the GPU holds state. */
         finish_hello(s, c, e, NULL, 0);
         if (!c->registered)
                 server_drop_client(s, c);
@@ -399,7 +398,7 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
                 c->registered = true;
                 c->role = h->role;
-                reply_welcome(s, c, e->request_id, NULL, NULL, 0);
+                reply_welcome(s, c, e->request_id, NULL, NULL, 0, NULL);
                 goto done;
         }
         need = h->role == AQUA__ROLE__ROLE_PRODUCER ? pending_fds_needed(e) : 0;
@@ -812,8 +811,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         }
         /* A routing id is the peer's to choose: a remote client's is only its own while the
          * same CURVE identity sends it. */
-        if (c->remote && (!s->request_remote || !s->request_user ||
-                          strcmp(s->request_user, c->remote_user) != 0)) {
+        if (c->remote && (!s->request_remote || !s->request_key ||
+                          strcmp(s->request_key, c->remote_key) != 0)) {
                 server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
                                   "%s: this routing id belongs to another client",
                                   wire_body_name(e));

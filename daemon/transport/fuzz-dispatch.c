@@ -174,8 +174,11 @@ static void setup(void)
                 die("bad config", error);
         /* One remote identity, as remote.clients would give it, without binding tcp. */
         cfg->remote.clients = calloc(1, sizeof(*cfg->remote.clients));
-        if (!cfg->remote.clients || !(cfg->remote.clients[0].user = strdup(FUZZ_TCP_IDENTITY)))
+        if (!cfg->remote.clients || !(cfg->remote.clients[0].user = strdup(FUZZ_TCP_IDENTITY)) ||
+            !(cfg->remote.clients[0].keys = calloc(1, sizeof(char *))) ||
+            !(cfg->remote.clients[0].keys[0] = strdup(FUZZ_TCP_KEY)))
                 die("out of memory", NULL);
+        cfg->remote.clients[0].n_keys = 1;
         cfg->remote.n_clients = 1;
         r = server_new(cfg, "fuzz.yaml", 0, &srv);
         if (r < 0)
@@ -217,11 +220,12 @@ static void drop_remote(void)
 static void remote_envelope(size_t who, unsigned flags, const uint8_t *data, size_t len)
 {
         srv->request_remote = true;
-        srv->request_user = flags & FUZZ_TCP_KNOWN ? FUZZ_TCP_IDENTITY : "mallory";
+        srv->request_key =
+            flags & FUZZ_TCP_KNOWN ? FUZZ_TCP_KEY : "mallorymallorymallorymallorymallorymallo";
         srv->request_addr = "10.0.0.9";
         dispatch_envelope(srv, fuzz_tcp_routing_id(who), FUZZ_ROUTING_LEN, data, len);
         srv->request_remote = false;
-        srv->request_user = srv->request_addr = NULL;
+        srv->request_key = srv->request_addr = NULL;
 }
 
 /* A fresh pool and journal, and the producer, consumer and admin registered again. */

@@ -27,6 +27,8 @@ enum {
 #define FUZZ_TCP          1u
 #define FUZZ_TCP_KNOWN    2u
 #define FUZZ_TCP_IDENTITY "root"
+/* Its CURVE public key, as ZAP gives it (Z85). */
+#define FUZZ_TCP_KEY "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
 
 #define FUZZ_CHUNK       (UINT64_C(2) << 20)
 #define FUZZ_ROUTING_LEN 5

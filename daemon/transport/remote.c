@@ -1,7 +1,8 @@
 /*
  * Clients on other hosts: remote.endpoint, tcp:// with ZeroMQ CURVE. aquad's key pair encrypts
  * the connection; a ZAP handler in aquad's own loop admits only the public keys remote.clients
- * lists and names the identity each one is (ZeroMQ's User-Id, which every message then carries).
+ * lists and names the identity each one is: its public key (ZeroMQ's User-Id, which every message
+ * then carries), which remote.clients maps to a user.
  * What such a client may do is the control path alone (dispatch.c): no side channel exists to
  * carry chunk handles or tell its process.
  */
@@ -164,7 +165,8 @@ void server_handle_zap(struct server *s)
                         goto done;
                 }
                 log_debug("tcp client %s authenticated as %s (key %s)", addr, rc->user, key);
-                zap_reply(s, &f[1], "200", "OK", rc->user);
+                /* The key is the identity (custody is by key); remote.clients maps it to a user. */
+                zap_reply(s, &f[1], "200", "OK", key);
         done:
                 for (size_t i = 0; i < n; i++)
                         zmq_msg_close(&f[i]);
@@ -211,9 +213,7 @@ struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
         const struct config_remote_client *rc = NULL;
         struct client *c;
 
-        for (size_t i = 0; s->request_user && i < s->config->remote.n_clients; i++)
-                if (strcmp(s->config->remote.clients[i].user, s->request_user) == 0)
-                        rc = &s->config->remote.clients[i];
+        rc = config_remote_find_text(s->config, s->request_key);
         if (!rc) {
                 /* Plain tcp (plain-tcp: true), or a key a reload has removed since. */
                 server_send_error(s, rid, rlen, request_id,
@@ -238,6 +238,7 @@ struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
         c->remote = true;
         c->cred = (struct side_cred){.pid = 0, .uid = rc->uid, .gid = (gid_t)-1};
         snprintf(c->remote_user, sizeof(c->remote_user), "%s", rc->user);
+        snprintf(c->remote_key, sizeof(c->remote_key), "%s", s->request_key);
         snprintf(c->remote_addr, sizeof(c->remote_addr), "%s",
                  s->request_addr ? s->request_addr : "?");
         list_init(&c->pending);

@@ -482,15 +482,15 @@ static void read_router(struct server *s)
                             s->request_fd >= 0 &&
                             getsockname(s->request_fd, (struct sockaddr *)&sa, &salen) == 0 &&
                             (sa.ss_family == AF_INET || sa.ss_family == AF_INET6);
-                        s->request_user = zmq_msg_gets(&body, "User-Id");
+                        s->request_key = zmq_msg_gets(&body, "User-Id");
                         s->request_addr = zmq_msg_gets(&body, "Peer-Address");
-                        if (s->request_user && !s->request_user[0])
-                                s->request_user = NULL;
+                        if (s->request_key && !s->request_key[0])
+                                s->request_key = NULL;
                         dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
                                           zmq_msg_data(&body), zmq_msg_size(&body));
                         s->request_fd = -1;
                         s->request_remote = false;
-                        s->request_user = s->request_addr = NULL;
+                        s->request_key = s->request_addr = NULL;
                 }
                 zmq_msg_close(&body);
                 zmq_msg_close(&id);

@@ -48,6 +48,7 @@ struct client {
          * can see; remote_user is the identity its key authenticated (remote.clients). */
         bool remote;
         char remote_user[64];
+        char remote_key[BROKER_KEY_TEXT]; /* its identity: the CURVE public key, Z85 */
         char remote_addr[64];
         uint64_t last_seen_ns; /* remote: its last message, for remote.grace */
         Aqua__Role role;
@@ -111,7 +112,7 @@ struct server {
         int exit_status;
         int request_fd; /* the connection the request being dispatched came on; -1: unknown */
         bool request_remote;      /* ... and it is a tcp:// connection */
-        const char *request_user; /* its CURVE identity (ZAP's User-Id); NULL: none */
+        const char *request_key;  /* its CURVE public key, Z85 (ZAP's User-Id); NULL: none */
         const char *request_addr; /* its peer address */
         uint64_t start_ns;
         server_ready_fn on_ready;

@@ -1,0 +1,190 @@
+/*
+ * Custody: who a GPU's state belongs to, whether a Hello may take it up again, and the quarantine
+ * of chunks an operator took from a holder whose process still runs (daemon/README.md, "Who may
+ * hold what").
+ */
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "broker-private.h"
+#include "log.h"
+#include "time-util.h"
+
+int custody_init(void)
+{
+        /* Idempotent and thread-safe; it opens no descriptor that outlives the call on Linux. */
+        return sodium_init() < 0 ? -EIO : 0;
+}
+
+static void secret_hash(const uint8_t secret[BROKER_SECRET_LEN],
+                        uint8_t ret[BROKER_SECRET_HASH_LEN])
+{
+        crypto_generichash(ret, BROKER_SECRET_HASH_LEN, secret, BROKER_SECRET_LEN, NULL, 0);
+}
+
+void custody_issue(struct gpu *g, const struct broker_identity *who,
+                   uint8_t ret_secret[BROKER_SECRET_LEN])
+{
+        randombytes_buf(ret_secret, BROKER_SECRET_LEN);
+        g->custody = (struct custody){.held = true, .who = *who, .has_secret = true};
+        secret_hash(ret_secret, g->custody.secret_hash);
+}
+
+void custody_clear(struct gpu *g)
+{
+        sodium_memzero(&g->custody, sizeof(g->custody));
+}
+
+static bool proc_same(const struct proc_id *a, const struct proc_id *b)
+{
+        return a->pid == b->pid && a->start_time == b->start_time &&
+               strcmp(a->boot_id, b->boot_id) == 0;
+}
+
+/*
+ * Whether b is the identity a holds: the same CURVE key; or the same uid (where a knows it) and,
+ * where a knows its process, the same process, which b must then know too.
+ */
+static bool identity_same(const struct broker_identity *a, const struct broker_identity *b)
+{
+        if (a->remote != b->remote)
+                return false;
+        if (a->remote)
+                return a->key[0] && strcmp(a->key, b->key) == 0;
+        if (a->uid != CUSTODY_UID_UNKNOWN && a->uid != b->uid)
+                return false;
+        if (a->process.pid)
+                return b->process.pid && proc_same(&a->process, &b->process);
+        return true;
+}
+
+bool custody_matches(const struct custody *c, const struct broker_identity *who,
+                     const uint8_t *secret)
+{
+        uint8_t hash[BROKER_SECRET_HASH_LEN];
+
+        if (!c->held || !identity_same(&c->who, who))
+                return false;
+        /* Journaled before secrets existed: only the very process that held it. */
+        if (!c->has_secret)
+                return !c->who.remote && c->who.process.pid;
+        if (!secret)
+                return false;
+        secret_hash(secret, hash);
+        return sodium_memcmp(hash, c->secret_hash, sizeof(hash)) == 0;
+}
+
+bool gpu_holds_state(const struct gpu *g)
+{
+        if (!list_empty(&g->leases) || g->dram_bytes)
+                return true;
+        for (const struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
+                if (!list_entry(n, struct chunk, producer_node)->orphan)
+                        return true;
+        return false;
+}
+
+enum proc_liveness custody_liveness(const struct broker *p, const struct gpu *g)
+{
+        /* No process table across hosts: a remote holder is never provably gone. */
+        if (g->custody.held && g->custody.who.remote)
+                return PROC_UNKNOWN;
+        return p->settings.liveness ? p->settings.liveness(&g->process)
+                                    : proc_liveness(&g->process);
+}
+
+const char *gpu_holder(const struct gpu *g, char *buf, size_t size)
+{
+        const char *name = g->client_name ? g->client_name : "a client";
+        const struct broker_identity *w = &g->custody.who;
+
+        if (!g->custody.held)
+                snprintf(buf, size, "%s (pid %d)", name, (int)g->process.pid);
+        else if (w->remote)
+                snprintf(buf, size, "%s (CURVE key %.8s...)", name, w->key);
+        else if (w->uid == CUSTODY_UID_UNKNOWN)
+                snprintf(buf, size, "%s (pid %d)", name, (int)w->process.pid);
+        else
+                snprintf(buf, size, "%s (uid %u, pid %d)", name, (unsigned)w->uid,
+                         (int)w->process.pid);
+        return buf;
+}
+
+/* ------------------------------------------------------------------------- quarantine */
+
+void chunk_quarantine(struct broker *p, struct chunk *c, const struct proc_id *holder)
+{
+        bool back = c->state == CHUNK_RECLAIMING || c->producer->draining;
+
+        if (c->orphan) {
+                /* Its producer is gone and aquad holds no handle: nobody can get it again. */
+                chunk_drop(p, c);
+                return;
+        }
+        c->quarantined = true;
+        c->quarantine = *holder;
+        c->quarantine_back = back;
+        p->n_quarantined++;
+        chunk_release(p, c);
+        journal_chunk(p, c);
+        if (!p->quarantine_check_ns)
+                p->quarantine_check_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
+        broker_note_deadline(p, p->quarantine_check_ns);
+}
+
+/* The process that may map c is gone: c goes back to its producer if it asked, else is scrubbed. */
+static void quarantine_end(struct broker *p, struct chunk *c)
+{
+        struct gpu *producer = c->producer;
+        uint64_t id = c->id;
+
+        c->quarantined = false;
+        p->n_quarantined--;
+        events_add(&p->events, "quarantine", "chunk %" PRIu64 " of %s out of quarantine: pid %d gone",
+                   c->id, producer->uuid, (int)c->quarantine.pid);
+        c->quarantine = (struct proc_id){0};
+        if (c->quarantine_back) {
+                c->quarantine_back = false;
+                chunk_drop(p, c);
+                notice_queue(p, NOTICE_RECLAIMED, producer, 0, &id, 1, 0, NULL);
+                return;
+        }
+        chunk_dirty(p, c, NULL);
+        chunk_set_free_listed(c);
+        journal_chunk(p, c);
+        scrub_check(p, producer);
+}
+
+void quarantine_tick(struct broker *p, uint64_t now_ns)
+{
+        struct list_node *gp, *gtmp, *cp, *ctmp;
+
+        if (!p->n_quarantined) {
+                p->quarantine_check_ns = 0;
+                return;
+        }
+        if (now_ns < p->quarantine_check_ns) {
+                broker_note_deadline(p, p->quarantine_check_ns);
+                return;
+        }
+        list_for_each(gp, gtmp, &p->gpus)
+        {
+                struct gpu *g = list_entry(gp, struct gpu, node);
+                list_for_each(cp, ctmp, &g->chunks)
+                {
+                        struct chunk *c = list_entry(cp, struct chunk, producer_node);
+                        enum proc_liveness l;
+
+                        if (!c->quarantined)
+                                continue;
+                        l = p->settings.liveness ? p->settings.liveness(&c->quarantine)
+                                                 : proc_liveness(&c->quarantine);
+                        if (l == PROC_GONE)
+                                quarantine_end(p, c);
+                }
+        }
+        p->quarantine_check_ns = p->n_quarantined ? now_ns + BROKER_LIVENESS_RECHECK_NS : 0;
+        broker_note_deadline(p, p->quarantine_check_ns);
+}
