@@ -51,6 +51,13 @@ static char dir[64], journal_path[128];
 static int memfd = -1;
 static uint64_t rng, clock_ns, violations, steps, next_pid = 100;
 static char why[512];
+static uint8_t fabric_handles[4 * BROKER_FABRIC_HANDLE_SIZE]; /* a remote producer's */
+static size_t scrubs_asked, handed_back; /* chunks in ScrubRequests and Reclaimed notices */
+/* What the random runs did, so that a run that tries nothing shows. */
+static struct {
+        uint64_t hellos, refused, grants, remote_grants, restarts, cuts, deaths, releases,
+            quarantined;
+} tally;
 
 static const struct broker_settings settings = {
     .dram_budget = 8 * MiB,
@@ -200,6 +207,8 @@ static void deliver(void)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
 
+                scrubs_asked += m->kind == NOTICE_SCRUB ? m->n_chunk_ids : 0;
+                handed_back += m->kind == NOTICE_RECLAIMED ? m->n_chunk_ids : 0;
                 for (size_t i = 0; i < m->n_chunk_ids; i++) {
                         if (m->kind == NOTICE_SCRUB && mapped(m->chunk_ids[i]))
                                 violation("a scrub of a mapped chunk asked of", m->gpu->uuid,
@@ -221,7 +230,10 @@ static void deliver(void)
         (void)broker_commit(pool);
 }
 
-static void hello(int k, int g, bool with_secret)
+static char last_err[BROKER_ERR_MAX];
+
+/* k registers GPU g (presenting its secret if with_secret); the core's outcome. */
+static int hello(int k, int g, bool with_secret)
 {
         struct broker_held held[64];
         int fds[64];
@@ -241,10 +253,10 @@ static void hello(int k, int g, bool with_secret)
             .fabric = ids[k].who.remote,
         };
         struct gpu *known = broker_find_gpu(pool, names[g]);
-        char err[BROKER_ERR_MAX];
+        int r;
 
         if (!ids[k].alive || (reg[g] && owner_of[g] == k && reg[g]->owner == &clients[k][g]))
-                return;
+                return -EALREADY;
         for (int i = 0; i < GPUS; i++)
                 if (i != g)
                         links[h.n_links++] = (struct broker_link){.uuid = names[i], .bandwidth = 400};
@@ -262,15 +274,19 @@ static void hello(int k, int g, bool with_secret)
                         struct chunk *c = list_entry(x, struct chunk, producer_node);
                         if (c->orphan)
                                 continue;
-                        fds[n] = dup(memfd);
-                        held[n++] = (struct broker_held){.chunk_id = c->id, .size = c->size};
+                        fds[n] = ids[k].who.remote ? -1 : dup(memfd);
+                        held[n++] = (struct broker_held){
+                            .chunk_id = c->id,
+                            .size = c->size,
+                            .fabric = ids[k].who.remote ? fabric_handles : NULL};
                 }
         h.held = held;
         h.n_held = n;
         h.held_fds = g == 0 && !ids[k].who.remote ? fds : NULL;
-        if (g == 0 && ids[k].who.remote)
-                h.n_held = 0; /* no fabric handles here */
-        if (broker_register(pool, &h, &clients[k][g], &w, err) == 0) {
+        r = broker_register(pool, &h, &clients[k][g], &w, last_err);
+        tally.hellos++;
+        tally.refused += r == E(BUSY);
+        if (r == 0) {
                 /* An earlier connection it replaced (w.replaced) is simply forgotten. */
                 reg[g] = w.gpu;
                 owner_of[g] = k;
@@ -284,17 +300,23 @@ static void hello(int k, int g, bool with_secret)
                 if (fds[i] >= 0)
                         close(fds[i]);
         free(w.lost_leases);
+        return r;
 }
 
-static void offer(void)
+static void offer_n(size_t n)
 {
         uint64_t sizes[4], refs[4], out[4];
         int fds[4];
-        size_t n = 1 + next() % 4;
         char err[BROKER_ERR_MAX];
 
-        if (!reg[0] || reg[0]->fabric)
+        if (!reg[0])
                 return;
+        if (reg[0]->fabric) {
+                for (size_t i = 0; i < n; i++)
+                        sizes[i] = 2 * MiB, refs[i] = i;
+                (void)broker_offer(pool, reg[0], sizes, refs, NULL, fabric_handles, n, out, err);
+                return;
+        }
         for (size_t i = 0; i < n; i++) {
                 sizes[i] = 2 * MiB;
                 refs[i] = i;
@@ -305,7 +327,12 @@ static void offer(void)
                         close(fds[i]);
 }
 
-static void borrow(int g)
+static void offer_one(void)
+{
+        offer_n(1);
+}
+
+static void borrow_some(int g, uint64_t bytes)
 {
         struct broker_grant grant;
         char err[BROKER_ERR_MAX];
@@ -313,7 +340,7 @@ static void borrow(int g)
 
         if (!reg[g])
                 return;
-        if (broker_borrow(pool, reg[g], (1 + next() % 4) * 2 * MiB, 0, false, &grant, err) != 0 ||
+        if (broker_borrow(pool, reg[g], bytes, 0, false, &grant, err) != 0 ||
             !grant.lease)
                 return;
         for (struct list_node *x = grant.lease->chunks.next; x != &grant.lease->chunks;
@@ -323,6 +350,8 @@ static void borrow(int g)
                         if (maps[i].chunk == c->id && maps[i].ident != k)
                                 violation("granted a chunk another identity maps to",
                                           reg[g]->uuid, c->id);
+                tally.grants++;
+                tally.remote_grants += ids[k].who.remote;
                 if (n_maps < MAX_MAPS)
                         maps[n_maps++] =
                             (struct map){.chunk = c->id, .lease = grant.lease->id, .ident = k,
@@ -360,6 +389,7 @@ static void restart(void)
 
         (void)broker_commit(pool);
         pool = broker_free(pool);
+        tally.restarts++;
         memset(reg, 0, sizeof(reg));
         cr_assert_eq(broker_new(&settings, &pool), 0);
         pool->settings.liveness = liveness;
@@ -382,11 +412,13 @@ static void die(int k)
                 if (maps[i].ident == k)
                         map_drop(i);
         ids[k].alive = false;
+        tally.deaths++;
 }
 
 static void cut(int g)
 {
         if (reg[g] && ids[owner_of[g]].who.remote) {
+                tally.cuts++;
                 broker_gpu_detach(pool, reg[g]);
                 reg[g] = NULL;
         }
@@ -394,7 +426,7 @@ static void cut(int g)
 
 /* An operator releases g; --force only where it is true (a remote holder that is gone) or where
  * aquad quarantines (a local holder that runs). */
-static void release(int g)
+static void release_random(int g)
 {
         struct gpu *x = broker_find_gpu(pool, names[g]);
         char err[BROKER_ERR_MAX];
@@ -406,7 +438,10 @@ static void release(int g)
                 for (int k = 0; k < IDS; k++)
                         if (is_ident(&x->custody.who, k) && ids[k].alive)
                                 force = false; /* the operator's word would be wrong */
-        (void)broker_release(pool, x, force, NULL, err);
+        size_t q = 0;
+        if (broker_release(pool, x, force, &q, err) == 0)
+                tally.releases++;
+        tally.quarantined += q;
 }
 
 static void step(void)
@@ -417,14 +452,14 @@ static void step(void)
         case 0:
         case 1:
         case 2:
-                hello(k, g, next() % 4 != 0);
+                (void)hello(k, g, next() % 4 != 0);
                 break;
         case 3:
-                offer();
+                offer_n(1 + next() % 4);
                 break;
         case 4:
         case 5:
-                borrow(1 + (int)(next() % 2));
+                borrow_some(1 + (int)(next() % 2), (1 + next() % 4) * 2 * MiB);
                 break;
         case 6:
                 give_back(g, false);
@@ -446,7 +481,7 @@ static void step(void)
                         new_process(k);
                 break;
         case 11:
-                release(g);
+                release_random(g);
                 break;
         case 12: {
                 struct broker_reclaim r = {0};
@@ -467,38 +502,186 @@ static void step(void)
         steps++;
 }
 
+/* A fresh pool with a journal, and every identity a fresh process. */
+static void begin(uint64_t seed)
+{
+        struct journal *j = NULL;
+
+        if (memfd < 0) {
+                memfd = memfd_create("chunk", MFD_CLOEXEC);
+                cr_assert_geq(memfd, 0);
+                cr_assert_eq(ftruncate(memfd, 2 * MiB), 0);
+        }
+        snprintf(dir, sizeof(dir), "/tmp/test-custody-XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
+        rng = seed;
+        setup_idents();
+        memset(reg, 0, sizeof(reg));
+        n_maps = 0;
+        clock_ns = 0;
+        scrubs_asked = handed_back = 0;
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        pool->settings.liveness = liveness;
+        cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
+        broker_attach_journal(pool, j, 1 << 16);
+}
+
+static void end(void)
+{
+        char cmd[128];
+
+        deliver();
+        pool = broker_free(pool);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
 Test(custody, no_identity_ever_gets_what_another_maps, .timeout = 300)
 {
         const char *env = getenv("AQUA_CUSTODY_RUNS");
-        int runs = env ? atoi(env) : 60;
-        struct journal *j = NULL;
+        int runs = env ? atoi(env) : 150;
 
-        memfd = memfd_create("chunk", MFD_CLOEXEC);
-        cr_assert_geq(memfd, 0);
-        cr_assert_eq(ftruncate(memfd, 2 * MiB), 0);
         for (int run = 0; run < runs; run++) {
-                snprintf(dir, sizeof(dir), "/tmp/test-custody-XXXXXX");
-                cr_assert_not_null(mkdtemp(dir));
-                snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
-                rng = 0x9e3779b97f4a7c15ull * (uint64_t)(run + 1);
-                setup_idents();
-                memset(reg, 0, sizeof(reg));
-                n_maps = 0;
-                clock_ns = 0;
-                cr_assert_eq(broker_new(&settings, &pool), 0);
-                pool->settings.liveness = liveness;
-                cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
-                broker_attach_journal(pool, j, 1 << 16);
+                begin(0x9e3779b97f4a7c15ull * (uint64_t)(run + 1));
                 for (int s = 0; s < 400; s++)
                         step();
-                pool = broker_free(pool);
-                char cmd[128];
-                snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-                cr_assert_eq(system(cmd), 0);
+                end();
         }
-        cr_log_info("custody: %llu steps over %d runs, %llu violations",
-                    (unsigned long long)steps, runs, (unsigned long long)violations);
+        cr_log_info("custody: %llu steps over %d runs, %llu violations", (unsigned long long)steps,
+                    runs, (unsigned long long)violations);
+        cr_log_info("custody: %llu hellos (%llu refused BUSY), %llu chunks granted (%llu to "
+                    "remote identities), %llu restarts, %llu cut links, %llu deaths, %llu "
+                    "releases (%llu chunks quarantined)",
+                    (unsigned long long)tally.hellos, (unsigned long long)tally.refused,
+                    (unsigned long long)tally.grants, (unsigned long long)tally.remote_grants,
+                    (unsigned long long)tally.restarts, (unsigned long long)tally.cuts,
+                    (unsigned long long)tally.deaths, (unsigned long long)tally.releases,
+                    (unsigned long long)tally.quarantined);
         cr_assert_eq(violations, 0, "%llu violations; the first: %s",
                      (unsigned long long)violations, why);
-        close(memfd);
+}
+
+/* The identities by role in the tests below. */
+enum { PRODUCER, TENANT, NEIGHBOUR /* same uid, another process */, NOBODY, KEY, OTHER_KEY };
+enum { P, A };
+
+/* The producer lends 4 chunks (a remote one to a remote tenant: fabric handles); the tenant
+ * borrows and maps all of them through GPU-A. */
+static void tenant_borrows(int tenant)
+{
+        int producer = ids[tenant].who.remote ? OTHER_KEY : PRODUCER;
+
+        cr_assert_eq(hello(producer, P, true), 0, "%s", last_err);
+        for (int i = 0; i < 4; i++)
+                offer_one();
+        cr_assert_eq(hello(tenant, A, true), 0, "%s", last_err);
+        borrow_some(A, 8 * MiB);
+        cr_assert_eq(n_maps, 4);
+        deliver();
+}
+
+static size_t leases_of(int g)
+{
+        struct gpu *x = broker_find_gpu(pool, names[g]);
+        return x ? list_length(&x->leases) : 0;
+}
+
+/* Item 1 of 'Custody by identity': the takeover after a restart. */
+Test(custody, after_a_restart_nobody_but_the_silent_holder_with_its_secret_registers_its_gpu)
+{
+        begin(1);
+        tenant_borrows(TENANT);
+        restart();
+        cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
+        /* The tenant stays silent; everyone else who knows the uuid tries. */
+        for (int k = NEIGHBOUR; k <= OTHER_KEY; k++) {
+                cr_assert_eq(hello(k, A, true), E(BUSY), "identity %d: %s", k, last_err);
+                cr_assert(strstr(last_err, "uid 1001") && strstr(last_err, "may still map"), "%s",
+                          last_err);
+        }
+        cr_assert_eq(hello(TENANT, A, false), E(BUSY), "its own process, without the secret");
+        cr_assert_eq(leases_of(A), 1, "nothing was dropped for them");
+        cr_assert_eq(hello(TENANT, A, true), 0, "%s", last_err);
+        cr_assert_eq(leases_of(A), 1, "the holder takes up its lease");
+        check_invariant();
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+Test(custody, a_newcomer_gets_a_gone_holders_gpu_empty_and_its_chunks_only_scrubbed)
+{
+        begin(2);
+        tenant_borrows(TENANT);
+        restart();
+        cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
+        die(TENANT);
+        deliver();
+        cr_assert_eq(hello(NOBODY, A, true), 0, "%s", last_err);
+        cr_assert_eq(leases_of(A), 0, "no lease is inherited");
+        deliver();
+        cr_assert_eq(scrubs_asked, 4, "what the holder left is scrubbed before anyone gets it");
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+/* Item 2: across hosts, by CURVE key. */
+Test(custody, another_key_neither_ends_a_live_remote_registration_nor_takes_a_silent_one)
+{
+        begin(3);
+        tenant_borrows(KEY);
+        cr_assert_eq(hello(OTHER_KEY, A, true), E(BUSY), "live: %s", last_err);
+        cr_assert_eq(reg[A]->owner, &clients[KEY][A], "the live registration stands");
+        cut(A); /* silent past remote.grace */
+        cr_assert_eq(hello(OTHER_KEY, A, true), E(BUSY), "silent: %s", last_err);
+        cr_assert(strstr(last_err, "CURVE"), "%s", last_err);
+        cr_assert_eq(hello(KEY, A, false), E(BUSY), "the key without the secret");
+        cr_assert_eq(hello(KEY, A, true), 0, "%s", last_err);
+        cr_assert_eq(leases_of(A), 1);
+        /* Its own new connection, with the secret, replaces a live one. */
+        reg[A]->owner = &clients[OTHER_KEY][A]; /* as if another connection of it held it */
+        cr_assert_eq(hello(KEY, A, true), 0, "%s", last_err);
+        cr_assert_eq(reg[A]->owner, &clients[KEY][A]);
+        cr_assert_eq(leases_of(A), 1);
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+/* Item 3: an operator's release of a holder whose process runs. */
+Test(custody, a_release_of_a_live_holder_is_refused_and_force_quarantines_until_it_is_gone)
+{
+        struct broker_reclaim r = {0};
+        struct gpu *a;
+        char err[BROKER_ERR_MAX];
+        size_t q = 0;
+
+        begin(4);
+        tenant_borrows(TENANT);
+        restart();
+        cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
+        a = broker_find_gpu(pool, "GPU-A");
+        cr_assert_eq(broker_release(pool, a, false, NULL, err), E(BUSY));
+        cr_assert(strstr(err, "still runs") && strstr(err, "pid"), "%s", err);
+        cr_assert_eq(broker_release(pool, a, true, &q, err), 0, "%s", err);
+        cr_assert_eq(q, 4);
+        deliver();
+        cr_assert_eq(scrubs_asked, 0, "nothing the tenant maps is scrubbed");
+        /* Lent to nobody, handed back to nobody. */
+        cr_assert_eq(hello(NOBODY, A, true), 0, "%s", last_err);
+        borrow_some(A, 2 * MiB);
+        cr_assert_eq(leases_of(A), 0);
+        cr_assert_eq(broker_reclaim(pool, reg[P], 0, true, false, "load", &r, err), 0, "%s", err);
+        cr_assert_eq(r.n_free, 0);
+        cr_assert_eq(r.n_pending, 4, "they come back once the process is gone");
+        broker_reclaim_clear(&r);
+        deliver();
+        cr_assert_eq(handed_back, 0);
+        check_invariant();
+        die(TENANT);
+        broker_tick(pool, now_mono_ns() + 5 * NSEC_PER_SEC);
+        deliver();
+        cr_assert_eq(handed_back, 4, "its producer gets them back now");
+        cr_assert_eq(pool->n_quarantined, 0);
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
 }
