@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -291,6 +292,87 @@ Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
         cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY,
                      "the producer is connected: it is not silent");
         raw_free(r);
+        close(pfd);
+        close(cfd);
+}
+
+/* A Hello for uuid from a fresh connection: the error code (-1: welcomed), message in msg. */
+static int stranger_hello(Aqua__Role role, const char *uuid, const char *peer, char *msg,
+                          size_t len)
+{
+        struct raw r = {0};
+        Aqua__Envelope *w;
+        int code;
+
+        cr_assert_eq(raw_connect(&r, aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
+        r.no_secret = true;
+        w = raw_hello(&r, role, uuid, peer, NULL, 0, NULL);
+        cr_assert_not_null(w);
+        code = raw_error_code(w);
+        snprintf(msg, len, "%s", code >= 0 ? w->error->message : "");
+        raw_free(w);
+        raw_close(&r);
+        return code;
+}
+
+/*
+ * Custody by identity, item 1: the consumer fills its lease; aquad restarts; the consumer stays
+ * silent (alive, not polling). Another process that knows the uuid and even holds the custody
+ * secret (a child of the holder), and the holder's own process without the secret, are refused
+ * BUSY naming the holder; nothing is dropped or granted for them. The same for the producer's
+ * GPU. The holder then registers again with its secret and keeps its lease.
+ */
+Test(restart, a_silent_holders_gpu_is_refused_to_every_other_process_after_a_restart)
+{
+        Aqua__Envelope *q;
+        uint64_t chunk, lease;
+        int pfd, cfd, status;
+        char msg[256], want[64];
+        pid_t child;
+
+        lend_one_chunk("reconcile-timeout: 200ms\n", &pfd, &cfd, &lease, &chunk);
+        cr_assert_eq(pwrite(cfd, "tenant A", 9, 0), 9);
+        cr_assert_eq(aquad_kill(daemon_, SIGTERM), 0);
+        close_all();
+        cr_assert_eq(aquad_restart(daemon_), 0);
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+
+        snprintf(want, sizeof(want), "pid %d", (int)getpid());
+        child = fork();
+        cr_assert_geq(child, 0);
+        if (child == 0) {
+                /* Another process: the secret in its memory is not enough. */
+                struct raw r = {0};
+                Aqua__Envelope *w;
+
+                if (raw_connect(&r, aquad_endpoint(daemon_), aquad_side_path(daemon_)) != 0)
+                        _exit(2);
+                w = raw_hello(&r, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P", NULL, 0, NULL);
+                _exit(w && raw_error_code(w) == AQUA__ERROR_CODE__ERROR_CODE_BUSY &&
+                              strstr(w->error->message, want)
+                          ? 0
+                          : 1);
+        }
+        cr_assert_eq(waitpid(child, &status, 0), child);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "another process with the secret was not refused BUSY naming %s", want);
+        cr_assert_eq(stranger_hello(AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P", msg, sizeof(msg)),
+                     AQUA__ERROR_CODE__ERROR_CODE_BUSY, "no secret: %s", msg);
+        cr_assert(strstr(msg, want) && strstr(msg, "may still map"), "%s", msg);
+        cr_assert_eq(stranger_hello(AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", msg, sizeof(msg)),
+                     AQUA__ERROR_CODE__ERROR_CODE_BUSY, "the producer's GPU: %s", msg);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(q->admin_reply->status->leases, 1, "nothing dropped for a stranger");
+        raw_free(q);
+
+        /* The holders, with their secrets, take up what they hold. */
+        rehello(&producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C", &chunk, lease, 1, &pfd);
+        rehello(&consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P", &chunk, lease, 1, NULL);
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(q->admin_reply->status->leases, 1);
+        raw_free(q);
+        cr_assert(chunk_is(chunk, "leased"));
+        cr_assert(raw_memfd_has(cfd, "tenant A"));
         close(pfd);
         close(cfd);
 }
