@@ -313,8 +313,8 @@ static int admit(struct broker *p, const struct gpu *g, const struct broker_hell
                            gpu_holder(g, who, sizeof(who)));
                 return broker_fail(err, E(BUSY),
                                    "hello: GPU %s holds memory of %s, which may still map it; only "
-                                   "that %s can register it again (or an operator: aquactl "
-                                   "release)",
+                                   "that %s, with the custody secret aquad gave it, can register "
+                                   "it again (or an operator: aquactl release)",
                                    g->uuid, gpu_holder(g, who, sizeof(who)),
                                    g->custody.who.remote ? "CURVE identity" : "process");
         }
