@@ -41,7 +41,7 @@ void scrub_check(struct broker *p, struct gpu *producer)
                 /* What the paired consumer left stays for it; everything else gets ready for
                  * whoever borrows next. */
                 if (c->state != CHUNK_FREE || !c->dirty || c->scrubbing || !chunk_has_handle(c) ||
-                    c->orphan || (keep && c->dirty_for == keep))
+                    c->orphan || c->quarantined || (keep && c->dirty_for == keep))
                         continue;
                 if (n == alloc) {
                         size_t a = alloc ? alloc * 2 : 16;

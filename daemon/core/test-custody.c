@@ -80,6 +80,9 @@ static uint64_t next(void)
 
 static void violation(const char *fmt, const char *detail, uint64_t id)
 {
+        if (getenv("AQUA_CUSTODY_TRACE"))
+                fprintf(stderr, "step %llu: violation: %s %s %llu\n", (unsigned long long)steps,
+                        fmt, detail, (unsigned long long)id);
         if (!violations++)
                 snprintf(why, sizeof(why), "step %llu: %s %s %llu", (unsigned long long)steps, fmt,
                          detail, (unsigned long long)id);
@@ -447,8 +450,12 @@ static void release_random(int g)
 static void step(void)
 {
         int k = (int)(next() % IDS), g = (int)(next() % GPUS);
+        unsigned op = (unsigned)(next() % 14);
 
-        switch (next() % 14) {
+        if (getenv("AQUA_CUSTODY_TRACE"))
+                fprintf(stderr, "step %llu: op %u identity %d gpu %d\n", (unsigned long long)steps,
+                        op, k, g);
+        switch (op) {
         case 0:
         case 1:
         case 2:
@@ -542,7 +549,10 @@ Test(custody, no_identity_ever_gets_what_another_maps, .timeout = 300)
         const char *env = getenv("AQUA_CUSTODY_RUNS");
         int runs = env ? atoi(env) : 150;
 
-        for (int run = 0; run < runs; run++) {
+        /* AQUA_CUSTODY_FIRST=N: start at run N (to look at one with AQUA_CUSTODY_RUNS=N+1). */
+        const char *first = getenv("AQUA_CUSTODY_FIRST");
+
+        for (int run = first ? atoi(first) : 0; run < runs; run++) {
                 begin(0x9e3779b97f4a7c15ull * (uint64_t)(run + 1));
                 for (int s = 0; s < 400; s++)
                         step();
