@@ -25,6 +25,9 @@ struct client {
         int ident, gpu;
 };
 
+/* The identities by role. */
+enum { PRODUCER, TENANT, NEIGHBOUR /* same uid, another process */, NOBODY, KEY, OTHER_KEY };
+
 struct ident {
         struct broker_identity who;
         bool alive;                           /* its process runs (a remote one: its host) */
@@ -477,6 +480,14 @@ static void step(void)
         case 8:
                 if (next() % 3 == 0)
                         restart();
+                else if (next() % 2 == 0) {
+                        /* The tenant forks: its child, another process of its uid, has the
+                         * secrets in its memory; they do not make it the holder. */
+                        memcpy(ids[NEIGHBOUR].secret, ids[TENANT].secret,
+                               sizeof(ids[TENANT].secret));
+                        memcpy(ids[NEIGHBOUR].has_secret, ids[TENANT].has_secret,
+                               sizeof(ids[TENANT].has_secret));
+                }
                 break;
         case 9:
                 cut(g);
@@ -572,8 +583,6 @@ Test(custody, no_identity_ever_gets_what_another_maps, .timeout = 300)
                      (unsigned long long)violations, why);
 }
 
-/* The identities by role in the tests below. */
-enum { PRODUCER, TENANT, NEIGHBOUR /* same uid, another process */, NOBODY, KEY, OTHER_KEY };
 enum { P, A };
 
 /* The producer lends 4 chunks (a remote one to a remote tenant: fabric handles); the tenant
