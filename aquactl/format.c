@@ -404,15 +404,18 @@ static int format_leases(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 snprintf(id, sizeof(id), "%" PRIu64, l->lease_id);
                 snprintf(chunks, sizeof(chunks), "%" PRIu32, l->chunks);
                 if (strcmp(l->state, "reclaiming") == 0) {
-                        if (l->deadline_ms > 0) {
-                                char d[CELL_MAX];
+                        char d[CELL_MAX];
 
+                        /* No deadline at all (its producer is gone: moving off at its own
+                         * pace) stays "-". */
+                        if (l->overdue)
+                                snprintf(deadline, sizeof(deadline), "overdue");
+                        else if (l->deadline_ms > 0)
                                 snprintf(
                                     deadline, sizeof(deadline), "in %s",
                                     format_duration(d, sizeof(d), l->deadline_ms * NSEC_PER_MSEC));
-                        } else {
-                                snprintf(deadline, sizeof(deadline), "overdue");
-                        }
+                        else if (l->notice_pending)
+                                snprintf(deadline, sizeof(deadline), "not yet told");
                 }
                 const char *row[] = {
                     id,

@@ -109,9 +109,21 @@ Test(format, leases_say_who_holds_what_from_whom_and_dram_per_consumer)
 Test(format, a_reclaiming_lease_past_its_deadline_is_overdue)
 {
         c.lease[1].deadline_ms = 0;
+        c.lease[1].overdue = true;
         _cleanup_free_ char *out = render(VIEW_LEASES, &c.leases, &c.gpus);
 
         cr_assert(strstr(out, "reclaiming  1 GiB     512     5s   overdue\n"), "%s", out);
+}
+
+/* Its notice still waits in aquad's outbox: the deadline has not started, nothing is late. */
+Test(format, a_reclaim_whose_notice_waits_is_not_overdue)
+{
+        c.lease[1].deadline_ms = 0;
+        c.lease[1].notice_pending = true;
+        _cleanup_free_ char *out = render(VIEW_LEASES, &c.leases, &c.gpus);
+
+        cr_assert(strstr(out, "reclaiming  1 GiB     512     5s  not yet told\n"), "%s", out);
+        cr_assert_null(strstr(out, "overdue"), "%s", out);
 }
 
 Test(format, pairs_name_gpus_and_fall_back_to_a_short_uuid)

@@ -72,6 +72,19 @@ static void reclaim_all(void)
         raw_free(r);
 }
 
+/* Whether an event of kind whose text holds text is in aquad's ring. */
+static bool event_has(const char *kind, const char *text)
+{
+        Aqua__Envelope *q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS);
+        bool has = false;
+
+        for (size_t i = 0; i < q->admin_reply->n_events; i++)
+                has |= strcmp(q->admin_reply->events[i]->kind, kind) == 0 &&
+                       strstr(q->admin_reply->events[i]->text, text);
+        raw_free(q);
+        return has;
+}
+
 /* Say hello again after a restart, listing what the client holds. */
 static void rehello(struct raw *r, Aqua__Role role, const char *uuid, const char *peer,
                     const uint64_t *chunk_ids, uint64_t lease, size_t n, const int *fds)
@@ -119,6 +132,13 @@ Test(restart, a_reclaim_finished_while_aquad_was_away_reaches_a_producer_back_fi
         cr_assert_eq(n->reclaimed->n_chunk_ids, 1);
         cr_assert_eq(n->reclaimed->chunk_ids[0], chunk);
         raw_free(n);
+        /* A completed reclaim, not a lost lease. */
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+        n = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_STATUS);
+        cr_assert_eq(n->admin_reply->status->leases_lost, 0, "counted as lost");
+        raw_free(n);
+        cr_assert(event_has("lease", "returned by GPU-C while aquad was away"));
+        cr_assert_not(event_has("lease", "lost"), "a 'lease lost' event for a completed reclaim");
         close(pfd);
 }
 
@@ -179,6 +199,12 @@ Test(restart, a_notice_behind_a_full_queue_is_delivered_and_its_deadline_starts_
                 pair_request(i % 2 == 1);
         drain_for(&producer, AQUA__ENVELOPE__BODY__NOT_SET, 200); /* all of it */
         reclaim_all();
+        /* Until it is delivered the lease is not overdue: its deadline has not started. */
+        q = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES);
+        cr_assert_eq(q->admin_reply->n_leases, 1);
+        cr_assert(q->admin_reply->leases[0]->notice_pending, "the notice waits in the outbox");
+        cr_assert_not(q->admin_reply->leases[0]->overdue);
+        raw_free(q);
         /* Longer than the deadline: were it running, the consumer would be barred now. */
         usleep(2500 * 1000);
 

@@ -34,6 +34,9 @@ void chunk_set_free_listed(struct chunk *c);
 struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer);
 /* Free an empty lease (remaining chunks are released first); journaled. */
 void lease_free(struct broker *p, struct lease *l);
+/* Whether every chunk of l was being taken back (reclaimed, or its producer gone): a consumer
+ * that no longer maps it has moved off all of it, which is no loss. */
+bool lease_was_returned(const struct lease *l);
 /* Derive the lease state from its chunks. */
 void lease_update_state(struct lease *l);
 

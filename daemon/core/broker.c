@@ -366,6 +366,16 @@ void chunk_release(struct broker *p, struct chunk *c)
         chunk_set_free_listed(c);
 }
 
+bool lease_was_returned(const struct lease *l)
+{
+        for (const struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
+                const struct chunk *c = list_entry(k, struct chunk, lease_node);
+                if (!c->orphan && c->state != CHUNK_RECLAIMING)
+                        return false;
+        }
+        return true;
+}
+
 void lease_update_state(struct lease *l)
 {
         struct list_node *pos, *tmp;

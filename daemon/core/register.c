@@ -223,7 +223,13 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
 
                 if (!back)
                         return -ENOMEM;
-                if (!l->confirmed) {
+                if (!l->confirmed && lease_was_returned(l)) {
+                        /* Every chunk of it was being taken back: it finished while aquad was
+                         * away, which is a completed reclaim, not a loss. */
+                        events_add(&p->events, "lease",
+                                   "lease %" PRIu64 " returned by %s while aquad was away", l->id,
+                                   g->uuid);
+                } else if (!l->confirmed) {
                         log_notice("Consumer %s did not re-register lease %" PRIu64
                                    "; its chunks go back to the pool",
                                    g->uuid, l->id);

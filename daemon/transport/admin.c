@@ -125,11 +125,13 @@ static size_t fill_leases(struct broker *p, struct reply_mem *m, size_t max)
                 struct lease *l = list_entry(x, struct lease, broker_node);
                 Aqua__LeaseInfo *i = &m->leases[n];
                 uint64_t deadline = 0;
+                bool pending = false;
 
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
                         struct chunk *c = list_entry(k, struct chunk, lease_node);
                         if (c->deadline_ns && (!deadline || c->deadline_ns < deadline))
                                 deadline = c->deadline_ns;
+                        pending |= c->state == CHUNK_RECLAIMING && c->deadline_pending;
                 }
                 aqua__lease_info__init(i);
                 i->lease_id = l->id;
@@ -140,6 +142,8 @@ static size_t fill_leases(struct broker *p, struct reply_mem *m, size_t max)
                 i->chunks = (uint32_t)l->n_chunks;
                 i->age_ms = (now - l->created_ns) / NSEC_PER_MSEC;
                 i->deadline_ms = deadline > now ? (deadline - now) / NSEC_PER_MSEC : 0;
+                i->notice_pending = pending && !deadline;
+                i->overdue = l->overdue || (deadline && deadline <= now);
         }
         return n;
 }
