@@ -90,6 +90,11 @@ int main(int argc, char **argv)
                         fprintf(stderr, "%s: %s\n", path, strerror(-r));
                 return 1;
         }
+        r = config_check_paths(config, &error);
+        if (r < 0) {
+                fprintf(stderr, "%s: %s\n", path, error ? error : strerror(-r));
+                return 1;
+        }
         if (check) {
                 printf("%s: ok\n", path);
                 return 0;

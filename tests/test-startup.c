@@ -218,3 +218,56 @@ Test(startup, a_second_aquad_on_the_same_endpoint_refuses_and_the_first_serves_o
         strcat(side, ".lock");
         unlink(side);
 }
+
+/*
+ * Custody by identity, item 7: an ipc:// endpoint (or a side socket) that names a file which is
+ * not a socket, such as the journal, is refused at start and by --check-config, naming the path;
+ * the file is left as it was.
+ */
+Test(startup, refuses_an_endpoint_that_names_a_file_that_is_not_a_socket_and_leaves_it)
+{
+        static const char *const check[] = {"--check-config", NULL};
+        char config[160], precious[160], journal[160];
+        FILE *f;
+
+        cr_assert_eq(aquad_start(NULL, &daemon_), 0, "aquad did not start");
+        snprintf(config, sizeof(config), "%s/other.yaml", aquad_dir(daemon_));
+        snprintf(precious, sizeof(precious), "%s/precious", aquad_dir(daemon_));
+        snprintf(journal, sizeof(journal), "%s/other-journal", aquad_dir(daemon_));
+        run("echo 'nobody else s data' > '%s'", precious);
+        for (int side = 0; side < 2; side++) {
+                for (int i = 0; i < 2; i++) {
+                        _cleanup_free_ char *log = NULL;
+                        int status;
+
+                        f = fopen(config, "we");
+                        cr_assert_not_null(f);
+                        if (side)
+                                fprintf(f, "endpoint: ipc://%s/other.sock\nside-socket: %s\n",
+                                        aquad_dir(daemon_), precious);
+                        else
+                                fprintf(f, "endpoint: ipc://%s\nside-socket: %s/other.side\n",
+                                        precious, aquad_dir(daemon_));
+                        fprintf(f, "journal: %s\n", journal);
+                        fclose(f);
+                        status = aquad_run(config, i ? check : NULL, 5000, &log);
+                        cr_assert_eq(status, 1, "%s%s was not refused: exit %d",
+                                     side ? "side-socket" : "endpoint", i ? " (--check-config)" : "",
+                                     status);
+                        cr_assert(strstr(log, precious) && strstr(log, "regular file, not a socket"),
+                                  "the refusal names the path and what it is: %s", log);
+                        run("grep -qx 'nobody else s data' '%s'", precious);
+                }
+        }
+        /* The journal named as the endpoint: refused before anything is opened. */
+        f = fopen(config, "we");
+        cr_assert_not_null(f);
+        fprintf(f, "endpoint: ipc://%s\nside-socket: %s/other.side\njournal: %s\n", journal,
+                aquad_dir(daemon_), journal);
+        fclose(f);
+        {
+                _cleanup_free_ char *log = NULL;
+                cr_assert_eq(aquad_run(config, check, 5000, &log), 1);
+                cr_assert(strstr(log, "is also the journal"), "%s", log);
+        }
+}

@@ -5,8 +5,11 @@
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "conf.h"
@@ -508,4 +511,79 @@ bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, c
                                 return true;
         }
         return false;
+}
+
+static int path_error(char **ret, const char *fmt, ...) _printf_(2, 3);
+static int path_error(char **ret, const char *fmt, ...)
+{
+        va_list ap;
+        int n;
+
+        va_start(ap, fmt);
+        n = vasprintf(ret, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+                *ret = NULL;
+        return -EINVAL;
+}
+
+/* What kind of file st is, for an error naming it. */
+static const char *file_kind(const struct stat *st)
+{
+        return S_ISREG(st->st_mode)    ? "regular file"
+               : S_ISDIR(st->st_mode)  ? "directory"
+               : S_ISLNK(st->st_mode)  ? "symbolic link"
+               : S_ISFIFO(st->st_mode) ? "FIFO"
+                                       : "device or other file";
+}
+
+/* A socket path aquad will bind: absent, or a socket (one a dead aquad left, replaced). */
+static int check_socket_path(const char *what, const char *path, const char *journal,
+                             char **ret_error)
+{
+        _cleanup_free_ char *lock = NULL;
+        _cleanup_close_ int fd = -1;
+        struct stat st;
+        char buf[32];
+        ssize_t n;
+
+        if (journal && strcmp(path, journal) == 0)
+                return path_error(ret_error, "%s %s is also the journal; give them two files",
+                                    what, path);
+        if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+                return path_error(ret_error,
+                                    "%s %s is a %s, not a socket: aquad replaces only a socket an "
+                                    "aquad left there; remove it or name another path",
+                                    what, path, file_kind(&st));
+        /* Its lock holds an aquad's pid or nothing: anything else is someone's file. */
+        if (asprintf(&lock, "%s.lock", path) < 0)
+                return -ENOMEM;
+        if (journal && strcmp(lock, journal) == 0)
+                return path_error(ret_error,
+                                    "%s %s: its lock file %s is the journal; name another path",
+                                    what, path, lock);
+        if (lstat(lock, &st) < 0)
+                return 0;
+        if (!S_ISREG(st.st_mode))
+                return path_error(ret_error, "%s %s: its lock file %s is a %s; remove it", what,
+                                    path, lock, file_kind(&st));
+        fd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        n = fd >= 0 ? pread(fd, buf, sizeof(buf), 0) : 0;
+        if (n < 0 || (size_t)n >= sizeof(buf) || strspn(buf, "0123456789\n") < (size_t)n)
+                return path_error(ret_error,
+                                    "%s %s: its lock file %s holds something other than an "
+                                    "aquad's pid; remove it or name another path",
+                                    what, path, lock);
+        return 0;
+}
+
+int config_check_paths(const struct config *c, char **ret_error)
+{
+        int r;
+
+        r = check_socket_path("side-socket", c->side_socket, c->journal, ret_error);
+        if (r < 0 || strncmp(c->endpoint, "ipc://", 6) != 0 ||
+            strcmp(c->endpoint + 6, c->side_socket) == 0)
+                return r;
+        return check_socket_path("endpoint", c->endpoint + 6, c->journal, ret_error);
 }

@@ -111,7 +111,13 @@ static int lock_socket(const char *path, int *ret_fd)
 int server_lock_sockets(struct server *s)
 {
         const char *ep = s->config->endpoint;
+        _cleanup_free_ char *error = NULL;
         int r;
+
+        /* Nothing but a socket an aquad left is ever replaced (ZeroMQ unlinks before binding). */
+        r = config_check_paths(s->config, &error);
+        if (r < 0)
+                return log_error_errno(r, "Refusing to start: %s", error ? error : "bad path");
 
         r = lock_socket(s->config->side_socket, &s->side_lock_fd);
         if (r < 0 || strncmp(ep, "ipc://", 6) != 0)
