@@ -101,14 +101,57 @@ static const Aqua__GpuInfo *find_gpu(const Aqua__AdminReply *gpus, const char *u
         return NULL;
 }
 
+/* How many GPUs of the listing share g's ordinal, and of those how many its host too. */
+static void ordinal_peers(const Aqua__AdminReply *gpus, const Aqua__GpuInfo *g, size_t *ret_same,
+                          size_t *ret_same_host)
+{
+        *ret_same = *ret_same_host = 0;
+        for (size_t i = 0; i < gpus->n_gpus; i++) {
+                const Aqua__GpuInfo *x = gpus->gpus[i];
+                if (x->ordinal_unknown || x->ordinal != g->ordinal)
+                        continue;
+                (*ret_same)++;
+                *ret_same_host += strcmp(x->host, g->host) == 0;
+        }
+}
+
+/*
+ * A GPU's name in tables and messages, unique within the listing: its ordinal where no other
+ * GPU has it, HOST:ORDINAL where hosts tell them apart, ORDINAL/ROLE for a device's two
+ * registrations, else the uuid's first 12 characters (also for an ordinal nobody recorded).
+ */
+static void gpu_name(char *buf, size_t len, const Aqua__AdminReply *gpus, const Aqua__GpuInfo *g)
+{
+        const char *role = strchr(g->uuid, '/');
+        size_t same, same_host;
+
+        if (g->ordinal_unknown) {
+                snprintf(buf, len, "%.12s", g->uuid);
+                return;
+        }
+        ordinal_peers(gpus, g, &same, &same_host);
+        if (same <= 1)
+                snprintf(buf, len, "%" PRIu32, g->ordinal);
+        else if (same_host == 1 && g->host[0])
+                snprintf(buf, len, "%s:%" PRIu32, g->host, g->ordinal);
+        else if (same_host == 2 && role)
+                snprintf(buf, len, "%s%s%" PRIu32 "%s", g->host, g->host[0] ? ":" : "", g->ordinal,
+                         role);
+        else
+                snprintf(buf, len, "%.12s", g->uuid);
+}
+
 char *format_gpu_label(char *buf, size_t len, const Aqua__AdminReply *gpus, const char *uuid)
 {
         const Aqua__GpuInfo *g = find_gpu(gpus, uuid);
+        char name[CELL_MAX];
 
+        if (g)
+                gpu_name(name, sizeof(name), gpus, g);
         if (g && *g->client_name)
-                snprintf(buf, len, "%" PRIu32 " (%s)", g->ordinal, g->client_name);
+                snprintf(buf, len, "%s (%s)", name, g->client_name);
         else if (g)
-                snprintf(buf, len, "%" PRIu32, g->ordinal);
+                snprintf(buf, len, "%s", name);
         else if (uuid && *uuid)
                 snprintf(buf, len, "%.12s", uuid);
         else

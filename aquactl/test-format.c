@@ -280,3 +280,21 @@ Test(format, view_names_round_trip)
         cr_assert_eq(view_from_string("leasez"), _VIEW_INVALID);
         cr_assert_eq(view_query(VIEW_CHUNKS), AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS);
 }
+
+/* Custody by identity, item 8: two silent GPUs restored as ordinal 0 on two hosts are named
+ * apart; one whose ordinal nobody recorded is named by its uuid, never as "GPU 0". */
+Test(format, gpus_that_share_an_ordinal_are_named_apart_in_status)
+{
+        c.gpu[0].host = "node-a";
+        c.gpu[2].host = "node-b";
+        c.gpu[2].ordinal = 0;
+        c.gpu[0].silent = c.gpu[2].silent = true;
+        c.gpu[3].ordinal_unknown = true;
+        c.gpu[3].silent = true;
+        _cleanup_free_ char *out = render(VIEW_STATUS, &c.status, &c.gpus);
+
+        cr_assert(strstr(out, "GPU node-a:0 (vllm-llama3) is silent"), "%s", out);
+        cr_assert(strstr(out, "GPU node-b:0 (vllm-mistral) is silent"), "%s", out);
+        cr_assert_null(strstr(out, "GPU 0 "), "%s", out);
+        cr_assert_null(strstr(out, "GPU 3 "), "an ordinal nobody recorded is not shown: %s", out);
+}

@@ -8,12 +8,7 @@
 static int need_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
                     char *err)
 {
-        struct gpu *g = p->n_gpus ? broker_find_gpu(p, key) : NULL;
-
-        if (!g)
-                return broker_fail(err, E(UNKNOWN_GPU), "%s: no GPU \"%s\"", what, key ? key : "");
-        *ret = g;
-        return 0;
+        return broker_lookup_gpu(p, key, what, ret, err);
 }
 
 int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,

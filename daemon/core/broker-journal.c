@@ -113,6 +113,16 @@ static Aquaj__JGpu *jgpu_new(const struct gpu *g)
         j->draining = g->draining;
         j->pid = g->process.pid > 0 ? (uint32_t)g->process.pid : 0;
         j->start_time = g->process.start_time;
+        j->ordinal_known = g->ordinal_known;
+        j->ordinal = g->ordinal;
+        if (g->host)
+                j->host = strdup(g->host);
+        if (g->client_name)
+                j->client_name = strdup(g->client_name);
+        if ((g->host && !j->host) || (g->client_name && !j->client_name)) {
+                aquaj__jgpu__free_unpacked(j, NULL);
+                return NULL;
+        }
         j->custody = g->custody.held;
         if (g->custody.held) {
                 j->holder_remote = g->custody.who.remote;
@@ -431,6 +441,15 @@ static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
         g->process = (struct proc_id){.pid = (pid_t)j->pid, .start_time = j->start_time};
         if (j->boot_id && strlen(j->boot_id) == PROC_BOOT_ID_LEN - 1)
                 memcpy(g->process.boot_id, j->boot_id, PROC_BOOT_ID_LEN);
+        if (j->ordinal_known && !g->owner) {
+                g->ordinal_known = true;
+                g->ordinal = j->ordinal;
+                free(g->host);
+                g->host = j->host && j->host[0] ? strndup(j->host, 255) : NULL;
+                free(g->client_name);
+                g->client_name =
+                    j->client_name && j->client_name[0] ? strndup(j->client_name, 255) : NULL;
+        }
         custody_clear(g);
         if (j->custody) {
                 g->custody.held = true;

@@ -123,11 +123,56 @@ void broker_take_notices(struct broker *p, struct list_node *into)
 
 bool gpu_is(const struct gpu *g, const char *key)
 {
+        const char *colon = strrchr(key, ':');
         int64_t ordinal;
 
         if (strcmp(g->uuid, key) == 0 || strcmp(g->device, key) == 0)
                 return true;
+        if (!g->ordinal_known)
+                return false;
+        /* HOST:ORDINAL: the ordinal on that host. */
+        if (colon) {
+                size_t n = (size_t)(colon - key);
+                if (!g->host || strlen(g->host) != n || strncmp(g->host, key, n) != 0)
+                        return false;
+                key = colon + 1;
+        }
         return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
+}
+
+int broker_lookup_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
+                      char *err)
+{
+        struct gpu *found = NULL;
+        char names[160] = "";
+        size_t n = 0, len = 0;
+
+        for (struct list_node *x = key && key[0] ? p->gpus.next : &p->gpus; x != &p->gpus;
+             x = x->next) {
+                struct gpu *g = list_entry(x, struct gpu, node);
+                if (strcmp(g->uuid, key) == 0) {
+                        *ret = g;
+                        return 0;
+                }
+                if (!gpu_is(g, key))
+                        continue;
+                found = g;
+                if (len < sizeof(names))
+                        len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%s%s%s%s",
+                                                n ? ", " : "", g->uuid, g->host ? " (" : "",
+                                                g->host ? g->host : "", g->host ? ")" : "");
+                n++;
+        }
+        if (n == 0)
+                return broker_fail(err, BROKER_E_UNKNOWN_GPU, "%s: no GPU \"%s\"", what,
+                                   key ? key : "");
+        if (n > 1)
+                return broker_fail(err, BROKER_E_INVALID,
+                                   "%s: \"%s\" names %zu GPUs: %s%s; name one by its uuid or "
+                                   "HOST:ORDINAL",
+                                   what, key, n, names, len >= sizeof(names) ? "..." : "");
+        *ret = found;
+        return 0;
 }
 
 struct gpu *broker_find_gpu(struct broker *p, const char *key)

@@ -107,6 +107,7 @@ struct gpu {
         char *uuid;
         char *device; /* the device's uuid */
         uint32_t ordinal;
+        bool ordinal_known; /* registered (or restored from a journal that has it) */
         uint64_t capacity;
         uint64_t granularity;
         enum gpu_role role;
@@ -315,9 +316,13 @@ void broker_take_notices(struct broker *p, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
 /* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
- * and plans may). */
+ * and plans may), alone or as HOST:ORDINAL. */
 bool gpu_is(const struct gpu *g, const char *key);
 struct gpu *broker_find_gpu(struct broker *p, const char *uuid_or_ordinal);
+/* The one GPU key names (uuid, device uuid, ordinal or HOST:ORDINAL) for an operator's request
+ * what: BROKER_E_UNKNOWN_GPU for none, BROKER_E_INVALID listing the candidates for several. */
+int broker_lookup_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
+                      char *err);
 struct chunk *broker_find_chunk(struct broker *p, uint64_t id);
 struct lease *broker_find_lease(struct broker *p, uint64_t id);
 

@@ -406,6 +406,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
         free(g->host);
         g->host = h->host && h->host[0] ? strndup(h->host, 255) : NULL;
         g->ordinal = h->ordinal;
+        g->ordinal_known = true;
         g->capacity = h->capacity;
         g->granularity = h->granularity;
         g->role = h->role;
@@ -612,12 +613,14 @@ int broker_repair(struct broker *p)
 
 int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err)
 {
-        struct gpu *a = broker_find_gpu(p, producer), *b = broker_find_gpu(p, consumer);
+        struct gpu *a = NULL, *b = NULL;
         int r;
 
-        if (!a || !b)
-                return broker_fail(err, E(UNKNOWN_GPU), "pair: no GPU %s",
-                                   !a ? (producer ? producer : "") : consumer);
+        r = broker_lookup_gpu(p, producer, "pair", &a, err);
+        if (r == 0)
+                r = broker_lookup_gpu(p, consumer, "pair", &b, err);
+        if (r != 0)
+                return r;
         if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
                 return broker_fail(err, E(WRONG_ROLE),
                                    "pair: %s must be a producer and %s a consumer", a->uuid,
@@ -631,11 +634,12 @@ int broker_pin(struct broker *p, const char *producer, const char *consumer, cha
 
 int broker_unpin(struct broker *p, const char *gpu, char *err)
 {
-        struct gpu *g = broker_find_gpu(p, gpu);
+        struct gpu *g = NULL;
         int r;
 
-        if (!g)
-                return broker_fail(err, E(UNKNOWN_GPU), "unpair: no GPU %s", gpu ? gpu : "");
+        r = broker_lookup_gpu(p, gpu, "unpair", &g, err);
+        if (r != 0)
+                return r;
         /* Pinned to nobody: automatic pairing leaves it alone too. */
         r = broker_pins_add(p, g->uuid, "", "aquactl");
         if (r < 0)

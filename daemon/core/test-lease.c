@@ -4,7 +4,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "broker.h"
+#include "broker-private.h"
 #include "time-util.h"
 #include "topology.h"
 
@@ -904,4 +904,101 @@ Test(pins, auto_pairing_adds_no_cross_host_link_for_gpus_without_a_host)
         cr_assert_eq(p->paired, NULL);
         drain_notices();
         pool = broker_free(pool);
+}
+
+/* Registers uuid with an ordinal and no links. */
+static struct gpu *hello_ordinal(const char *uuid, uint32_t ordinal, enum gpu_role role,
+                                 struct client *owner)
+{
+        struct broker_hello h = {.who = &tenant,
+                                 .uuid = uuid,
+                                 .ordinal = ordinal,
+                                 .role = role,
+                                 .granularity = 2 * MiB,
+                                 .client_name = uuid};
+        struct broker_welcome w = {0};
+
+        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        free(w.lost_leases);
+        return w.gpu;
+}
+
+/* Custody by identity, item 8: names that cannot mislead, before and after a restart. */
+Test(lease, a_restored_gpu_keeps_its_ordinal_and_host_and_an_ambiguous_name_is_refused)
+{
+        struct broker_grant g;
+        struct gpu *x = NULL;
+
+        with_journal();
+        producer->ordinal = 2;
+        consumer->ordinal = 0;
+        free(consumer->host);
+        consumer->host = strdup("node-a");
+        journal_gpu(pool, producer);
+        journal_gpu(pool, consumer);
+        offer(1, NULL);
+        borrow(2 * MiB, 2 * MiB, false, &g);
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool);
+
+        pool = restart();
+        cr_assert_eq(broker_lookup_gpu(pool, "2", "release", &x, err), 0, "%s", err);
+        cr_assert_str_eq(x->uuid, "GPU-P", "GPU 2 is the producer, not the first one restored");
+        cr_assert_eq(broker_lookup_gpu(pool, "node-a:0", "release", &x, err), 0, "%s", err);
+        cr_assert_str_eq(x->uuid, "GPU-C");
+        cr_assert_str_eq(x->client_name, "GPU-C", "its client's name survives too");
+        /* A second GPU 0 on another host: "0" names two and is refused, listing both. */
+        consumer = NULL;
+        hello_on("node-b", "GPU-D", GPU_ROLE_CONSUMER, NULL, 0, &consumer_client);
+        cr_assert_eq(broker_lookup_gpu(pool, "0", "release", &x, err), E(INVALID));
+        cr_assert(strstr(err, "GPU-C (node-a)") && strstr(err, "GPU-D (node-b)"), "%s", err);
+        cr_assert_eq(broker_admin_release(pool, "0", true, NULL, err), E(INVALID), "%s", err);
+        cr_assert_eq(pool->n_leases, 1, "nothing released on an ambiguous name");
+        cr_assert_eq(broker_lookup_gpu(pool, "node-b:0", "release", &x, err), 0, "%s", err);
+        cr_assert_str_eq(x->uuid, "GPU-D");
+}
+
+/* Static pairs written by GPU number hold after a restart, whoever registered first. */
+Test(pins, pairs_by_ordinal_hold_for_restored_gpus)
+{
+        static const char *const prod[] = {"2"}, *const cons[] = {"0"};
+        struct client owners[2];
+        struct gpu *p, *c;
+
+        snprintf(dir, sizeof(dir), "/tmp/test-lease-XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        {
+                struct journal *j = NULL;
+                cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
+                broker_attach_journal(pool, j, 1 << 20);
+        }
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        p = hello_ordinal("GPU-X", 2, GPU_ROLE_PRODUCER, &owners[0]);
+        c = hello_ordinal("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[1]);
+        cr_assert_eq(c->paired, p);
+        producer = p;
+        offer(2, NULL);
+        cr_assert_eq(broker_commit(pool), 0);
+        drain_notices();
+        pool = broker_free(pool);
+
+        pool = restart();
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        /* GPU 0 comes back first, while GPU 2 (which lends) is still the restored one: "2" and
+         * "0" name them as before the restart, and the pair holds. */
+        p = broker_find_gpu(pool, "GPU-X");
+        cr_assert_eq(broker_lookup_gpu(pool, "2", "pair", &c, err), 0, "%s", err);
+        cr_assert_eq(c, p, "GPU 2 is GPU-X, restored");
+        c = hello_ordinal("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[1]);
+        cr_assert_eq(c->paired, p, "the pair by number holds after the restart");
+        cr_assert_eq(broker_lookup_gpu(pool, "0", "pair", &p, err), 0, "%s", err);
+        cr_assert_eq(p, c);
+        drain_notices();
+        pool = broker_free(pool);
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        cr_assert_eq(system(cmd), 0);
+        dir[0] = '\0';
 }

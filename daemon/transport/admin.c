@@ -71,6 +71,7 @@ static size_t fill_gpus(struct broker *p, struct reply_mem *m, size_t max)
                 aqua__gpu_info__init(i);
                 i->uuid = g->uuid;
                 i->ordinal = g->ordinal;
+                i->ordinal_unknown = !g->ordinal_known;
                 i->role = translate_role_to_wire(g->role);
                 i->capacity = g->capacity;
                 i->client_id = c ? c->id : 0;
