@@ -146,8 +146,10 @@ static int held_all(struct client *c, const Aqua__Hello *h, struct broker_held *
 
         if (!all)
                 return -ENOMEM;
-        if (c->n_held)
-                memcpy(all, c->held, c->n_held * sizeof(*all));
+        for (size_t i = 0; i < c->n_held; i++) {
+                all[i] = c->held[i].held;
+                all[i].fabric = c->held[i].has_fabric ? c->held[i].fabric : NULL;
+        }
         for (size_t i = 0; i < h->n_held; i++) {
                 const ProtobufCBinaryData *f = &h->held[i]->fabric_handle;
 
@@ -261,9 +263,7 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         if (code == 0)
                 code = translate_outcome(broker_register(s->broker, &ph, c, &pw, err));
         /* Whatever the outcome, the parts are spent: a new attempt sends them again. */
-        free(c->held);
-        c->held = NULL;
-        c->n_held = 0;
+        client_free_held(s, c);
         side_close_fds(fds, n_fds); /* those the pool did not take */
         if (code < 0) {
                 log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
@@ -352,7 +352,16 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
                                   role_name(h->role));
                 return;
         }
-        c = server_add_remote(s, rid, rlen, e->request_id);
+        /* Its HelloHeld parts came first on this connection: the same client. */
+        c = server_find_by_routing(s, rid, rlen);
+        if (c && (!c->remote || c->registered || !s->request_key ||
+                  strcmp(c->remote_key, s->request_key) != 0)) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "hello: this routing id belongs to another client");
+                return;
+        }
+        if (!c)
+                c = server_add_remote(s, rid, rlen, e->request_id);
         if (!c)
                 return;
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
@@ -437,37 +446,118 @@ done:
 }
 
 /*
- * A part of what a re-registering client holds, before its Hello. Kept by the side channel whose
- * token it carries, within what the pool could hold at all; no reply unless refused.
+ * The unregistered remote client a HelloHeld over tcp:// without a token belongs to: the one its
+ * routing id made with an earlier part (under the same CURVE key), or a new one that must say
+ * Hello within request-timeout. NULL after an error was sent.
+ */
+static struct client *remote_part_owner(struct server *s, const void *rid, size_t rlen,
+                                        const Aqua__Envelope *e)
+{
+        struct client *c = server_find_by_routing(s, rid, rlen);
+
+        if (c && (!c->remote || c->registered || !s->request_key ||
+                  strcmp(c->remote_key, s->request_key) != 0)) {
+                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                  "hello_held: this routing id belongs to another client");
+                return NULL;
+        }
+        if (c)
+                return c;
+        c = server_add_remote(s, rid, rlen, e->request_id);
+        if (c)
+                c->hello_deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
+        return c;
+}
+
+/*
+ * A part of what a re-registering client holds, before its Hello: from a local client, kept by
+ * the side channel whose token it carries; from a remote one (no token), by its connection.
+ * Bounded: each client within what the pool could hold at all, all of them within twice that (a
+ * producer and its consumers list the same chunks), and at its request rate. No reply unless
+ * refused.
  */
 static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
                               const Aqua__Envelope *e)
 {
         const Aqua__HelloHeld *hh = e->hello_held;
-        struct client *c = token_owner(s, rid, rlen, e, &hh->token);
-        struct broker_held *a;
+        uint64_t max = s->broker->settings.max_chunks;
+        struct client *c;
+        struct held_part *a;
+        char err[BROKER_ERR_MAX];
 
+        if (s->request_remote && hh->token.len == 0)
+                c = remote_part_owner(s, rid, rlen, e);
+        else
+                c = token_owner(s, rid, rlen, e, &hh->token);
         if (!c)
                 return;
-        if (c->n_held + hh->n_held > s->broker->settings.max_chunks) {
+        if (!c->routing_id_len) {
+                memcpy(c->routing_id, rid, rlen);
+                c->routing_id_len = rlen;
+        }
+        if (!take_credit(s, c, e->request_id))
+                return;
+        if (c->n_held + hh->n_held > max || s->n_held_parts + hh->n_held > 2 * max) {
                 server_send_error(s, rid, rlen, e->request_id, E(LIMIT),
-                                  "hello_held: more than the pool's %" PRIu64 " chunks",
-                                  s->broker->settings.max_chunks);
-                free(c->held);
-                c->held = NULL;
-                c->n_held = 0;
+                                  c->n_held + hh->n_held > max
+                                      ? "hello_held: more than the pool's %" PRIu64 " chunks"
+                                      : "hello_held: clients re-registering now hold more than "
+                                        "twice the pool's %" PRIu64 " chunks; try again",
+                                  max);
+                client_free_held(s, c);
                 return;
         }
+        for (size_t i = 0; i < hh->n_held; i++)
+                if (fabric_handle_check(hh->held[i]->fabric_handle.len,
+                                        c->remote && hh->held[i]->fabric_handle.len, "hello_held: held chunk",
+                                        i, err) != 0) {
+                        server_send_error(s, rid, rlen, e->request_id, E(INVALID), "%s", err);
+                        client_free_held(s, c);
+                        return;
+                }
         a = reallocarray(c->held, c->n_held + hh->n_held + 1, sizeof(*a));
         if (!a) {
                 server_send_error(s, rid, rlen, e->request_id, E(INTERNAL), "out of memory");
                 return;
         }
         c->held = a;
-        for (size_t i = 0; i < hh->n_held; i++)
-                a[c->n_held++] = (struct broker_held){.chunk_id = hh->held[i]->chunk_id,
-                                                      .size = hh->held[i]->size,
-                                                      .lease_id = hh->held[i]->lease_id};
+        s->n_held_parts += hh->n_held;
+        for (size_t i = 0; i < hh->n_held; i++) {
+                const ProtobufCBinaryData *f = &hh->held[i]->fabric_handle;
+                struct held_part *part = &a[c->n_held++];
+
+                *part = (struct held_part){.held = {.chunk_id = hh->held[i]->chunk_id,
+                                                    .size = hh->held[i]->size,
+                                                    .lease_id = hh->held[i]->lease_id}};
+                if (f->len == BROKER_FABRIC_HANDLE_SIZE) {
+                        part->has_fabric = true;
+                        memcpy(part->fabric, f->data, BROKER_FABRIC_HANDLE_SIZE);
+                }
+        }
+}
+
+/* ------------------------------------------------------------------------------ goodbye */
+
+/*
+ * The client says it maps nothing any more: its registration ends as at its death (a remote
+ * client's only way to say so). Only its own connection can say it (dispatch_envelope checked the
+ * routing id and, over tcp, the key).
+ */
+static void handle_goodbye(struct server *s, struct client *c, const Aqua__Envelope *e)
+{
+        Aqua__Envelope r = AQUA__ENVELOPE__INIT;
+        Aqua__Ack a = AQUA__ACK__INIT;
+
+        if (c->gpu) {
+                log_info("Client %" PRIu64 " says goodbye; releasing GPU %s", c->id, c->gpu->uuid);
+                broker_gpu_gone(s->broker, c->gpu);
+                c->gpu = NULL;
+        }
+        r.body_case = AQUA__ENVELOPE__BODY_ACK;
+        r.ack = &a;
+        reply(s, c, e->request_id, &r);
+        /* Forgotten: a further request from it is NOT_REGISTERED, a Hello starts afresh. */
+        server_drop_client(s, c);
 }
 
 /* ------------------------------------------------------------------------------ offer */
@@ -849,6 +939,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         case AQUA__ENVELOPE__BODY_KEEPALIVE:
                 /* Its arrival is all it says (last_seen_ns, above). */
+                break;
+        case AQUA__ENVELOPE__BODY_GOODBYE:
+                handle_goodbye(s, c, e);
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:

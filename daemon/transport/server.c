@@ -144,10 +144,18 @@ void client_free_pending(struct client *c, struct pending *p)
         free(p);
 }
 
+void client_free_held(struct server *s, struct client *c)
+{
+        s->n_held_parts -= MIN(c->n_held, s->n_held_parts);
+        free(c->held);
+        c->held = NULL;
+        c->n_held = 0;
+}
+
 static void client_free(struct server *s, struct client *c)
 {
         server_outbox_clear(s, c);
-        free(c->held);
+        client_free_held(s, c);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
         if (c->remote)
@@ -555,7 +563,7 @@ struct server *server_free(struct server *s)
                 /* Not a client death: their state stays in the journal for the next start. */
                 c->gpu = NULL;
                 server_outbox_clear(s, c);
-                free(c->held);
+                client_free_held(s, c);
                 while (!list_empty(&c->pending))
                         client_free_pending(c, list_entry(c->pending.next, struct pending, node));
                 list_unlink(&c->node);

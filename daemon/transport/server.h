@@ -32,6 +32,14 @@ struct pending {
         uint64_t deadline_ns;
 };
 
+/* A chunk a re-registering client holds, from a HelloHeld before its Hello; a remote producer's
+ * fabric handle is kept with it. */
+struct held_part {
+        struct broker_held held; /* held.fabric is set from fabric when the Hello arrives */
+        bool has_fabric;
+        uint8_t fabric[BROKER_FABRIC_HANDLE_SIZE];
+};
+
 struct client {
         struct list_node node;
         uint64_t id;
@@ -57,7 +65,7 @@ struct client {
         uint64_t accepted_ns;
         struct list_node pending;
         size_t n_pending;
-        struct broker_held *held; /* from HelloHeld before its Hello: the first of what it holds */
+        struct held_part *held; /* from HelloHeld before its Hello: the first of what it holds */
         size_t n_held;
         struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
         size_t n_outbox;
@@ -121,6 +129,7 @@ struct server {
         struct metrics *metrics;   /* NULL unless the config names a metrics address */
         uint64_t journal_probe_ns; /* degraded: when to try the journal again */
         size_t n_outbox;           /* notices waiting in all clients' outboxes */
+        size_t n_held_parts;       /* HelloHeld entries kept for all clients before their Hello */
         uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
         uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
         uint64_t evict_log_ns, fd_log_ns;
@@ -177,6 +186,8 @@ void server_outbox_clear(struct server *s, struct client *c);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);
 struct client *server_find_by_token(struct server *s, const void *token, size_t len);
 void client_free_pending(struct client *c, struct pending *p);
+/* Forget what c's HelloHeld parts said it holds (its Hello came, or it went). */
+void client_free_held(struct server *s, struct client *c);
 /* The process on the other end of the ZeroMQ connection the current request came on (ipc://
  * only); -ENOENT or another negative errno when that is not known. */
 int server_request_peer(const struct server *s, struct side_cred *ret);
