@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
-from . import _ffi, errors, log
+from . import _args, _ffi, errors, log
 from ._handles import EventLike, StreamLike, event_handle, stream_handle
 from ._values import (
     ALL,
@@ -45,19 +45,15 @@ _POLL_BATCH = 64
 _FOREVER = -1
 
 
-def _timeout_ms(timeout: Optional[float]) -> int:
-    if timeout is None:
+def _timeout_ms(timeout: Optional[float], call: str = "timeout") -> int:
+    t = _args.seconds(timeout, "timeout", call)
+    if t is None:
         return _FOREVER
-    if timeout < 0:
-        raise ValueError("timeout must be None or >= 0 seconds")
-    return int(min(timeout * 1000, 2**31 - 1))
+    return int(min(t * 1000, _args.I32_MAX))
 
 
-def _u64(value: int, what: str) -> int:
-    value = int(value)
-    if not 0 <= value < 1 << 64:
-        raise ValueError(f"{what} must be in 0 .. 2**64 - 1, not {value}")
-    return value
+def _u64(value: int, what: str, call: str = "aqua") -> int:
+    return _args.u64(value, what, call)
 
 
 def _pieces(pieces: Iterable[Any]) -> tuple[Any, int]:
@@ -72,7 +68,9 @@ def _pieces(pieces: Iterable[Any]) -> tuple[Any, int]:
         raise ValueError("a copy batch needs at least one piece")
     arr = (_ffi.CopyPiece * len(items))()
     for i, (dst, src, nbytes) in enumerate(items):
-        arr[i].dst, arr[i].src, arr[i].bytes = dst, src, nbytes
+        arr[i].dst = _args.u64(dst, f"piece {i}: dst", "copy")
+        arr[i].src = _args.u64(src, f"piece {i}: src", "copy")
+        arr[i].bytes = _args.u64(nbytes, f"piece {i}: nbytes", "copy")
     return arr, len(items)
 
 
@@ -124,14 +122,15 @@ class Context:
         self._poll_events = (_ffi.Event * _POLL_BATCH)()
         self._poll_n = ctypes.c_size_t()
         self._lib = _ffi.load(library) if library is not None else _ffi.lib()
-        self.device = int(device)
+        self.device = _args.integer(device, "device", 0, _args.I32_MAX, type(self).__name__)
+        self._wake: Optional[tuple[int, int]] = None
         self._opts = _ffi.Options(
             size=ctypes.sizeof(_ffi.Options),
             endpoint=endpoint.encode() if endpoint else None,
             side_path=os.fsencode(side_path) if side_path else None,
             client_name=client_name.encode() if client_name else None,
-            timeout_ms=0 if timeout is None else max(1, _timeout_ms(timeout)),
-            chunk_bytes=_u64(chunk_bytes, "chunk_bytes"),
+            timeout_ms=0 if timeout is None else max(1, _timeout_ms(timeout, type(self).__name__)),
+            chunk_bytes=_u64(chunk_bytes, "chunk_bytes", type(self).__name__),
         )
         h = ctypes.c_void_p()
         with log.capture() as messages:
@@ -140,6 +139,8 @@ class Context:
         if r != 0:
             raise errors.error("aqua_open", r, "; ".join(messages) or None)
         self._h = h.value
+        # close() from another thread wakes a poll() blocked on fileno() through this pipe.
+        self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
 
     # ----------------------------------------------------------------------- plumbing
 
@@ -177,6 +178,12 @@ class Context:
             self._leases.clear()
             h, self._h = self._h, None
             self._lib.aqua_close(h)
+            if self._wake is not None:
+                r, w = self._wake
+                self._wake = None
+                os.write(w, b"x")
+                os.close(w)
+                os.close(r)
 
     def __enter__(self: _T) -> _T:
         return self
@@ -231,10 +238,11 @@ class Context:
 
         Raises NotConnectedError when the daemon is away (report again after Reconnected),
         AquaError with errno EAGAIN when the outgoing queue is full."""
-        if not 0.0 <= load <= 1.0:
-            raise ValueError("load must be within 0..1")
-        ld = _ffi.Load(load=load, used_bytes=_u64(used_bytes, "used_bytes"),
-                       free_bytes=_u64(free_bytes, "free_bytes"))
+        if isinstance(load, bool) or not isinstance(load, (int, float)) or not 0.0 <= load <= 1.0:
+            raise errors.InvalidArgumentError("report_load", -errno.EINVAL,
+                                              f"load must be within 0..1, not {load!r}")
+        ld = _ffi.Load(load=load, used_bytes=_u64(used_bytes, "used_bytes", "report_load"),
+                       free_bytes=_u64(free_bytes, "free_bytes", "report_load"))
         self._check("aqua_report_load", ctypes.byref(ld))
 
     def poll(self, timeout: Optional[float] = 0.0) -> list[Event]:
@@ -245,6 +253,7 @@ class Context:
         kernel uses memory a reclaim could move. timeout 0 (the default) never blocks; a
         positive timeout (seconds; None: no limit) waits on fileno() until an event arrives.
         """
+        timeout = _args.seconds(timeout, "timeout", "poll")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             events = self._drain()
@@ -253,7 +262,16 @@ class Context:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return events
-            select.select([self.fileno()], [], [], left)
+            wake = self._wake
+            if wake is None:
+                raise errors.ClosedError(f"{self!r} is closed")
+            try:
+                select.select([self.fileno(), wake[0]], [], [], left)
+            except (OSError, ValueError):
+                # close() in another thread closed the descriptors under us.
+                if self._h is None:
+                    raise errors.ClosedError(f"{self!r} was closed while polling") from None
+                raise
 
     def _drain(self) -> list[Event]:
         out: list[Event] = []
@@ -316,10 +334,9 @@ class Context:
         """Layer-wise offload and prefetch for n_layers layers, on the given streams (None:
         libaqua creates its own). Free it with close() or a with block (the context's close()
         frees it too)."""
-        if n_layers <= 0:
-            raise ValueError("n_layers must be positive")
+        n_layers = _args.integer(n_layers, "n_layers", 1, _args.U32_MAX, "layers")
         h = ctypes.c_void_p()
-        self._check("aqua_layers_new", int(n_layers), stream_handle(offload_stream),
+        self._check("aqua_layers_new", n_layers, stream_handle(offload_stream),
                     stream_handle(prefetch_stream), ctypes.byref(h))
         layers = Layers(self, h.value, int(n_layers), (offload_stream, prefetch_stream))
         self._layers[h.value] = layers  # type: ignore[index]
@@ -337,7 +354,7 @@ class Producer(Context):
         Returns the bytes offered (less when the GPU ran out). Raises NoMemoryError-like
         AquaError (errno ENOMEM) when not one chunk fits, LimitError at the daemon's limit."""
         offered = ctypes.c_uint64()
-        self._check("aqua_offer", _u64(nbytes, "nbytes"), ctypes.byref(offered))
+        self._check("aqua_offer", _u64(nbytes, "nbytes", "offer"), ctypes.byref(offered))
         return offered.value
 
     def reclaim(self, nbytes: int = ALL, timeout: Optional[float] = None) -> ReclaimResult:
@@ -345,7 +362,7 @@ class Producer(Context):
         timeout seconds (None: no limit) while consumers move off leased chunks. With the
         timeout passed the result is incomplete; the rest arrives as Reclaimed events."""
         freed = ctypes.c_uint64()
-        r = self._call("aqua_reclaim", _u64(nbytes, "nbytes"), _timeout_ms(timeout),
+        r = self._call("aqua_reclaim", _u64(nbytes, "nbytes", "reclaim"), _timeout_ms(timeout, "reclaim"),
                        ctypes.byref(freed))
         if r not in (0, errors.Outcome.TIMEOUT):
             raise errors.error("aqua_reclaim", r)
@@ -354,7 +371,7 @@ class Producer(Context):
     def reclaim_async(self, nbytes: int = ALL) -> None:
         """Ask for nbytes back without waiting: each freed chunk is reported by poll() as a
         Reclaimed event."""
-        r = self._call("aqua_reclaim_async", _u64(nbytes, "nbytes"))
+        r = self._call("aqua_reclaim_async", _u64(nbytes, "nbytes", "reclaim_async"))
         if r not in (0, errors.Outcome.PENDING):
             raise errors.error("aqua_reclaim_async", r)
 
@@ -374,12 +391,11 @@ class Consumer(Context):
         timeout. Raises NoMemoryError (nothing granted), BarredError, LimitError,
         ThrottledError, NotConnectedError, DaemonTimeoutError.
         """
-        nbytes = _u64(nbytes, "nbytes")
-        if not 0 <= min_bytes <= nbytes:
-            raise ValueError("min_bytes must be within 0 .. nbytes")
+        nbytes = _u64(nbytes, "nbytes", "borrow")
+        min_bytes = _args.integer(min_bytes, "min_bytes", 0, nbytes, "borrow")
         flags = (1 if allow_dram else 0) | (2 if tensors else 0)
         g = _ffi.Grant()
-        self._check("aqua_borrow", nbytes, int(min_bytes), flags, ctypes.byref(g))
+        self._check("aqua_borrow", nbytes, min_bytes, flags, ctypes.byref(g))
         lease = None
         if g.lease:
             lease = Lease(self, g.lease, g.dptr, g.bytes, tensors)
@@ -405,7 +421,7 @@ class Consumer(Context):
 
     def return_dram(self, nbytes: int) -> None:
         """Give back nbytes of DRAM budget (the caller unpinned that much host memory)."""
-        self._check("aqua_return_dram", _u64(nbytes, "nbytes"))
+        self._check("aqua_return_dram", _u64(nbytes, "nbytes", "return_dram"))
 
     def tensor(self, max_bytes: int, *, chunk_bytes: int = 0, tier: Optional[Tier] = None,
                allow_local: bool = False, reclaim_local: bool = False) -> Tensor:
@@ -421,7 +437,7 @@ class Consumer(Context):
 
         opts = _ffi.TensorOptions(
             size=ctypes.sizeof(_ffi.TensorOptions), chunk_bytes=_u64(chunk_bytes, "chunk_bytes"),
-            tier=int(tier) if tier is not None else 0,
+            tier=int(Tier(tier)) if tier is not None else 0,
             flags=(1 if allow_local else 0) | (2 if reclaim_local else 0),
         )
         h = ctypes.c_void_p()
@@ -565,6 +581,7 @@ class Layers:
         return self._h
 
     def _layer(self, layer: int) -> int:
+        layer = _args.integer(layer, "layer", -(1 << 63), 1 << 63, "Layers")
         if not 0 <= layer < self._n:
             raise IndexError(f"layer {layer} out of range 0 .. {self._n - 1}")
         return layer

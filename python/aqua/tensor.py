@@ -8,7 +8,7 @@ import errno
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Optional, Union
 
-from . import _ffi, errors
+from . import _args, _ffi, errors
 from ._values import ALL, Tier, TensorInfo, TensorRange
 
 if TYPE_CHECKING:
@@ -58,19 +58,23 @@ class Tensor:
         """Map chunks so that the window reaches end bytes (rounded up to a chunk); all or
         nothing. Raises NoMemoryError (no allowed tier has room; the tensor is as before),
         OutOfRangeError (end > max_bytes)."""
-        self._check("aqua_tensor_grow", int(end))
+        self._check("aqua_tensor_grow", _args.u64(end, "end", "Tensor.grow"))
 
     def trim(self, begin: int, end: int) -> None:
         """Shrink the window to [begin, end): release whole chunks entirely outside it. The
         chunks in between keep their data and address."""
+        begin = _args.u64(begin, "begin", "Tensor.trim")
+        end = _args.u64(end, "end", "Tensor.trim")
         if begin > end:
-            raise ValueError("begin must not be past end")
-        self._check("aqua_tensor_trim", int(begin), int(end))
+            raise errors.InvalidArgumentError("Tensor.trim", -errno.EINVAL,
+                                              f"begin {begin} is past end {end}")
+        self._check("aqua_tensor_trim", begin, end)
 
     def range_at(self, offset: int) -> TensorRange:
         """The run of same-tier chunks holding offset. OutOfRangeError past max_bytes."""
         r = _ffi.TensorRange()
-        self._check("aqua_tensor_get_range", int(offset), ctypes.byref(r))
+        self._check("aqua_tensor_get_range", _args.u64(offset, "offset", "Tensor.range_at"),
+                    ctypes.byref(r))
         return TensorRange(r.offset, r.bytes, Tier(r.tier), r.host or None)
 
     def ranges(self) -> Iterator[TensorRange]:
@@ -87,12 +91,14 @@ class Tensor:
         the bytes moved (0 when nothing could move)."""
         moved = ctypes.c_uint64()
         self._check("aqua_tensor_promote", bool(include_local),
-                    ALL if max_bytes is None else int(max_bytes), ctypes.byref(moved))
+                    ALL if max_bytes is None else _args.u64(max_bytes, "max_bytes", "Tensor.promote"),
+                    ctypes.byref(moved))
         return moved.value
 
     # ------------------------------------------------------------------ host convenience
 
     def _window(self, call: str, offset: int, nbytes: int) -> None:
+        offset = _args.u64(offset, "offset", call)
         i = self.info()
         if offset < i.begin or offset + nbytes > i.end:
             raise errors.OutOfRangeError(
@@ -118,7 +124,7 @@ class Tensor:
     def read(self, offset: int, nbytes: int) -> bytes:
         """Copy nbytes at dptr + offset to host memory and return them (aqua_copy_batch(),
         then its wait)."""
-        buf = bytearray(nbytes)
+        buf = bytearray(_args.integer(nbytes, "nbytes", 0, _args.I32_MAX, "Tensor.read"))
         self.read_into(offset, buf)
         return bytes(buf)
 

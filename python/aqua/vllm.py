@@ -19,6 +19,7 @@ noticing. What each aqua event does is in python/README.md ("vLLM").
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import select
@@ -83,7 +84,16 @@ def _bytes(key: str, value: Any) -> int:
         raise ValueError(f"aqua.vllm: '{key}' must be a size in bytes, not {value!r}")
     if n < 0:
         raise ValueError(f"aqua.vllm: '{key}' must not be negative")
+    if n > (1 << 64) - 1:
+        raise ValueError(f"aqua.vllm: '{key}' of {n} bytes does not fit 64 bits")
     return n
+
+
+def _count(key: str, value: Any, lo: int, hi: int = (1 << 63) - 1) -> int:
+    """A whole number in lo .. hi (never a bool, a float or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"aqua.vllm: '{key}' must be an integer in {lo} .. {hi}, not {value!r}")
+    return value
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -141,12 +151,26 @@ class AquaSettings:
             strings[key] = value
         device = extra.get("device")
         if device is not None and (isinstance(device, bool) or not isinstance(device, int)
-                                   or device < 0):
+                                   or not 0 <= device <= (1 << 31) - 1):
             raise ValueError(f"aqua.vllm: 'device' must be a CUDA device ordinal, not {device!r}")
         timeout = extra.get("timeout")
         if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"aqua.vllm: 'timeout' must be seconds > 0, not {timeout!r}")
+                                    or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout <= 0
+                                    or timeout * 1000 > (1 << 31) - 1):
+            raise ValueError(f"aqua.vllm: 'timeout' must be finite seconds > 0 (at most "
+                             f"{((1 << 31) - 1) // 1000}), not {timeout!r}")
+        # vLLM's own keys this spec uses: checked here, so that a bad one is named.
+        for key, lo in (("block_size", 1), ("blocks_per_chunk", 1), ("store_threshold", 0),
+                        ("max_tracker_size", 1)):
+            if key in extra:
+                _count(key, extra[key], lo)
+        if "sync_load_budget_bytes" in extra:
+            _bytes("sync_load_budget_bytes", extra["sync_load_budget_bytes"])
+        for key in ("eviction_policy", "cache_policy_module_path"):
+            value = extra.get(key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"aqua.vllm: '{key}' must be a non-empty string")
         return cls(capacity_bytes=capacity,
                    chunk_bytes=_bytes("chunk_bytes", extra.get("chunk_bytes", 0)),
                    endpoint=strings["endpoint"], side_path=strings["side_path"],

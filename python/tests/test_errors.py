@@ -118,3 +118,59 @@ def test_a_give_back_the_daemon_did_not_hear_still_releases_the_lease(producer, 
         finally:
             aquad.signal(signal.SIGCONT)
         assert lease.closed and ctx.info().borrowed_bytes == 0
+
+
+# Custody by identity, item 10: integers are range-checked before ctypes, which would wrap them.
+def test_a_device_ordinal_past_a_c_int_is_refused_not_wrapped(aquad):
+    with pytest.raises(aqua.InvalidArgumentError) as e:
+        aqua.Consumer(2**32 + 2)
+    assert "device" in str(e.value) and str(2**32 + 2) in str(e.value)
+    with pytest.raises(aqua.InvalidArgumentError, match="device"):
+        aqua.Consumer(-1)
+    with pytest.raises(aqua.InvalidArgumentError, match="timeout"):
+        aqua.Consumer(0, timeout=float("nan"))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda c, t: t.grow(2**70), "end"),
+    (lambda c, t: t.trim(-5, -1), "begin"),
+    (lambda c, t: t.trim(2**64, 2**64 + 1), "begin"),
+    (lambda c, t: t.range_at(-1), "offset"),
+    (lambda c, t: t.read(-1, 16), "offset"),
+    (lambda c, t: c.layers(2**32 + 3), "n_layers"),
+    (lambda c, t: c.borrow(2**64), "nbytes"),
+    (lambda c, t: c.borrow(1 << 20, -1), "min_bytes"),
+    (lambda c, t: c.copy([(t.dptr, 2**64 + t.dptr, 16)]), "src"),
+    (lambda c, t: c.poll(float("nan")), "timeout"),
+    (lambda c, t: c.report_load(float("nan")), "load"),
+])
+def test_integers_out_of_range_are_refused_naming_them(aquad, call, words):
+    with aqua.Consumer(0) as ctx:
+        t = ctx.tensor(64 * MiB, tier=aqua.Tier.LOCAL)
+        t.grow(8 * MiB)
+        before = t.info()
+        with pytest.raises(aqua.InvalidArgumentError) as e:
+            call(ctx, t)
+        assert words in str(e.value)
+        assert t.info() == before, "nothing changed"
+
+
+def test_close_wakes_a_thread_blocked_in_poll(aquad):
+    import threading
+
+    ctx = aqua.Consumer(0)
+    raised = []
+
+    def waiter():
+        try:
+            ctx.poll(None)
+        except aqua.ClosedError as exc:
+            raised.append(exc)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    ctx.close()
+    th.join(5)
+    assert not th.is_alive(), "poll(None) stayed blocked after close()"
+    assert raised, "poll() did not say the context was closed"

@@ -252,12 +252,32 @@ def test_slots_are_counted_as_vllms_cpu_tier_counts_chunks(aquad):
     ({"capacity_bytes": "lots"}, "'capacity_bytes' must be a size"),
     ({"allow_dram": "maybe"}, "'allow_dram' must be true or false"),
     ({"device": -1}, "'device' must be a CUDA device ordinal"),
-    ({"timeout": 0}, "'timeout' must be seconds"),
+    ({"timeout": 0}, "'timeout' must be finite seconds"),
+    ({"timeout": float("nan")}, "'timeout' must be finite seconds"),
+    ({"device": 2**32}, "'device' must be a CUDA device ordinal"),
+    ({"capacity_bytes": 2**70}, "'capacity_bytes' of 1180591620717411303424 bytes does not fit"),
     ({"canonical_layout": True}, "'canonical_layout' is not supported"),
 ])
 def test_bad_keys_are_named_when_vllm_builds_the_connector(aquad, bad, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         Engine(spec(**bad))
+
+
+# Custody by identity, item 10: every key, vLLM's own that the spec reads too, is checked and
+# named (vLLM would divide by a block size of 0, or take -16).
+@pytest.mark.parametrize("bad, words", [
+    ({"block_size": -16}, "'block_size' must be an integer in 1 .."),
+    ({"block_size": 0}, "'block_size' must be an integer in 1 .."),
+    ({"blocks_per_chunk": "4"}, "'blocks_per_chunk' must be an integer"),
+    ({"store_threshold": -1}, "'store_threshold' must be an integer in 0 .."),
+    ({"max_tracker_size": 0}, "'max_tracker_size' must be an integer in 1 .."),
+    ({"sync_load_budget_bytes": "much"}, "'sync_load_budget_bytes' must be a size"),
+    ({"eviction_policy": 3}, "'eviction_policy' must be a non-empty string"),
+    ({"chunk_bytes": 2**64}, "'chunk_bytes' of 18446744073709551616 bytes does not fit"),
+])
+def test_vllms_own_keys_are_checked_and_named(bad, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        AquaSettings.from_extra_config({"capacity_bytes": "1GiB", **bad})
 
 
 def test_missing_capacity_is_named():
