@@ -135,3 +135,86 @@ Test(exhaustion, descriptors_beyond_what_aquad_may_hold_are_refused_and_it_serve
         for (int i = 0; i < IDLE; i++)
                 close(idle[i]);
 }
+
+/* aquad's resident memory in KiB (VmRSS). */
+static long aquad_rss_kib(void)
+{
+        char path[64], line[256];
+        long kib = -1;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)aquad_pid(daemon_));
+        f = fopen(path, "re");
+        cr_assert_not_null(f, "%s: %m", path);
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+                        break;
+        fclose(f);
+        return kib;
+}
+
+#define PARTS_CLIENTS 32
+#define PART_ITEMS    256
+
+/*
+ * Custody by identity, item 6: unregistered clients sending HelloHeld parts and never a Hello.
+ * What aquad keeps for them is bounded per client (the pool's chunks) and over all of them
+ * (twice that), each refusal says which; its memory stays bounded and clients that register are
+ * served.
+ */
+Test(exhaustion, hello_held_parts_before_a_hello_are_bounded_per_client_and_overall)
+{
+        static struct raw parts[PARTS_CLIENTS];
+        static Aqua__HeldChunk held[PART_ITEMS], *heldp[PART_ITEMS];
+        size_t per_client = 0, overall = 0;
+        long rss0, rss1;
+
+        cr_assert_eq(aquad_start("limits:\n  chunks: 4096\n  clients: 64\n  unregistered: 64\n"
+                                 "  request-rate: 0\n",
+                                 &daemon_),
+                     0);
+        for (size_t i = 0; i < PART_ITEMS; i++) {
+                aqua__held_chunk__init(&held[i]);
+                held[i].chunk_id = i + 1;
+                held[i].size = 2 * MiB;
+                held[i].lease_id = 7;
+                heldp[i] = &held[i];
+        }
+        rss0 = aquad_rss_kib();
+        for (int c = 0; c < PARTS_CLIENTS; c++) {
+                Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+                Aqua__HelloHeld hh = AQUA__HELLO_HELD__INIT;
+
+                cr_assert_eq(raw_connect(&parts[c], aquad_endpoint(daemon_), aquad_side_path(daemon_)),
+                             0);
+                hh.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = parts[c].token};
+                hh.held = heldp;
+                hh.n_held = PART_ITEMS;
+                e.body_case = BODY(HELLO_HELD);
+                e.hello_held = &hh;
+                /* 20 parts of 256: 5120 entries, past the pool's 4096. */
+                for (int k = 0; k < 20; k++) {
+                        e.request_id = parts[c].next_id++;
+                        cr_assert_eq(raw_send(&parts[c], &e), 0);
+                }
+                for (Aqua__Envelope *r; (r = raw_recv(&parts[c], 300));) {
+                        if (raw_error_code(r) == AQUA__ERROR_CODE__ERROR_CODE_LIMIT) {
+                                per_client += strstr(r->error->message, "more than the pool's") != NULL;
+                                overall += strstr(r->error->message, "twice the pool's") != NULL;
+                        }
+                        raw_free(r);
+                }
+        }
+        rss1 = aquad_rss_kib();
+        cr_log_info("HelloHeld parts: %zu refusals per client, %zu overall; aquad RSS %ld -> %ld "
+                    "KiB",
+                    per_client, overall, rss0, rss1);
+        cr_assert_gt(per_client, 0, "no client was refused past the pool's chunks");
+        cr_assert_gt(overall, 0, "no client was refused past the overall budget");
+        /* 8192 entries at most are kept, some hundreds of bytes each with what decodes them. */
+        cr_assert_lt(rss1 - rss0, 32 * 1024, "aquad grew by %ld KiB", rss1 - rss0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        offer_works();
+        for (int c = 0; c < PARTS_CLIENTS; c++)
+                raw_close(&parts[c]);
+}
