@@ -6,6 +6,7 @@
 #include "config.h"
 #include "log.h"
 #include "notify.h"
+#include "accept-guard.h"
 #include "server.h"
 #include "wire.h"
 
@@ -101,9 +102,11 @@ int main(int argc, char **argv)
         }
         log_setup("aquad", verbose ? LOG_LEVEL_DEBUG : config->log_level);
 
+        accept_guard_init();
         r = server_new(config, path, flags, &s);
         if (r < 0)
                 return 1; /* the reason is logged */
+        accept_guard_passthrough(s->side_fd);
         config = NULL;    /* the server owns it now */
         s->verbose = verbose;
         server_set_ready(s, ready, NULL);

@@ -12,11 +12,15 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "harness.h"
 #include "rawclient.h"
 #include "testutil.h"
+#include "util.h"
 
 #define MiB        (UINT64_C(1) << 20)
 #define BODY(name) AQUA__ENVELOPE__BODY_##name
@@ -217,4 +221,172 @@ Test(exhaustion, hello_held_parts_before_a_hello_are_bounded_per_client_and_over
         offer_works();
         for (int c = 0; c < PARTS_CLIENTS; c++)
                 raw_close(&parts[c]);
+}
+
+/* How many lines of aquad's log hold text. */
+static int log_count(const char *text)
+{
+        char cmd[512];
+        int n = 0;
+        FILE *p;
+
+        snprintf(cmd, sizeof(cmd), "grep -cF '%s' '%s'", text, aquad_log_path(daemon_));
+        p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        if (fscanf(p, "%d", &n) != 1)
+                n = 0;
+        pclose(p);
+        return n;
+}
+
+static bool log_has(const char *text)
+{
+        char cmd[512];
+
+        snprintf(cmd, sizeof(cmd), "grep -qF '%s' '%s'", text, aquad_log_path(daemon_));
+        return system(cmd) == 0;
+}
+
+/*
+ * A child process, forked while this one still has its descriptors, that opens n idle DEALERs
+ * to endpoint on 'o', closes them on 'c' and exits on 'q', answering each with a byte.
+ */
+struct flood {
+        pid_t pid;
+        int to, from;
+};
+
+static void flood_child(int in, int out, int n)
+{
+        static void *socks[1024];
+        char endpoint[256] = "", cmd;
+        void *ctx = zmq_ctx_new();
+        int zero = 0, opened = 0;
+        ssize_t len;
+
+        struct rlimit rl;
+
+        /* Two descriptors a DEALER (its connection, its mailbox): as many as the hard limit. */
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+                rl.rlim_cur = rl.rlim_max;
+                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 4 * n);
+        len = read(in, endpoint, sizeof(endpoint) - 1);
+        if (len <= 0)
+                _exit(1);
+        while (read(in, &cmd, 1) == 1) {
+                if (cmd == 'o')
+                        for (; opened < n; opened++) {
+                                socks[opened] = zmq_socket(ctx, ZMQ_DEALER);
+                                if (!socks[opened])
+                                        _exit(2);
+                                zmq_setsockopt(socks[opened], ZMQ_LINGER, &zero, sizeof(zero));
+                                if (zmq_connect(socks[opened], endpoint) < 0)
+                                        _exit(3);
+                        }
+                if (cmd == 'c')
+                        for (; opened > 0; opened--)
+                                zmq_close(socks[opened - 1]);
+                if (cmd == 'q')
+                        break;
+                if (write(out, "k", 1) != 1)
+                        _exit(4);
+        }
+        _exit(0);
+}
+
+static struct flood flood_start(int n)
+{
+        int to[2], from[2];
+        struct flood f;
+
+        cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
+        cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
+        f.pid = fork();
+        cr_assert_geq(f.pid, 0);
+        if (f.pid == 0) {
+                close(to[1]);
+                close(from[0]);
+                flood_child(to[0], from[1], n);
+        }
+        close(to[0]);
+        close(from[1]);
+        f.to = to[1];
+        f.from = from[0];
+        return f;
+}
+
+static void flood_do(struct flood *f, char cmd)
+{
+        char k;
+
+        int status = 0;
+
+        cr_assert_eq(write(f->to, &cmd, 1), 1);
+        if (read(f->from, &k, 1) != 1) {
+                waitpid(f->pid, &status, 0);
+                cr_assert_fail("the flood child died: status 0x%x", status);
+        }
+}
+
+#define DEALERS 400
+
+/*
+ * Custody by identity, item 5: far more idle ZeroMQ connections than aquad has descriptors, with
+ * the limit set before it starts and lowered while it runs. libzmq 4.3 aborts the process when
+ * its ipc:// listener runs out (ipc_listener.cpp); aquad takes the socket's name away first,
+ * serves on, and admits clients again once the connections are gone.
+ */
+Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_aquad,
+     .timeout = 120)
+{
+        struct rlimit low = {.rlim_cur = 256, .rlim_max = 256}, lower = {200, 200};
+        static const char *const paused[] = {"left of 256: new connections", "left of 200: new connections"};
+        struct flood f = flood_start(DEALERS);
+        int status, r;
+
+        /* Set before aquad starts: it inherits 256, hard, and cannot raise it. */
+        if (setrlimit(RLIMIT_NOFILE, &low) < 0)
+                cr_skip_test("RLIMIT_NOFILE cannot be lowered here: %m");
+        cr_assert_eq(aquad_start_logged(NULL, &daemon_), 0);
+        cr_assert_gt(write(f.to, aquad_endpoint(daemon_), strlen(aquad_endpoint(daemon_))), 0);
+        usleep(100 * 1000); /* the endpoint is read as one message */
+        for (int round = 0; round < 2; round++) {
+                if (round == 1)
+                        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &lower, NULL), 0,
+                                     "prlimit: %m");
+                flood_do(&f, 'o');
+                /* The connections arrive as fast as ZeroMQ makes them; aquad pauses first. */
+                for (int i = 0; i < 100 && !log_has(paused[round]) &&
+                                kill(aquad_pid(daemon_), 0) == 0;
+                     i++)
+                        usleep(100 * 1000);
+                usleep(500 * 1000);
+                cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad died (round %d)%s", round,
+                             log_has("Too many open files") ? ": Too many open files" : "");
+                cr_assert(log_has(paused[round]), "aquad never paused its endpoint (round %d)",
+                          round);
+                cr_assert_leq(aquad_fds(), round ? 200 : 256);
+                flood_do(&f, 'c');
+                for (int i = 0; i < 100 && log_count("accepts connections") < round + 1; i++)
+                        usleep(100 * 1000);
+                cr_assert_geq(log_count("accepts connections"), round + 1,
+                              "aquad never resumed its endpoint");
+                /* Room again: clients get in. */
+                r = raw_connect(&admin, aquad_endpoint(daemon_), aquad_side_path(daemon_));
+                if (r != 0) {
+                        char cmd[512];
+                        snprintf(cmd, sizeof(cmd), "tail -8 '%s' >&2; ls -la '%s' >&2", aquad_log_path(daemon_), aquad_dir(daemon_));
+                        (void)system(cmd);
+                }
+                cr_assert_eq(r, 0, "a client after the flood: %d %s", r, admin.reject);
+                raw_close(&admin);
+        }
+        cr_assert_eq(write(f.to, "q", 1), 1);
+        cr_assert_eq(waitpid(f.pid, &status, 0), f.pid);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the flood child: 0x%x", status);
+        close(f.to);
+        close(f.from);
+        cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad is gone");
 }

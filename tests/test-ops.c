@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
 #include <spawn.h>
@@ -654,6 +655,81 @@ Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
         unlink(server_file);
         unlink(admin_file);
         snprintf(path, sizeof(path), "%s.pub", server_file);
+        unlink(path);
+        snprintf(path, sizeof(path), "%s.pub", admin_file);
+        unlink(path);
+        rmdir(dir);
+}
+
+#define IDLE_TCP 380
+
+/*
+ * Custody by identity, item 5: IDLE_TCP plain tcp connections to remote.endpoint that never
+ * start a handshake, more than aquad has descriptors. aquad stops the tcp endpoint while they
+ * hold it (saying so), local aquactl is served throughout, and the endpoint serves the listed
+ * key again once they are gone.
+ */
+Test(ops, idle_unauthenticated_tcp_connections_never_lock_local_clients_out, .timeout = 120)
+{
+        char dir[] = "/tmp/test-ops-idle-XXXXXX", path[320], extra[1024], ep[64], err[256];
+        char server_pub[CURVE_KEY_TEXT + 1], admin_pub[CURVE_KEY_TEXT + 1];
+        char server_file[300], admin_file[300];
+        struct rlimit low = {.rlim_cur = 256, .rlim_max = 256};
+        struct passwd *pw = getpwuid(getuid());
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        int idle[IDLE_TCP], n_idle = 0;
+        unsigned port = free_port();
+        struct run r;
+
+        cr_assert_not_null(mkdtemp(dir));
+        cr_assert_not_null(pw);
+        snprintf(server_file, sizeof(server_file), "%s/server.key", dir);
+        snprintf(admin_file, sizeof(admin_file), "%s/admin.key", dir);
+        cr_assert_eq(curve_keyfile_write(server_file, server_pub, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(curve_keyfile_write(admin_file, admin_pub, err, sizeof(err)), 0, "%s", err);
+        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
+        snprintf(extra, sizeof(extra),
+                 "remote:\n  endpoint: %s\n  key-file: %s\n  clients:\n    - user: %s\n"
+                 "      keys: [\"%s\"]\n",
+                 ep, server_file, pw->pw_name, admin_pub);
+        cycle_logged(extra, true);
+        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %m");
+
+        sa.sin_port = htons((uint16_t)port);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (int i = 0; i < IDLE_TCP; i++) {
+                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+                cr_assert_geq(fd, 0);
+                /* Refused or queued: the listener may be down while aquad holds too many. */
+                (void)connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+                idle[n_idle++] = fd;
+                if (i % 50 == 49)
+                        usleep(50 * 1000);
+        }
+        usleep(500 * 1000);
+        cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad is gone");
+        /* Local aquactl is served with the connections still open. */
+        AQUACTL(&r, "status");
+        cr_assert_eq(r.code, 0, "local aquactl status: %s", r.err);
+        cr_assert_geq(count_lines_with(aquad_log_path(daemon_), "Stopping tcp://"), 1,
+                      "aquad never stopped its tcp endpoint");
+
+        for (int i = 0; i < n_idle; i++)
+                close(idle[i]);
+        /* The endpoint is back within a few seconds; the listed key gets status there. */
+        snprintf(path, sizeof(path), "%s.pub", server_file);
+        for (int i = 0; i < 20; i++) {
+                AQUACTL(&r, "-e", ep, "--server-key", path, "--key-file", admin_file, "-t", "2s",
+                        "status");
+                if (r.code == 0)
+                        break;
+                usleep(500 * 1000);
+        }
+        cr_assert_eq(r.code, 0, "remote aquactl status after the flood: %s", r.err);
+        cr_assert_geq(count_lines_with(aquad_log_path(daemon_), "Serving tcp://"), 1);
+        unlink(server_file);
+        unlink(admin_file);
         unlink(path);
         snprintf(path, sizeof(path), "%s.pub", admin_file);
         unlink(path);

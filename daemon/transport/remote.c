@@ -18,7 +18,6 @@
 #include "time-util.h"
 
 #define ZAP_ENDPOINT     "inproc://zeromq.zap.01"
-#define MONITOR_ENDPOINT "inproc://aquad-router-monitor"
 /* Refusals of tcp peers are logged at most this often (a scan must not flood the log). */
 #define REFUSAL_LOG_NS (NSEC_PER_SEC)
 
@@ -63,8 +62,9 @@ int server_open_remote(struct server *s)
 {
         const struct config_remote *rm = &s->config->remote;
         int one = 1, zero = 0;
-        int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+        /* Silent tcp peers that never finish a handshake go after this (fdguard.c counts them). */
+        uint64_t handshake = MIN(MAX(rm->heartbeat_timeout_ns * 2, 2 * NSEC_PER_SEC),
+                                 10 * NSEC_PER_SEC);
 
         if (!rm->endpoint)
                 return 0;
@@ -73,15 +73,8 @@ int server_open_remote(struct server *s)
             zmq_bind(s->zap, ZAP_ENDPOINT) < 0)
                 return log_error_errno(-errno, "Failed to set up the ZAP handler: %s",
                                        zmq_strerror(errno));
-        if (zmq_socket_monitor(s->router, MONITOR_ENDPOINT, events) < 0)
-                return log_error_errno(-errno, "Failed to monitor the ROUTER: %s",
-                                       zmq_strerror(errno));
-        s->monitor = zmq_socket(s->zctx, ZMQ_PAIR);
-        if (!s->monitor || zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_connect(s->monitor, MONITOR_ENDPOINT) < 0)
-                return log_error_errno(-errno, "Failed to monitor the ROUTER: %s",
-                                       zmq_strerror(errno));
         if (zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+            set_ms(s->router, ZMQ_HANDSHAKE_IVL, handshake) < 0 ||
             zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, rm->secret_key, CURVE_KEY_TEXT) < 0 ||
             zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "aqua", 4) < 0 ||
             set_ms(s->router, ZMQ_HEARTBEAT_IVL, rm->heartbeat_interval_ns) < 0 ||
@@ -196,6 +189,10 @@ void server_handle_monitor(struct server *s)
                         frame_text(&ep, where, sizeof(where));
                 zmq_msg_close(&ep);
                 zmq_msg_close(&ev);
+                fdguard_event(s, event, value, where);
+                if (event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL &&
+                    event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                        continue; /* counted only */
                 if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
                         continue; /* ZAP refused it and said why */
                 log_refusal(s,

@@ -571,6 +571,7 @@ struct server *server_free(struct server *s)
                 free(c);
         }
         if (s->monitor) {
+                fdguard_close(s);
                 zmq_socket_monitor(s->router, NULL, 0);
                 zmq_close(s->monitor);
         }
@@ -815,6 +816,8 @@ int server_run(struct server *s)
                         zap_item = k;
                         owners[k] = NULL;
                         items[k++] = (zmq_pollitem_t){.socket = s->zap, .events = ZMQ_POLLIN};
+                }
+                if (s->monitor) {
                         monitor_item = k;
                         owners[k] = NULL;
                         items[k++] = (zmq_pollitem_t){.socket = s->monitor, .events = ZMQ_POLLIN};
@@ -826,6 +829,9 @@ int server_run(struct server *s)
                         if (timeout < 0 || left < timeout)
                                 timeout = left;
                 }
+                /* A paused listener resumes when descriptors are back: look again soon. */
+                if (fdguard_paused(s) && (timeout < 0 || timeout > 100))
+                        timeout = 100;
                 /* Notices the ROUTER could not take: try again soon (no per-peer POLLOUT). */
                 if (s->n_outbox && (timeout < 0 || timeout > OUTBOX_RETRY_MS))
                         timeout = OUTBOX_RETRY_MS;
@@ -859,6 +865,7 @@ int server_run(struct server *s)
                         server_handle_zap(s);
                 if (monitor_item && items[monitor_item].revents)
                         server_handle_monitor(s);
+                fdguard_check(s, now_mono_ns());
                 if (items[1].revents || s->accept_paused_ns)
                         accept_side(s);
                 if (items[0].revents)

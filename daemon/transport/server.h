@@ -95,6 +95,20 @@ struct server_stats {
         uint64_t remote_refused;     /* tcp peers refused: unknown keys, failed handshakes */
 };
 
+/* Connections the ROUTER's listeners may have queued (ZMQ_BACKLOG): fewer than the descriptors
+ * fdguard.c keeps free. */
+#define FDGUARD_BACKLOG 16
+
+struct fdguard {
+        long counted;              /* descriptors open at the last count */
+        uint64_t counted_ns;       /* when it was taken */
+        uint64_t accepted, closed; /* ZeroMQ connections since */
+        int pending[256];          /* tcp connections waiting for their CURVE handshake */
+        size_t n_pending;
+        bool ipc_paused, tcp_paused;
+        uint64_t tcp_paused_ns;
+};
+
 struct server {
         struct config *config;
         char *config_path;
@@ -104,7 +118,8 @@ struct server {
         void *zctx;
         void *router;
         void *zap;     /* REP on inproc://zeromq.zap.01: who may finish a CURVE handshake */
-        void *monitor; /* PAIR: the ROUTER's failed handshakes, to log why a tcp peer was refused */
+        void *monitor; /* PAIR: the ROUTER's connections and handshakes (fdguard.c, remote.c) */
+        struct fdguard fdg;
         int side_fd;
         int signal_fd;
         char *ipc_path;   /* file of an ipc:// endpoint, for its mode */
@@ -161,6 +176,20 @@ uint64_t server_raise_fd_limit(void);
 int server_open_signals(struct server *s);
 int server_open_side(struct server *s);
 int server_open_router(struct server *s);
+/* fdguard.c: the ROUTER's monitor, and descriptor headroom for its listeners. */
+int fdguard_open(struct server *s);
+/* A monitor event: its kind, value (a descriptor) and endpoint. */
+void fdguard_event(struct server *s, uint16_t event, uint32_t value, const char *endpoint);
+/* Pause or resume the listeners by the descriptors free at now. */
+void fdguard_check(struct server *s, uint64_t now);
+/* Before the ROUTER closes: the ipc:// socket under its own name again. */
+void fdguard_close(struct server *s);
+/* Whether a listener is paused (the loop then looks again soon). */
+static inline bool fdguard_paused(const struct server *s)
+{
+        return s->fdg.ipc_paused || s->fdg.tcp_paused;
+}
+
 /* remote.c: ZAP, the handshake monitor and the CURVE bind of remote.endpoint (none: 0). */
 int server_open_remote(struct server *s);
 /* ZAP requests and handshake failures on remote.endpoint (server.c's loop calls these). */

@@ -172,6 +172,9 @@ int server_open_router(struct server *s)
             zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0)
                 return log_error_errno(-errno, "Failed to set ROUTER options: %m");
+        r = fdguard_open(s);
+        if (r < 0)
+                return r;
         /* ZeroMQ unlinks an ipc:// file before it binds: lock_sockets() made that safe. */
         if (zmq_bind(s->router, ep) < 0)
                 return log_error_errno(-errno, "Failed to bind %s: %s", ep, zmq_strerror(errno));
