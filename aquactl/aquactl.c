@@ -241,8 +241,7 @@ static int change(struct admin *a, const struct options *o, struct request *req)
                 return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
         }
         printf("%s\n", req->done);
-        if (reply->body_case == AQUA__ENVELOPE__BODY_ACK && reply->ack->text &&
-            reply->ack->text[0])
+        if (reply->body_case == AQUA__ENVELOPE__BODY_ACK && reply->ack->text && reply->ack->text[0])
                 printf("%s\n", reply->ack->text);
         if (reply->body_case == AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
                 const Aqua__ReclaimReply *rr = reply->reclaim_reply;
@@ -340,8 +339,7 @@ static int build_release(char **args, int n, struct request *req)
         req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RELEASE;
         req->e.admin_release = &req->u.release;
         req->gpu = args[0];
-        snprintf(req->done, sizeof(req->done),
-                 "released what GPU %s held", args[0]);
+        snprintf(req->done, sizeof(req->done), "released what GPU %s held", args[0]);
         return 0;
 }
 
@@ -363,10 +361,14 @@ static const struct command commands[] = {
 static int parse_options(int argc, char **argv, struct options *o)
 {
         static const struct option longopts[] = {
-            {"endpoint", required_argument, NULL, 'e'}, {"side", required_argument, NULL, 's'},
-            {"json", no_argument, NULL, 'j'},           {"timeout", required_argument, NULL, 't'},
-            {"help", no_argument, NULL, 'h'},           {"server-key", required_argument, NULL, 'S'},
-            {"key-file", required_argument, NULL, 'K'}, {},
+            {"endpoint", required_argument, NULL, 'e'},
+            {"side", required_argument, NULL, 's'},
+            {"json", no_argument, NULL, 'j'},
+            {"timeout", required_argument, NULL, 't'},
+            {"help", no_argument, NULL, 'h'},
+            {"server-key", required_argument, NULL, 'S'},
+            {"key-file", required_argument, NULL, 'K'},
+            {},
         };
         uint64_t ns;
         int c;
@@ -438,7 +440,8 @@ static int connect_remote(const struct options *o, struct admin **ret, char *err
         if (curve_public_key_load(o->server_key, server, err, len) < 0)
                 return -EINVAL;
         if (!o->key_file || !*o->key_file) {
-                snprintf(err, len, "a tcp:// endpoint with a server key needs this client's key "
+                snprintf(err, len,
+                         "a tcp:// endpoint with a server key needs this client's key "
                          "pair: --key-file or $AQUA_KEY_FILE (aquactl keygen FILE)");
                 return -EINVAL;
         }

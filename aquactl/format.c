@@ -275,8 +275,8 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
                                               "DRAM", "PAIRED",   "STATE"};
         /* With GPUs that name their host (libaqua does), a HOST column after the uuid. */
         static const char *const host_headers[] = {
-            "GPU",     "UUID", "HOST",     "ROLE", "CLIENT", "PID",   "LOAD",
-            "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM", "PAIRED", "STATE"};
+            "GPU",      "UUID",    "HOST", "ROLE",     "CLIENT", "PID",    "LOAD",
+            "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM",   "PAIRED", "STATE"};
         bool hosts = any_host(data);
         _cleanup_(table_freep) struct table *t =
             hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))

@@ -3,10 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "accept-guard.h"
 #include "config.h"
 #include "log.h"
 #include "notify.h"
-#include "accept-guard.h"
 #include "server.h"
 #include "wire.h"
 
@@ -107,7 +107,7 @@ int main(int argc, char **argv)
         if (r < 0)
                 return 1; /* the reason is logged */
         accept_guard_passthrough(s->side_fd);
-        config = NULL;    /* the server owns it now */
+        config = NULL; /* the server owns it now */
         s->verbose = verbose;
         server_set_ready(s, ready, NULL);
         r = server_run(s);

@@ -40,9 +40,9 @@ struct held {
         Aqua__HeldChunk *items;
         Aqua__HeldChunk **ptrs;
         size_t n;
-        int *fds;      /* producer: an exported fd per item, for REREGISTER_FDS */
+        int *fds; /* producer: an exported fd per item, for REREGISTER_FDS */
         uint8_t (*fabric)[GPU_FABRIC_HANDLE_LEN]; /* a fabric producer's handles instead */
-        uint64_t *ids; /* producer: the chunk id per item */
+        uint64_t *ids;                            /* producer: the chunk id per item */
 };
 void held_clear(struct held *h);
 
@@ -77,7 +77,7 @@ struct consumer_state {
 struct aqua_ctx {
         int device;
         enum aqua_role role;
-        const struct role_ops *ops; /* NULL: neutral */
+        const struct role_ops *ops;               /* NULL: neutral */
         char *endpoint, *side_path, *client_name; /* side_path NULL: fabric */
         /* On another host than aquad (tcp:// and no side channel): chunk handles are fabric
          * handles in the messages, not descriptors. */
@@ -97,7 +97,7 @@ struct aqua_ctx {
         char paired_with[48];
         uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
-        uint64_t keepalive_ms;     /* fabric: Welcome.keepalive_ms */
+        uint64_t keepalive_ms; /* fabric: Welcome.keepalive_ms */
         /* The custody secret aquad gave (Welcome.custody_secret), presented when registering
          * again: without it aquad gives what this GPU holds to nobody, this client included. */
         uint8_t custody_secret[32];

@@ -147,8 +147,8 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
                     (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = (uint8_t *)token};
         hello->fabric_handles = ctx->fabric;
         if (ctx->has_custody_secret)
-                hello->custody_secret = (ProtobufCBinaryData){
-                    .len = sizeof(ctx->custody_secret), .data = ctx->custody_secret};
+                hello->custody_secret = (ProtobufCBinaryData){.len = sizeof(ctx->custody_secret),
+                                                              .data = ctx->custody_secret};
         hello->role = role_to_proto(ctx->role);
         hello->gpu_uuid = (char *)gi->uuid;
         hello->gpu_ordinal = (uint32_t)gi->ordinal;

@@ -6,13 +6,13 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -189,8 +189,8 @@ Test(exhaustion, hello_held_parts_before_a_hello_are_bounded_per_client_and_over
                 Aqua__Envelope e = AQUA__ENVELOPE__INIT;
                 Aqua__HelloHeld hh = AQUA__HELLO_HELD__INIT;
 
-                cr_assert_eq(raw_connect(&parts[c], aquad_endpoint(daemon_), aquad_side_path(daemon_)),
-                             0);
+                cr_assert_eq(
+                    raw_connect(&parts[c], aquad_endpoint(daemon_), aquad_side_path(daemon_)), 0);
                 hh.token = (ProtobufCBinaryData){.len = SIDE_TOKEN_LEN, .data = parts[c].token};
                 hh.held = heldp;
                 hh.n_held = PART_ITEMS;
@@ -203,7 +203,8 @@ Test(exhaustion, hello_held_parts_before_a_hello_are_bounded_per_client_and_over
                 }
                 for (Aqua__Envelope *r; (r = raw_recv(&parts[c], 300));) {
                         if (raw_error_code(r) == AQUA__ERROR_CODE__ERROR_CODE_LIMIT) {
-                                per_client += strstr(r->error->message, "more than the pool's") != NULL;
+                                per_client +=
+                                    strstr(r->error->message, "more than the pool's") != NULL;
                                 overall += strstr(r->error->message, "twice the pool's") != NULL;
                         }
                         raw_free(r);
@@ -342,7 +343,8 @@ Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_a
      .timeout = 120)
 {
         struct rlimit low = {.rlim_cur = 256, .rlim_max = 256}, lower = {200, 200};
-        static const char *const paused[] = {"left of 256: new connections", "left of 200: new connections"};
+        static const char *const paused[] = {"left of 256: new connections",
+                                             "left of 200: new connections"};
         struct flood f = flood_start(DEALERS);
         int status, r;
 
@@ -358,9 +360,8 @@ Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_a
                                      "prlimit: %m");
                 flood_do(&f, 'o');
                 /* The connections arrive as fast as ZeroMQ makes them; aquad pauses first. */
-                for (int i = 0; i < 100 && !log_has(paused[round]) &&
-                                kill(aquad_pid(daemon_), 0) == 0;
-                     i++)
+                for (int i = 0;
+                     i < 100 && !log_has(paused[round]) && kill(aquad_pid(daemon_), 0) == 0; i++)
                         usleep(100 * 1000);
                 usleep(500 * 1000);
                 cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad died (round %d)%s", round,
@@ -377,7 +378,8 @@ Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_a
                 r = raw_connect(&admin, aquad_endpoint(daemon_), aquad_side_path(daemon_));
                 if (r != 0) {
                         char cmd[512];
-                        snprintf(cmd, sizeof(cmd), "tail -8 '%s' >&2; ls -la '%s' >&2", aquad_log_path(daemon_), aquad_dir(daemon_));
+                        snprintf(cmd, sizeof(cmd), "tail -8 '%s' >&2; ls -la '%s' >&2",
+                                 aquad_log_path(daemon_), aquad_dir(daemon_));
                         (void)system(cmd);
                 }
                 cr_assert_eq(r, 0, "a client after the flood: %d %s", r, admin.reject);

@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
 #include <spawn.h>

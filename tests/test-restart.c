@@ -299,8 +299,7 @@ Test(restart, an_operator_releases_what_a_silent_consumer_held_and_nothing_else)
         r = release("GPU-C");
         cr_assert_eq(raw_error_code(r), AQUA__ERROR_CODE__ERROR_CODE_BUSY,
                      "its process runs: refused");
-        cr_assert(strstr(r->error->message, "still runs") &&
-                      strstr(r->error->message, "--force"),
+        cr_assert(strstr(r->error->message, "still runs") && strstr(r->error->message, "--force"),
                   "%s", r->error->message);
         raw_free(r);
         r = release_as("GPU-C", true);

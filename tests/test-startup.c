@@ -252,9 +252,10 @@ Test(startup, refuses_an_endpoint_that_names_a_file_that_is_not_a_socket_and_lea
                         fclose(f);
                         status = aquad_run(config, i ? check : NULL, 5000, &log);
                         cr_assert_eq(status, 1, "%s%s was not refused: exit %d",
-                                     side ? "side-socket" : "endpoint", i ? " (--check-config)" : "",
-                                     status);
-                        cr_assert(strstr(log, precious) && strstr(log, "regular file, not a socket"),
+                                     side ? "side-socket" : "endpoint",
+                                     i ? " (--check-config)" : "", status);
+                        cr_assert(strstr(log, precious) &&
+                                      strstr(log, "regular file, not a socket"),
                                   "the refusal names the path and what it is: %s", log);
                         run("grep -qx 'nobody else s data' '%s'", precious);
                 }

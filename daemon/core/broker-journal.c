@@ -459,8 +459,7 @@ static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
                          j->holder_key ? j->holder_key : "");
                 g->custody.has_secret = j->secret_hash.len == BROKER_SECRET_HASH_LEN;
                 if (g->custody.has_secret)
-                        memcpy(g->custody.secret_hash, j->secret_hash.data,
-                               BROKER_SECRET_HASH_LEN);
+                        memcpy(g->custody.secret_hash, j->secret_hash.data, BROKER_SECRET_HASH_LEN);
         } else if (j->pid) {
                 /* Journaled before custody existed: the process that held it, uid unknown. */
                 g->custody.held = true;

@@ -63,8 +63,8 @@ struct client;
  */
 struct broker_identity {
         bool remote;
-        uid_t uid;              /* local */
-        struct proc_id process; /* local; pid 0: the kernel could not say */
+        uid_t uid;                 /* local */
+        struct proc_id process;    /* local; pid 0: the kernel could not say */
         char key[BROKER_KEY_TEXT]; /* remote */
 };
 
@@ -151,7 +151,7 @@ struct chunk {
         struct lease *lease; /* NULL when free */
         uint64_t size;
         uint64_t client_ref;
-        int fd; /* -1 while the daemon holds no handle (restored, or producer gone) */
+        int fd;          /* -1 while the daemon holds no handle (restored, or producer gone) */
         uint8_t *fabric; /* BROKER_FABRIC_HANDLE_SIZE bytes from a fabric producer, or NULL */
         enum chunk_state state;
         bool orphan;           /* producer gone: dropped once the consumer returns it */
@@ -262,7 +262,7 @@ struct broker {
         uint64_t
             next_deadline_ns; /* earliest pending deadline, 0: none (may be early, never late) */
         uint64_t reconcile_deadline_ns;
-        size_t n_quarantined;        /* chunks in quarantine */
+        size_t n_quarantined;         /* chunks in quarantine */
         uint64_t quarantine_check_ns; /* when their processes are looked at next */
 
         bool replaying;
@@ -349,7 +349,7 @@ struct broker_link {
 struct broker_held {
         uint64_t chunk_id;
         uint64_t size;
-        uint64_t lease_id; /* 0: held unleased (a producer's chunk in the pool) */
+        uint64_t lease_id;     /* 0: held unleased (a producer's chunk in the pool) */
         const uint8_t *fabric; /* a fabric producer's handle for it (BROKER_FABRIC_HANDLE_SIZE) */
 };
 
@@ -410,8 +410,7 @@ void broker_gpu_detach(struct broker *p, struct gpu *g);
  * quarantined until its process is gone, and an unknown one (remote, or pid unknown) is taken to
  * be gone on the operator's word. ret_quarantined (may be NULL) gets how many chunks were.
  */
-int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined,
-                   char *err);
+int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined, char *err);
 /* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */

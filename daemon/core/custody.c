@@ -142,8 +142,9 @@ static void quarantine_end(struct broker *p, struct chunk *c)
 
         c->quarantined = false;
         p->n_quarantined--;
-        events_add(&p->events, "quarantine", "chunk %" PRIu64 " of %s out of quarantine: pid %d gone",
-                   c->id, producer->uuid, (int)c->quarantine.pid);
+        events_add(&p->events, "quarantine",
+                   "chunk %" PRIu64 " of %s out of quarantine: pid %d gone", c->id, producer->uuid,
+                   (int)c->quarantine.pid);
         c->quarantine = (struct proc_id){0};
         if (c->quarantine_back) {
                 c->quarantine_back = false;

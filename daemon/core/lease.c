@@ -634,8 +634,7 @@ void broker_gpu_detach(struct broker *p, struct gpu *g)
         broker_note_deadline(p, p->reconcile_deadline_ns);
 }
 
-int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined,
-                   char *err)
+int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined, char *err)
 {
         size_t leases = list_length(&g->leases), quarantined = 0;
         enum proc_liveness live;

@@ -30,10 +30,10 @@ enum { PRODUCER, TENANT, NEIGHBOUR /* same uid, another process */, NOBODY, KEY,
 
 struct ident {
         struct broker_identity who;
-        bool alive;                           /* its process runs (a remote one: its host) */
-        bool has_secret[GPUS];                /* what Welcomes gave this process */
+        bool alive;            /* its process runs (a remote one: its host) */
+        bool has_secret[GPUS]; /* what Welcomes gave this process */
         uint8_t secret[GPUS][BROKER_SECRET_LEN];
-        bool reclaim_asked[GPUS];             /* a reclaim notice it has not answered */
+        bool reclaim_asked[GPUS]; /* a reclaim notice it has not answered */
 };
 
 /* What an identity maps: a chunk of a lease it was granted through a GPU. */
@@ -122,9 +122,10 @@ static void new_process(int k)
         memset(i->reclaim_asked, 0, sizeof(i->reclaim_asked));
         i->alive = true;
         if (!i->who.remote)
-                i->who.process = (struct proc_id){.pid = (pid_t)next_pid++,
-                                                  .start_time = next_pid * 7,
-                                                  .boot_id = "00000000-0000-0000-0000-000000000001"};
+                i->who.process =
+                    (struct proc_id){.pid = (pid_t)next_pid++,
+                                     .start_time = next_pid * 7,
+                                     .boot_id = "00000000-0000-0000-0000-000000000001"};
 }
 
 static void setup_idents(void)
@@ -177,8 +178,8 @@ static void check_invariant(void)
                 if (c->lease) {
                         const struct gpu *g = c->lease->consumer;
                         if (!g->custody.held || !is_ident(&g->custody.who, k))
-                                violation("a mapped chunk is leased to another identity:",
-                                          g->uuid, c->id);
+                                violation("a mapped chunk is leased to another identity:", g->uuid,
+                                          c->id);
                         continue;
                 }
                 if (c->scrubbing)
@@ -229,8 +230,8 @@ static void deliver(void)
                         ids[m->gpu->owner->ident].reclaim_asked[m->gpu->owner->gpu] = true;
                 }
                 if (m->kind == NOTICE_SCRUB && m->gpu->owner && m->gpu->owner->gpu == 0)
-                        (void)broker_scrub_done(pool, m->gpu, m->chunk_ids, m->n_chunk_ids, NULL,
-                                                0, NULL, NULL);
+                        (void)broker_scrub_done(pool, m->gpu, m->chunk_ids, m->n_chunk_ids, NULL, 0,
+                                                NULL, NULL);
                 notice_free(m);
         }
         (void)broker_commit(pool);
@@ -265,15 +266,16 @@ static int hello(int k, int g, bool with_secret)
                 return -EALREADY;
         for (int i = 0; i < GPUS; i++)
                 if (i != g)
-                        links[h.n_links++] = (struct broker_link){.uuid = names[i], .bandwidth = 400};
+                        links[h.n_links++] =
+                            (struct broker_link){.uuid = names[i], .bandwidth = 400};
         /* What it says it holds: a consumer what it maps through this GPU; a producer the
          * chunks aquad has of it (their handles again). */
         if (g != 0)
                 for (size_t i = 0; i < n_maps && n < 64; i++)
                         if (maps[i].ident == k && maps[i].gpu == g)
-                                held[n++] = (struct broker_held){
-                                    .chunk_id = maps[i].chunk, .size = 2 * MiB,
-                                    .lease_id = maps[i].lease};
+                                held[n++] = (struct broker_held){.chunk_id = maps[i].chunk,
+                                                                 .size = 2 * MiB,
+                                                                 .lease_id = maps[i].lease};
         if (g == 0 && known && h.secret)
                 for (struct list_node *x = known->chunks.next; x != &known->chunks && n < 64;
                      x = x->next) {
@@ -346,22 +348,20 @@ static void borrow_some(int g, uint64_t bytes)
 
         if (!reg[g])
                 return;
-        if (broker_borrow(pool, reg[g], bytes, 0, false, &grant, err) != 0 ||
-            !grant.lease)
+        if (broker_borrow(pool, reg[g], bytes, 0, false, &grant, err) != 0 || !grant.lease)
                 return;
         for (struct list_node *x = grant.lease->chunks.next; x != &grant.lease->chunks;
              x = x->next) {
                 struct chunk *c = list_entry(x, struct chunk, lease_node);
                 for (size_t i = 0; i < n_maps; i++)
                         if (maps[i].chunk == c->id && maps[i].ident != k)
-                                violation("granted a chunk another identity maps to",
-                                          reg[g]->uuid, c->id);
+                                violation("granted a chunk another identity maps to", reg[g]->uuid,
+                                          c->id);
                 tally.grants++;
                 tally.remote_grants += ids[k].who.remote;
                 if (n_maps < MAX_MAPS)
-                        maps[n_maps++] =
-                            (struct map){.chunk = c->id, .lease = grant.lease->id, .ident = k,
-                                         .gpu = g};
+                        maps[n_maps++] = (struct map){
+                            .chunk = c->id, .lease = grant.lease->id, .ident = k, .gpu = g};
         }
 }
 
@@ -505,8 +505,8 @@ static void step(void)
                 struct broker_reclaim r = {0};
                 char err[BROKER_ERR_MAX];
                 if (reg[0])
-                        (void)broker_reclaim(pool, reg[0], 2 * MiB * (1 + next() % 4), false,
-                                             false, "load", &r, err);
+                        (void)broker_reclaim(pool, reg[0], 2 * MiB * (1 + next() % 4), false, false,
+                                             "load", &r, err);
                 broker_reclaim_clear(&r);
                 break;
         }

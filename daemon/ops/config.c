@@ -1,11 +1,11 @@
 /* aquad's config schema, defaults and the checks the generic loader cannot make. */
 #include "config.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -65,8 +65,8 @@ static const struct conf_field remote_fields[] = {
                     CONF_ELEM_STRUCT(&remote_client_schema), 4096, 0),
     CONF_FIELD_DURATION(struct config_remote, heartbeat_interval_ns, "heartbeat-interval",
                         SEC / 100, 600 * SEC, 0),
-    CONF_FIELD_DURATION(struct config_remote, heartbeat_timeout_ns, "heartbeat-timeout",
-                        SEC / 100, 3600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config_remote, heartbeat_timeout_ns, "heartbeat-timeout", SEC / 100,
+                        3600 * SEC, 0),
     CONF_FIELD_DURATION(struct config_remote, grace_ns, "grace", 0, 7 * 24 * 3600 * SEC, 0),
     CONF_FIELD_END,
 };
@@ -548,32 +548,32 @@ static int check_socket_path(const char *what, const char *path, const char *jou
         ssize_t n;
 
         if (journal && strcmp(path, journal) == 0)
-                return path_error(ret_error, "%s %s is also the journal; give them two files",
-                                    what, path);
+                return path_error(ret_error, "%s %s is also the journal; give them two files", what,
+                                  path);
         if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
                 return path_error(ret_error,
-                                    "%s %s is a %s, not a socket: aquad replaces only a socket an "
-                                    "aquad left there; remove it or name another path",
-                                    what, path, file_kind(&st));
+                                  "%s %s is a %s, not a socket: aquad replaces only a socket an "
+                                  "aquad left there; remove it or name another path",
+                                  what, path, file_kind(&st));
         /* Its lock holds an aquad's pid or nothing: anything else is someone's file. */
         if (asprintf(&lock, "%s.lock", path) < 0)
                 return -ENOMEM;
         if (journal && strcmp(lock, journal) == 0)
                 return path_error(ret_error,
-                                    "%s %s: its lock file %s is the journal; name another path",
-                                    what, path, lock);
+                                  "%s %s: its lock file %s is the journal; name another path", what,
+                                  path, lock);
         if (lstat(lock, &st) < 0)
                 return 0;
         if (!S_ISREG(st.st_mode))
                 return path_error(ret_error, "%s %s: its lock file %s is a %s; remove it", what,
-                                    path, lock, file_kind(&st));
+                                  path, lock, file_kind(&st));
         fd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         n = fd >= 0 ? pread(fd, buf, sizeof(buf), 0) : 0;
         if (n < 0 || (size_t)n >= sizeof(buf) || strspn(buf, "0123456789\n") < (size_t)n)
                 return path_error(ret_error,
-                                    "%s %s: its lock file %s holds something other than an "
-                                    "aquad's pid; remove it or name another path",
-                                    what, path, lock);
+                                  "%s %s: its lock file %s holds something other than an "
+                                  "aquad's pid; remove it or name another path",
+                                  what, path, lock);
         return 0;
 }
 

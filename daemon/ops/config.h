@@ -113,16 +113,17 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(struct config *, config_free);
  * aquad runs as.
  */
 /* The remote client a CURVE public key (32 bytes) authenticates, or NULL. */
-const struct config_remote_client *config_remote_find(const struct config *c, const uint8_t key[32]);
+const struct config_remote_client *config_remote_find(const struct config *c,
+                                                      const uint8_t key[32]);
 /*
  * Whether the socket paths aquad binds may be bound: each absent or a socket (an aquad's), its
  * lock absent or holding a pid, none of them the journal. aquad never replaces anything else;
  * -EINVAL with *ret_error naming the path and what it is.
  */
 int config_check_paths(const struct config *c, char **ret_error);
-/* The same by the key's Z85 text (ZeroMQ's User-Id of a CURVE connection, as aquad's ZAP sets it). */
+/* The same by the key's Z85 text (ZeroMQ's User-Id of a CURVE connection, as aquad's ZAP sets it).
+ */
 const struct config_remote_client *config_remote_find_text(const struct config *c, const char *z85);
 
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);
-

@@ -318,9 +318,8 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 code = translate_outcome(broker_unpin(s->broker, e->admin_unpair->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
-                code = translate_outcome(broker_admin_release(s->broker, e->admin_release->gpu,
-                                                              e->admin_release->force,
-                                                              &quarantined, err));
+                code = translate_outcome(broker_admin_release(
+                    s->broker, e->admin_release->gpu, e->admin_release->force, &quarantined, err));
                 if (code == 0 && !quarantined)
                         snprintf(text, sizeof(text),
                                  "its chunks are scrubbed before they are lent again");

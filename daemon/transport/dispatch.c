@@ -1,13 +1,13 @@
 /*
  * Requests from clients: decoding, role checks, calling the broker core and the replies
- * (descriptors.c pairs requests with the descriptors that travel on the side channel). Every bad message gets an Error naming the
- * problem; a registered client is never dropped for what it sends (closing its side channel
- * would make the daemon believe it dead while it still maps memory).
+ * (descriptors.c pairs requests with the descriptors that travel on the side channel). Every bad
+ * message gets an Error naming the problem; a registered client is never dropped for what it sends
+ * (closing its side channel would make the daemon believe it dead while it still maps memory).
  */
 #include <inttypes.h>
 #include <math.h>
-#include <stdio.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "log.h"
@@ -280,7 +280,8 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         c->role = h->role;
         c->gpu = pw.gpu;
         if (pw.replaced) {
-                /* Its holder's earlier connection: forgotten, the GPU left as this Hello made it. */
+                /* Its holder's earlier connection: forgotten, the GPU left as this Hello made it.
+                 */
                 pw.replaced->gpu = NULL;
                 server_drop_client(s, pw.replaced);
         }
@@ -509,8 +510,8 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
         }
         for (size_t i = 0; i < hh->n_held; i++)
                 if (fabric_handle_check(hh->held[i]->fabric_handle.len,
-                                        c->remote && hh->held[i]->fabric_handle.len, "hello_held: held chunk",
-                                        i, err) != 0) {
+                                        c->remote && hh->held[i]->fabric_handle.len,
+                                        "hello_held: held chunk", i, err) != 0) {
                         server_send_error(s, rid, rlen, e->request_id, E(INVALID), "%s", err);
                         client_free_held(s, c);
                         return;
@@ -901,8 +902,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         }
         /* A routing id is the peer's to choose: a remote client's is only its own while the
          * same CURVE identity sends it. */
-        if (c->remote && (!s->request_remote || !s->request_key ||
-                          strcmp(s->request_key, c->remote_key) != 0)) {
+        if (c->remote &&
+            (!s->request_remote || !s->request_key || strcmp(s->request_key, c->remote_key) != 0)) {
                 server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
                                   "%s: this routing id belongs to another client",
                                   wire_body_name(e));

@@ -123,7 +123,8 @@ static void ipc_pause(struct server *s, bool pause, long free_fds)
 {
         _cleanup_free_ char *paused = NULL;
 
-        if (!s->ipc_path || pause == s->fdg.ipc_paused || asprintf(&paused, "%s.paused", s->ipc_path) < 0)
+        if (!s->ipc_path || pause == s->fdg.ipc_paused ||
+            asprintf(&paused, "%s.paused", s->ipc_path) < 0)
                 return;
         if (pause ? rename(s->ipc_path, paused) < 0 : rename(paused, s->ipc_path) < 0) {
                 log_error_errno(-errno, "Failed to %s %s: %m", pause ? "pause" : "resume",
@@ -151,8 +152,8 @@ static void tcp_pause(struct server *s, bool pause, long free_fds, const char *w
         if (!pause && now < s->fdg.tcp_paused_ns + TCP_REBIND_NS)
                 return;
         if (pause ? zmq_unbind(s->router, ep) < 0 : zmq_bind(s->router, ep) < 0) {
-                log_error_errno(-errno, "Failed to %s %s: %s", pause ? "unbind" : "bind again",
-                                ep, zmq_strerror(errno));
+                log_error_errno(-errno, "Failed to %s %s: %s", pause ? "unbind" : "bind again", ep,
+                                zmq_strerror(errno));
                 return;
         }
         s->fdg.tcp_paused = pause;
@@ -186,8 +187,7 @@ void fdguard_check(struct server *s, uint64_t now)
                 return;
         reserve = reserve_of(s->fd_limit);
         /* Count for real when the estimate comes near the reserve, or once a second. */
-        if (now >= s->fdg.counted_ns + RECOUNT_NS ||
-            (long)s->fd_limit - used < 4 * reserve) {
+        if (now >= s->fdg.counted_ns + RECOUNT_NS || (long)s->fd_limit - used < 4 * reserve) {
                 long n = count_fds();
                 if (n >= 0) {
                         s->fdg.counted = used = n;
@@ -196,8 +196,8 @@ void fdguard_check(struct server *s, uint64_t now)
                 }
         }
         free_fds = (long)s->fd_limit - used;
-        tcp_cap = MIN((size_t)s->config->limits.unregistered,
-                      MAX((size_t)(s->fd_limit / 16), (size_t)8));
+        tcp_cap =
+            MIN((size_t)s->config->limits.unregistered, MAX((size_t)(s->fd_limit / 16), (size_t)8));
         if (free_fds < 2 * reserve)
                 tcp_pause(s, true, free_fds, "descriptors are running out");
         else if (s->fdg.n_pending > tcp_cap)

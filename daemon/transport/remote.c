@@ -17,7 +17,7 @@
 #include "server.h"
 #include "time-util.h"
 
-#define ZAP_ENDPOINT     "inproc://zeromq.zap.01"
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 /* Refusals of tcp peers are logged at most this often (a scan must not flood the log). */
 #define REFUSAL_LOG_NS (NSEC_PER_SEC)
 
@@ -63,8 +63,8 @@ int server_open_remote(struct server *s)
         const struct config_remote *rm = &s->config->remote;
         int one = 1, zero = 0;
         /* Silent tcp peers that never finish a handshake go after this (fdguard.c counts them). */
-        uint64_t handshake = MIN(MAX(rm->heartbeat_timeout_ns * 2, 2 * NSEC_PER_SEC),
-                                 10 * NSEC_PER_SEC);
+        uint64_t handshake =
+            MIN(MAX(rm->heartbeat_timeout_ns * 2, 2 * NSEC_PER_SEC), 10 * NSEC_PER_SEC);
 
         if (!rm->endpoint)
                 return 0;
@@ -213,8 +213,7 @@ struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
         rc = config_remote_find_text(s->config, s->request_key);
         if (!rc) {
                 /* Plain tcp (plain-tcp: true), or a key a reload has removed since. */
-                server_send_error(s, rid, rlen, request_id,
-                                  AQUA__ERROR_CODE__ERROR_CODE_PERMISSION,
+                server_send_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_PERMISSION,
                                   "hello: no token and no CURVE identity in remote.clients: over "
                                   "plain tcp a client needs the local side channel's token");
                 return NULL;
@@ -227,8 +226,8 @@ struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
         }
         c = calloc(1, sizeof(*c));
         if (!c) {
-                server_send_error(s, rid, rlen, request_id,
-                                  AQUA__ERROR_CODE__ERROR_CODE_INTERNAL, "hello: out of memory");
+                server_send_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_INTERNAL,
+                                  "hello: out of memory");
                 return NULL;
         }
         c->side_fd = -1;

@@ -133,8 +133,8 @@ struct server {
         bool stopping;
         bool verbose; /* -v: debug logging whatever the config says */
         int exit_status;
-        int request_fd; /* the connection the request being dispatched came on; -1: unknown */
-        bool request_remote;      /* ... and it is a tcp:// connection */
+        int request_fd;      /* the connection the request being dispatched came on; -1: unknown */
+        bool request_remote; /* ... and it is a tcp:// connection */
         const char *request_key;  /* its CURVE public key, Z85 (ZAP's User-Id); NULL: none */
         const char *request_addr; /* its peer address */
         uint64_t start_ns;
