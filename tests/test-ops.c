@@ -570,39 +570,65 @@ static size_t count_lines_with(const char *path, const char *words)
         return n;
 }
 
+/* A folder with aquad's key pair and one listed client's, and aquad on remote.endpoint. */
+struct remote_keys {
+        char dir[64], ep[64];
+        char server_file[300], admin_file[300], server_pub_file[320];
+        char server_pub[CURVE_KEY_TEXT + 1], admin_pub[CURVE_KEY_TEXT + 1];
+        unsigned port;
+};
+
+static void remote_cycle(struct remote_keys *k)
+{
+        struct passwd *pw = getpwuid(getuid());
+        char extra[1024], err[256];
+
+        snprintf(k->dir, sizeof(k->dir), "/tmp/test-ops-keys-XXXXXX");
+        cr_assert_not_null(mkdtemp(k->dir));
+        cr_assert_not_null(pw);
+        snprintf(k->server_file, sizeof(k->server_file), "%s/server.key", k->dir);
+        snprintf(k->server_pub_file, sizeof(k->server_pub_file), "%s.pub", k->server_file);
+        snprintf(k->admin_file, sizeof(k->admin_file), "%s/admin.key", k->dir);
+        cr_assert_eq(curve_keyfile_write(k->server_file, k->server_pub, err, sizeof(err)), 0, "%s",
+                     err);
+        cr_assert_eq(curve_keyfile_write(k->admin_file, k->admin_pub, err, sizeof(err)), 0, "%s",
+                     err);
+        k->port = free_port();
+        snprintf(k->ep, sizeof(k->ep), "tcp://127.0.0.1:%u", k->port);
+        snprintf(extra, sizeof(extra),
+                 "remote:\n  endpoint: %s\n  key-file: %s\n  clients:\n    - user: %s\n"
+                 "      keys: [\"%s\"]\n",
+                 k->ep, k->server_file, pw->pw_name, k->admin_pub);
+        cycle_logged(extra, true);
+}
+
+static void remote_keys_remove(struct remote_keys *k)
+{
+        char cmd[128];
+
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", k->dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
 /*
  * FLOOD clients with keys nobody listed connect to remote.endpoint at once, while aquad may hold
  * fewer descriptors than there are connections: accept() runs out for ZeroMQ and for the
- * metrics endpoint alike. Every handshake is refused and counted, the log gets at most a line a
+ * metrics endpoint alike. Every client is refused and counted, the log gets at most a line a
  * second for the refusals and for the metrics endpoint's failed accepts, the metrics endpoint
  * answers again once descriptors are back, and aquad serves on: local aquactl, a new local
  * client, the listed remote key; the lease it held is untouched, and it stops cleanly.
  */
 Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
 {
-        char dir[] = "/tmp/test-ops-keys-XXXXXX", path[320], extra[1024], ep[64], err[256];
-        char server_pub[CURVE_KEY_TEXT + 1], admin_pub[CURVE_KEY_TEXT + 1];
-        char server_file[300], admin_file[300];
         struct rlimit low = {.rlim_cur = 160, .rlim_max = 160};
-        struct passwd *pw = getpwuid(getuid());
         void *zctx = zmq_ctx_new(), *flood[FLOOD];
         long long refused = 0;
         uint64_t start, deadline;
         struct raw late = {0};
+        struct remote_keys k;
         struct run r;
 
-        cr_assert_not_null(mkdtemp(dir));
-        cr_assert_not_null(pw);
-        snprintf(server_file, sizeof(server_file), "%s/server.key", dir);
-        snprintf(admin_file, sizeof(admin_file), "%s/admin.key", dir);
-        cr_assert_eq(curve_keyfile_write(server_file, server_pub, err, sizeof(err)), 0, "%s", err);
-        cr_assert_eq(curve_keyfile_write(admin_file, admin_pub, err, sizeof(err)), 0, "%s", err);
-        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", free_port());
-        snprintf(extra, sizeof(extra),
-                 "remote:\n  endpoint: %s\n  key-file: %s\n  clients:\n    - user: %s\n"
-                 "      keys: [\"%s\"]\n",
-                 ep, server_file, pw->pw_name, admin_pub);
-        cycle_logged(extra, true);
+        remote_cycle(&k);
         /* Fewer descriptors than the flood has connections (aquad holds about 30 itself). */
         cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %m");
 
@@ -614,10 +640,10 @@ Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
                 flood[i] = zmq_socket(zctx, ZMQ_DEALER);
                 cr_assert_not_null(flood[i], "socket %d: %s", i, zmq_strerror(errno));
                 zmq_setsockopt(flood[i], ZMQ_LINGER, &zero, sizeof(zero));
-                zmq_setsockopt(flood[i], ZMQ_CURVE_SERVERKEY, server_pub, CURVE_KEY_TEXT);
+                zmq_setsockopt(flood[i], ZMQ_CURVE_SERVERKEY, k.server_pub, CURVE_KEY_TEXT);
                 zmq_setsockopt(flood[i], ZMQ_CURVE_PUBLICKEY, pub, CURVE_KEY_TEXT);
                 zmq_setsockopt(flood[i], ZMQ_CURVE_SECRETKEY, sec, CURVE_KEY_TEXT);
-                cr_assert_eq(zmq_connect(flood[i], ep), 0);
+                cr_assert_eq(zmq_connect(flood[i], k.ep), 0);
                 zmq_send(flood[i], "x", 1, ZMQ_DONTWAIT);
         }
         start = now_mono_ns();
@@ -630,15 +656,16 @@ Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
                         refused = sample(m, "aqua_remote_refused_total");
                 usleep(100 * 1000);
         }
-        cr_assert_eq(refused, FLOOD, "%lld handshakes refused", refused);
+        /* Each at least once: past limits.unregistered waiting handshakes aquad stops the
+         * endpoint for a moment, and clients cut off before theirs try again. */
+        cr_assert_geq(refused, FLOOD, "%lld handshakes refused", refused);
 
         /* Served with the flood's sockets still open. */
         AQUACTL(&r, "leases");
         cr_assert_eq(r.code, 0, "aquactl leases: %s", r.err);
         cr_assert_not_null(strstr(r.out, "vllm"), "the lease is gone:\n%s", r.out);
-        snprintf(path, sizeof(path), "%s.pub", server_file);
-        AQUACTL(&r, "-e", ep, "--server-key", path, "--key-file", admin_file, "-t", "10s",
-                "status");
+        AQUACTL(&r, "-e", k.ep, "--server-key", k.server_pub_file, "--key-file", k.admin_file, "-t",
+                "10s", "status");
         cr_assert_eq(r.code, 0, "remote aquactl status: %s", r.err);
         hello(&late, AQUA__ROLE__ROLE_NEUTRAL, "GPU-L", 2, "late", "GPU-P");
         raw_close(&late);
@@ -651,13 +678,7 @@ Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
                       (now_mono_ns() - start) / NSEC_PER_SEC + 2);
         cr_assert_leq(count_lines_with(aquad_log_path(daemon_), "metrics endpoint:"),
                       (now_mono_ns() - start) / NSEC_PER_SEC + 2);
-        unlink(server_file);
-        unlink(admin_file);
-        snprintf(path, sizeof(path), "%s.pub", server_file);
-        unlink(path);
-        snprintf(path, sizeof(path), "%s.pub", admin_file);
-        unlink(path);
-        rmdir(dir);
+        remote_keys_remove(&k);
 }
 
 #define IDLE_TCP 380
@@ -670,31 +691,16 @@ Test(ops, a_flood_of_unknown_curve_keys_is_refused_counted_and_served_through)
  */
 Test(ops, idle_unauthenticated_tcp_connections_never_lock_local_clients_out, .timeout = 120)
 {
-        char dir[] = "/tmp/test-ops-idle-XXXXXX", path[320], extra[1024], ep[64], err[256];
-        char server_pub[CURVE_KEY_TEXT + 1], admin_pub[CURVE_KEY_TEXT + 1];
-        char server_file[300], admin_file[300];
         struct rlimit low = {.rlim_cur = 256, .rlim_max = 256};
-        struct passwd *pw = getpwuid(getuid());
         struct sockaddr_in sa = {.sin_family = AF_INET};
         int idle[IDLE_TCP], n_idle = 0;
-        unsigned port = free_port();
+        struct remote_keys k;
         struct run r;
 
-        cr_assert_not_null(mkdtemp(dir));
-        cr_assert_not_null(pw);
-        snprintf(server_file, sizeof(server_file), "%s/server.key", dir);
-        snprintf(admin_file, sizeof(admin_file), "%s/admin.key", dir);
-        cr_assert_eq(curve_keyfile_write(server_file, server_pub, err, sizeof(err)), 0, "%s", err);
-        cr_assert_eq(curve_keyfile_write(admin_file, admin_pub, err, sizeof(err)), 0, "%s", err);
-        snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", port);
-        snprintf(extra, sizeof(extra),
-                 "remote:\n  endpoint: %s\n  key-file: %s\n  clients:\n    - user: %s\n"
-                 "      keys: [\"%s\"]\n",
-                 ep, server_file, pw->pw_name, admin_pub);
-        cycle_logged(extra, true);
+        remote_cycle(&k);
         cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %m");
 
-        sa.sin_port = htons((uint16_t)port);
+        sa.sin_port = htons((uint16_t)k.port);
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         for (int i = 0; i < IDLE_TCP; i++) {
                 int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -717,22 +723,16 @@ Test(ops, idle_unauthenticated_tcp_connections_never_lock_local_clients_out, .ti
         for (int i = 0; i < n_idle; i++)
                 close(idle[i]);
         /* The endpoint is back within a few seconds; the listed key gets status there. */
-        snprintf(path, sizeof(path), "%s.pub", server_file);
         for (int i = 0; i < 20; i++) {
-                AQUACTL(&r, "-e", ep, "--server-key", path, "--key-file", admin_file, "-t", "2s",
-                        "status");
+                AQUACTL(&r, "-e", k.ep, "--server-key", k.server_pub_file, "--key-file",
+                        k.admin_file, "-t", "2s", "status");
                 if (r.code == 0)
                         break;
                 usleep(500 * 1000);
         }
         cr_assert_eq(r.code, 0, "remote aquactl status after the flood: %s", r.err);
         cr_assert_geq(count_lines_with(aquad_log_path(daemon_), "Serving tcp://"), 1);
-        unlink(server_file);
-        unlink(admin_file);
-        unlink(path);
-        snprintf(path, sizeof(path), "%s.pub", admin_file);
-        unlink(path);
-        rmdir(dir);
+        remote_keys_remove(&k);
 }
 
 /* ------------------------------------------------------------------ sd_notify */
