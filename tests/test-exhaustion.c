@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -216,8 +217,10 @@ Test(exhaustion, hello_held_parts_before_a_hello_are_bounded_per_client_and_over
                     per_client, overall, rss0, rss1);
         cr_assert_gt(per_client, 0, "no client was refused past the pool's chunks");
         cr_assert_gt(overall, 0, "no client was refused past the overall budget");
-        /* 8192 entries at most are kept, some hundreds of bytes each with what decodes them. */
-        cr_assert_lt(rss1 - rss0, 32 * 1024, "aquad grew by %ld KiB", rss1 - rss0);
+        /* 8192 entries at most are kept, some hundreds of bytes each with what decodes them.
+         * (Under ASan freed memory stays resident in its quarantine: no bound to check.) */
+        if (!getenv("ASAN_OPTIONS"))
+                cr_assert_lt(rss1 - rss0, 32 * 1024, "aquad grew by %ld KiB", rss1 - rss0);
         test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
         offer_works();
         for (int c = 0; c < PARTS_CLIENTS; c++)

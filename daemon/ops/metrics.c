@@ -131,6 +131,12 @@ static void render_pool(struct prom_text *t, struct broker *p)
                 p->stats.scrub_failures);
         counter(t, "aqua_chunks_unusable_total", "Chunks a consumer could not import (dropped).",
                 p->stats.chunks_unusable);
+        counter(t, "aqua_custody_refused_total",
+                "Hellos refused because another identity holds the GPU's memory.",
+                p->stats.custody_refused);
+        gauge(t, "aqua_chunks_quarantined",
+              "Chunks an operator released from a holder whose process still runs.",
+              p->n_quarantined);
 }
 
 /* Per-GPU families: one pass per family keeps each family's samples together, as required. */
