@@ -5,19 +5,13 @@
 
 #define E(name) BROKER_E_##name
 
-static int need_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
-                    char *err)
-{
-        return broker_lookup_gpu(p, key, what, ret, err);
-}
-
 int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
                          struct broker_reclaim *ret, char *err)
 {
         struct gpu *g = NULL;
         int r;
 
-        r = need_gpu(p, gpu, "admin-reclaim", &g, err);
+        r = broker_lookup_gpu(p, gpu, "admin-reclaim", &g, err);
         if (r != 0)
                 return r;
         if (g->role != GPU_ROLE_PRODUCER)
@@ -31,7 +25,7 @@ int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim 
         struct gpu *g = NULL;
         int r;
 
-        r = need_gpu(p, gpu, "admin-drain", &g, err);
+        r = broker_lookup_gpu(p, gpu, "admin-drain", &g, err);
         if (r != 0)
                 return r;
         return broker_drain(p, g, ret, err);
@@ -43,7 +37,7 @@ int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *
         struct gpu *g = NULL;
         int r;
 
-        r = need_gpu(p, gpu, "admin-release", &g, err);
+        r = broker_lookup_gpu(p, gpu, "admin-release", &g, err);
         if (r != 0)
                 return r;
         return broker_release(p, g, force, ret_quarantined, err);

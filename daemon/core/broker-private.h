@@ -4,6 +4,8 @@
 
 #include "broker.h"
 
+/* The GPU named exactly uuid (a registration's name), or NULL; gpu_ensure() makes it if none. */
+struct gpu *gpu_find(struct broker *p, const char *uuid);
 struct gpu *gpu_ensure(struct broker *p, const char *uuid);
 /* Free g if nothing refers to it any more (no client, chunks, leases of its own or lent from
  * it, pins, budget or bar). */

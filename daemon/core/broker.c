@@ -205,15 +205,22 @@ struct lease *broker_find_lease(struct broker *p, uint64_t id)
         return tree_find(&p->leases_by_id, id);
 }
 
-struct gpu *gpu_ensure(struct broker *p, const char *uuid)
+struct gpu *gpu_find(struct broker *p, const char *uuid)
 {
-        struct gpu *g;
-
         for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
-                g = list_entry(n, struct gpu, node);
+                struct gpu *g = list_entry(n, struct gpu, node);
                 if (strcmp(g->uuid, uuid) == 0)
                         return g;
         }
+        return NULL;
+}
+
+struct gpu *gpu_ensure(struct broker *p, const char *uuid)
+{
+        struct gpu *g = gpu_find(p, uuid);
+
+        if (g)
+                return g;
         g = calloc(1, sizeof(*g));
         if (!g)
                 return NULL;

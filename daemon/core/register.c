@@ -269,16 +269,6 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
         return renotice(p, g);
 }
 
-static struct gpu *find_gpu(struct broker *p, const char *name)
-{
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
-                struct gpu *x = list_entry(n, struct gpu, node);
-                if (strcmp(x->uuid, name) == 0)
-                        return x;
-        }
-        return NULL;
-}
-
 enum admission {
         ADMIT_NEW,      /* nothing of anyone's to take up */
         ADMIT_HOLDER,   /* its holder, taking up what it holds */
@@ -361,7 +351,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                 snprintf(name, sizeof(name), "%s", h->uuid);
         if (!h->who)
                 return broker_fail(err, E(INVALID), "hello: no identity");
-        g = find_gpu(p, name);
+        g = gpu_find(p, name);
         r = admit(p, g, h, &how, err);
         if (r != 0)
                 return r;
@@ -394,7 +384,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                                    "before another client registers it",
                                    g->uuid, gpu_holder(g, who, sizeof(who)));
                 broker_gpu_gone(p, g);
-                g = find_gpu(p, name);
+                g = gpu_find(p, name);
         }
         if (!g && !(g = gpu_ensure(p, name)))
                 return -ENOMEM;
