@@ -9,11 +9,10 @@
 
 #include "aqua-log.h"
 #include "aqua/aqua.h"
-#include "kvswap.h"
 #include "example-log.h"
 #include "example-parse.h"
 #include "example-util.h"
-#include "example-util.h"
+#include "kvswap.h"
 
 /* The tensor's address range: only what is used gets mapped, so it can be generous. */
 #define TENSOR_MAX_BYTES (UINT64_C(64) << 30)
@@ -787,4 +786,11 @@ bool kv_swap_aqua_take_reclaimed(struct kv_swap *s)
         bool r = a->reclaimed;
         a->reclaimed = false;
         return r;
+}
+
+struct aqua_ctx *kv_swap_aqua_context(struct kv_swap *s)
+{
+        if (!s || s->ops != &aqua_ops)
+                return NULL;
+        return ((struct aq *)s->ctx)->ctx;
 }

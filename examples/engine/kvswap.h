@@ -166,3 +166,8 @@ int kv_swap_aqua_stats(const struct kv_swap *s, struct kv_swap_aqua_stats *ret);
 
 /* Whether a reclaim moved memory since the last call (clears it): for demos that wait for one. */
 bool kv_swap_aqua_take_reclaimed(struct kv_swap *s);
+
+/* The backend's libaqua context, for callers that keep tensors of their own beside its slots (they
+ * share its leases, and its poll() handles their reclaims too); NULL for another backend. */
+struct aqua_ctx;
+struct aqua_ctx *kv_swap_aqua_context(struct kv_swap *s);

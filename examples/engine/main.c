@@ -12,7 +12,7 @@
 #include "example-log.h"
 #include "example-parse.h"
 #include "example-util.h"
-#include "example-util.h"
+#include "hostlink.h"
 
 /* What one run is: a scheduler, where swapped KV goes, when prefills are admitted. */
 struct run_spec {
@@ -78,6 +78,8 @@ static void help(void)
                "                          arrival rate (e.g. 10,20,40,80): CSV and a PNG of TTFT\n"
                "                          p99 and goodput against rate (gnuplot)\n"
                "  --sweep-out PREFIX      files of --sweep: PREFIX.csv, .gp, .png (aqua-sweep)\n"
+               "  --sweep-cases PREFIX    add aqua-cases --out PREFIX's long-prompt and\n"
+               "                          multi-turn panels to the plot\n"
                "SLA:\n"
                "  --sla-ttft DUR          attainment: TTFT at most DUR (1s)\n"
                "  --sla-tbt DUR           ...and the request's own TBT p99 at most DUR (100ms)\n"
@@ -108,6 +110,9 @@ static void help(void)
                "  --decode-time DUR       per decoding sequence (300us)\n"
                "  --peer-bw GBPS          peer HBM over NVLink, GB/s (370)\n"
                "  --dram-bw GBPS          host DRAM over PCIe, GB/s (50)\n"
+               "  --busy N                GPUs of an 8-GPU server swapping to DRAM at once (1):\n"
+               "                          DRAM gets its share of the host link (2 GPUs per PCIe\n"
+               "                          switch, 50 GB/s uplinks, 614 GB/s host memory)\n"
                "  --call-cost DUR         fixed cost of one batched copy (3us)\n"
                "Output:\n"
                "  --realtime[=SPEED]      pace each run in real time, SPEED times faster (1)\n"
@@ -158,6 +163,8 @@ enum {
         ARG_SLA_TTFT,
         ARG_SLA_TBT,
         ARG_TBT_BUDGET,
+        ARG_BUSY,
+        ARG_SWEEP_CASES,
 };
 
 static const struct option options[] = {
@@ -202,6 +209,8 @@ static const struct option options[] = {
     {"sla-ttft", required_argument, NULL, ARG_SLA_TTFT},
     {"sla-tbt", required_argument, NULL, ARG_SLA_TBT},
     {"tbt-budget", required_argument, NULL, ARG_TBT_BUDGET},
+    {"busy", required_argument, NULL, ARG_BUSY},
+    {"sweep-cases", required_argument, NULL, ARG_SWEEP_CASES},
     {"help", no_argument, NULL, 'h'},
     {},
 };
@@ -220,7 +229,8 @@ struct args {
         uint64_t progress_ns; /* 0: none */
         bool four_way;
         bool tbt_budget_set;
-        const char *sweep, *sweep_out;
+        const char *sweep, *sweep_out, *sweep_cases;
+        uint32_t busy; /* GPUs sharing the host link */
 };
 
 static int parse_u32(const char *opt, const char *s, uint32_t min, uint32_t *ret)
@@ -459,6 +469,12 @@ static int parse_args(int argc, char **argv, struct args *a)
                         r = parse_dur(name, optarg, &a->cfg.tbt_budget_ns);
                         a->tbt_budget_set = true;
                         break;
+                case ARG_BUSY:
+                        r = parse_u32(name, optarg, 1, &a->busy);
+                        break;
+                case ARG_SWEEP_CASES:
+                        a->sweep_cases = optarg;
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -474,6 +490,15 @@ static int parse_args(int argc, char **argv, struct args *a)
                 return log_error_errno(EINVAL, "--sweep runs on the host backend: no --swap aqua");
         if (!a->tbt_budget_set)
                 a->cfg.tbt_budget_ns = a->cfg.sla_tbt_ns;
+        if (a->busy > 1) {
+                struct host_link h;
+                host_link_defaults(&h);
+                if (a->busy > h.gpus)
+                        return log_error_errno(EINVAL, "--busy %u: the server has %u GPUs", a->busy,
+                                               h.gpus);
+                h.gpu_gbps = a->cfg.cost[KV_TIER_DRAM].gbytes_per_s;
+                a->cfg.cost[KV_TIER_DRAM].gbytes_per_s = host_link_share(&h, a->busy, NULL);
+        }
         if (a->cfg.admit_layers > a->cfg.n_layers)
                 return log_error_errno(EINVAL, "--admission layer:%u: the model has %u layers",
                                        a->cfg.admit_layers, a->cfg.n_layers);
@@ -914,7 +939,9 @@ static int write_plot_data(const char *path, const struct sweep_point *p, size_t
         return fclose(f) == 0 ? 0 : -errno;
 }
 
-static int write_plot_script(const char *path, const char *dat, const char *png)
+/* cases: aqua-cases --out's prefix (NULL: none): a second row of panels, long prompt and
+ * multi-turn, from its .dat files. */
+static int write_plot_script(const char *path, const char *dat, const char *png, const char *cases)
 {
         static const char *const titles =
             "array T[4] = ['(a) fcfs + DRAM swap', '(b) fair + DRAM swap', '(c) fair + aqua', "
@@ -924,20 +951,38 @@ static int write_plot_script(const char *path, const char *dat, const char *png)
                 return -errno;
         fprintf(f,
                 "# TTFT p99 and goodput against the burst arrival rate, from aqua-engine --sweep\n"
-                "set terminal pngcairo size 1100,460\n"
+                "set terminal pngcairo size 1100,%d\n"
                 "set output '%s'\n"
                 "set key top left\nset grid\nset offsets graph 0.03, graph 0.03, 0, 0\n"
                 "set xlabel 'burst arrival rate (requests/s)'\n"
-                "set multiplot layout 1,2 title 'Simulated burst serving: compute and links "
+                "set multiplot layout %d,2 title 'Simulated serving: compute and links "
                 "modelled (H100-class), KV bytes real'\n"
                 "%s"
-                "set logscale y\nset ylabel 'TTFT p99 (s)'\n"
+                "set logscale y\nset ylabel 'bursts: TTFT p99 (s)'\n"
                 "plot for [i=0:3] '%s' index i using 1:2 with linespoints title T[i+1]\n"
-                "unset logscale y\nset ylabel 'goodput (requests/s meeting the SLA)'\n"
+                "unset logscale y\nset ylabel 'bursts: goodput (requests/s meeting the SLA)'\n"
                 "set yrange [0:*]\nset key bottom left\n"
-                "plot for [i=0:3] '%s' index i using 1:3 with linespoints title T[i+1]\n"
-                "unset multiplot\n",
-                png, titles, dat, dat);
+                "plot for [i=0:3] '%s' index i using 1:3 with linespoints title T[i+1]\n",
+                cases ? 900 : 460, png, cases ? 2 : 1, titles, dat, dat);
+        if (cases)
+                fprintf(f,
+                        "set yrange [*:*]\nset key top right\nset logscale y\n"
+                        "set xlabel 'long prompt: context (K tokens)'\n"
+                        "set ylabel 'long prompt: decode tokens/s'\n"
+                        "plot '%s-long.dat' index 0 using 1:2 with linespoints title 'peer HBM "
+                        "(NVLink)', '' index 1 using 1:2 with linespoints title 'DRAM, 1 GPU on "
+                        "the host link', '' index 2 using 1:2 with linespoints title 'DRAM, 8 "
+                        "GPUs'\n"
+                        "set xlabel 'multi-turn: conversations/s'\n"
+                        "set ylabel 'multi-turn: follow-up TTFT p99 (s)'\nset key top left\n"
+                        "plot '%s-turns.dat' index 0 using 1:2 with linespoints title 'none "
+                        "(recompute)', '' index 1 using 1:2 with linespoints title 'DRAM, 1 GPU', "
+                        "'' index 2 using 1:2 with linespoints title 'DRAM, 8 GPUs', '' index 3 "
+                        "using 1:2 with linespoints title 'peer HBM', '' index 4 using 1:2 with "
+                        "linespoints title 'aqua: peer, then DRAM (1 GPU)', '' index 5 using 1:2 "
+                        "with linespoints title 'aqua (8 GPUs)'\n",
+                        cases, cases);
+        fprintf(f, "unset multiplot\n");
         return fclose(f) == 0 ? 0 : -errno;
 }
 
@@ -1014,7 +1059,7 @@ static int sweep(struct args *a)
                 return r;
         r = write_plot_data(dat, pts, n_rates, n);
         if (r >= 0)
-                r = write_plot_script(gp, dat, png);
+                r = write_plot_script(gp, dat, png, a->sweep_cases);
         if (r < 0)
                 return log_error_errno(r, "Failed to write %s: %m", gp);
         r = run_gnuplot(gp);
