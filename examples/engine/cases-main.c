@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -846,18 +847,21 @@ static int busy_index(const struct args *a, unsigned busy)
 static void print_lp(const struct args *a, const struct lp_row *rows, size_t n,
                      const struct lp_bytes *peer, const struct lp_bytes *dram)
 {
-        char b1[32], b2[32], b3[32], b4[32], b5[32];
+        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
         const struct lp_model *m = &a->lp;
         printf(
             "\nLong prompt: one request decoding alone, Llama-3-8B's shape (%u layers, %s of KV\n"
             "per token and layer, %s of weights) on one H100 (%s HBM at %.0f GB/s, %.0f%% of it\n"
             "for vLLM, %s for activations: %s for KV). Layers whose KV does not fit stream\n"
-            "in every step, the next prefetched while one computes (%u buffers); none: vLLM\n"
-            "refuses a request whose KV does not fit.\n",
+            "in every step, the next prefetched while one computes (%u buffers). None: vLLM\n"
+            "refuses a request whose KV does not fit. Recompute does not apply: rebuilding a\n"
+            "layer's KV needs its input kept, %s per token against the %s of KV it saves.\n",
             m->layers, format_size(b1, sizeof(b1), m->kv_bytes_per_token_layer),
             gb(b2, sizeof(b2), m->weight_bytes), gb(b3, sizeof(b3), m->hbm_bytes), m->hbm_gbps,
             100 * m->mem_util, gb(b4, sizeof(b4), m->activation_bytes),
-            gb(b5, sizeof(b5), rows[0].plan.kv_budget_bytes), m->buffers);
+            gb(b5, sizeof(b5), rows[0].plan.kv_budget_bytes), m->buffers,
+            format_size(b6, sizeof(b6), m->hidden_bytes_per_token),
+            format_size(b7, sizeof(b7), m->kv_bytes_per_token_layer));
         printf("\n  context   KV     in HBM/streamed   tokens/s: peer");
         for (size_t k = 0; k < a->n_busy; k++)
                 printf("  DRAM %u busy", a->busy[k]);
@@ -915,7 +919,8 @@ static void print_lp(const struct args *a, const struct lp_row *rows, size_t n,
 }
 
 static void print_mt(const struct args *a, struct mt_row *rows, size_t n,
-                     const struct mt_row *same_room, const struct mt_real *real)
+                     const struct mt_row *same_room, const struct mt_real *real,
+                     const struct mt_real *real2)
 {
         char b1[32], b2[32], b3[32], b4[32];
         const struct mt_config *c = &a->mt;
@@ -963,29 +968,36 @@ static void print_mt(const struct args *a, struct mt_row *rows, size_t n,
                          a->busy[k] == 1 ? "" : "s");
                 print_ratio(what, peer && dram[k] ? ratio(dram[k]->ttft_p99, peer->ttft_p99) : 0);
         }
-        if (same_room && dram[0])
-                printf("  bandwidth alone: peer with the DRAM budget's capacity, p99 %.0f ms "
-                       "against DRAM's %.0f ms: %.1fx\n",
-                       same_room->ttft_p99, dram[0]->ttft_p99,
-                       ratio(dram[0]->ttft_p99, same_room->ttft_p99));
+        if (same_room && dram[0] && peer) {
+                /* Bandwidth alone: peer at DRAM's capacity against DRAM. Capacity alone: peer at
+                 * its own capacity against peer at DRAM's. The factor further from 1 decides. */
+                double bw = ratio(dram[0]->ttft_p99, same_room->ttft_p99);
+                double cap = ratio(same_room->ttft_p99, peer->ttft_p99);
+                printf("  bandwidth alone (peer given the DRAM budget's capacity, against DRAM): "
+                       "%.2fx\n  capacity alone (peer at the lender's capacity, against that): "
+                       "%.2fx\n  hit rates: DRAM %.0f%%, peer %.0f%%: %s decides\n",
+                       bw, cap, 100 * dram[0]->hit_rate, 100 * peer->hit_rate,
+                       !(bw > 0 && cap > 0)                                    ? "-"
+                       : fabs(log(bw)) < log(1.1) && fabs(log(cap)) < log(1.1) ? "neither"
+                       : fabs(log(bw)) > fabs(log(cap))                        ? "bandwidth"
+                                                                               : "capacity");
+        }
         printf("Against what operators run today, none (recompute), follow-up TTFT p99:\n");
         print_ratio("DRAM offload (1 busy)",
                     none && dram[0] ? ratio(none->ttft_p99, dram[0]->ttft_p99) : 0);
         print_ratio("aqua, peer then DRAM (1 busy)",
                     none && aqua[0] ? ratio(none->ttft_p99, aqua[0]->ttft_p99) : 0);
-        if (none && peer && dram[0])
-                printf(
-                    "  hit rate: none %.0f%%, DRAM %.0f%%, peer %.0f%%, aqua %.0f%%: %s decides\n",
-                    100 * none->hit_rate, 100 * dram[0]->hit_rate, 100 * peer->hit_rate,
-                    aqua[0] ? 100 * aqua[0]->hit_rate : 0,
-                    dram[0]->hit_rate > peer->hit_rate + 0.01 ? "capacity" : "bandwidth");
-        if (real)
+        if (none && aqua[0])
+                printf("  hit rates: none %.0f%%, aqua %.0f%%\n", 100 * none->hit_rate,
+                       100 * aqua[0]->hit_rate);
+        if (real && real2)
                 printf("  real bytes: a sample of %u bytes of every token; %" PRIu64
                        " stores, %" PRIu64 " loads checked (%" PRIu64 " from peer, %" PRIu64
                        " from DRAM), %" PRIu64 " wrong\n",
-                       real->sample, real->stores, real->loads, real->verified[KV_TIER_PEER],
-                       real->verified[KV_TIER_DRAM], real->failures);
-        (void)b3;
+                       real->sample, real->stores + real2->stores, real->loads + real2->loads,
+                       real->verified[KV_TIER_PEER] + real2->verified[KV_TIER_PEER],
+                       real->verified[KV_TIER_DRAM] + real2->verified[KV_TIER_DRAM],
+                       real->failures + real2->failures);
 }
 
 static void summary_lp(const struct args *a, const struct lp_row *rows, size_t n)
@@ -1258,7 +1270,7 @@ int main(int argc, char **argv)
                 printf(".\n");
                 print_lp(&a, lp, a.n_contexts, lp_bytes_on ? &lpb_peer : NULL,
                          lp_bytes_on ? &lpb_dram : NULL);
-                print_mt(&a, rows, n_rows, &same_room, &real_aqua);
+                print_mt(&a, rows, n_rows, &same_room, &real_aqua, &real_dram);
                 printf("\n");
         }
         summary_lp(&a, lp, a.n_contexts);
