@@ -14,7 +14,6 @@
 
 #include "engine.h"
 #include "example-util.h"
-#include "example-util.h"
 
 enum plan_outcome {
         PLAN_NO_ROOM = 0, /* no budget or slot left in this iteration */

@@ -8,7 +8,6 @@
 
 #include "example-util.h"
 #include "trace.h"
-#include "example-util.h"
 
 static struct trace t;
 

@@ -8,7 +8,6 @@
 #include "example-log.h"
 #include "example-parse.h"
 #include "example-util.h"
-#include "example-util.h"
 
 struct lend_aqua {
         struct lend_aqua_config cfg;

@@ -8,7 +8,6 @@
 
 #include "lend.h"
 #include "example-util.h"
-#include "example-util.h"
 
 void lend_config_defaults(struct lend_config *c)
 {

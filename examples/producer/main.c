@@ -11,7 +11,6 @@
 #include "example-log.h"
 #include "example-parse.h"
 #include "example-util.h"
-#include "example-util.h"
 
 static void help(void)
 {

@@ -3,7 +3,6 @@
 
 #include "lend.h"
 #include "example-util.h"
-#include "example-util.h"
 
 #define GiB (UINT64_C(1) << 30)
 #define MiB (UINT64_C(1) << 20)

@@ -5,7 +5,6 @@
 
 #include "load.h"
 #include "example-util.h"
-#include "example-util.h"
 
 static struct load_trace t;
 
