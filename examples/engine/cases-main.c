@@ -575,6 +575,7 @@ struct mt_real {
         struct lp_bytes *lp;
         bool hold, held;
         uint64_t hold_at_ns;
+        uint64_t moved_bytes; /* what the reclaim at the hold moved to DRAM */
 };
 
 /* The samples of tokens [first, first + n) of a conversation's context. */
@@ -690,7 +691,8 @@ static int hold(struct mt_real *m)
 {
         struct kv_swap_aqua_stats st;
         kv_swap_aqua_stats(m->swap, &st);
-        uint64_t lp_peer = m->lp ? lp_bytes_peer(m->lp) : 0;
+        uint64_t lp_peer = m->lp ? lp_bytes_peer(m->lp) : 0, lp_before = lp_peer;
+        uint64_t migrated_before = st.migrated_bytes;
         if (st.slots_peer == 0 && lp_peer == 0)
                 return 0;
         m->held = true;
@@ -700,21 +702,22 @@ static int hold(struct mt_real *m)
         fflush(stdout);
         double until = now_s() + (double)m->args->hold_timeout_ns / NSEC_PER_SEC;
         bool moved = false;
-        while (now_s() < until) {
+        while (!moved && now_s() < until) {
                 int r = m->swap->ops->poll(m->swap->ctx);
                 if (r < 0)
                         return r;
-                moved = kv_swap_aqua_take_reclaimed(m->swap) || moved;
-                if (moved && (!m->lp || lp_bytes_peer(m->lp) == 0))
-                        break;
-                struct timespec ts = {0, 10000000};
-                nanosleep(&ts, NULL);
+                (void)kv_swap_aqua_take_reclaimed(m->swap);
+                kv_swap_aqua_stats(m->swap, &st);
+                lp_peer = m->lp ? lp_bytes_peer(m->lp) : 0;
+                moved = st.slots_peer == 0 && lp_peer == 0;
+                if (!moved)
+                        nanosleep(&(struct timespec){0, 10000000}, NULL);
         }
-        kv_swap_aqua_stats(m->swap, &st);
+        m->moved_bytes = st.migrated_bytes - migrated_before + (lp_before - lp_peer);
         printf("RESUME %s: multi-turn slots in peer memory %" PRIu64 ", in DRAM %" PRIu64
                "; long-prompt KV in peer memory %" PRIu64 " bytes\n",
                moved ? "after a reclaim" : "without a reclaim (timed out)", st.slots_peer,
-               st.slots_dram, m->lp ? lp_bytes_peer(m->lp) : 0);
+               st.slots_dram, lp_peer);
         fflush(stdout);
         return 0;
 }
@@ -1279,13 +1282,13 @@ int main(int argc, char **argv)
         summary_mt(&same_room, " capacity=dram");
         uint64_t lp_fail = lpb_peer.failures + lpb_dram.failures;
         uint64_t mt_fail = real_aqua.failures + real_dram.failures;
-        printf("SUMMARY case=bytes swap=%s held=%d lp_context=%" PRIu64
+        printf("SUMMARY case=bytes swap=%s held=%d moved_bytes=%" PRIu64 " lp_context=%" PRIu64
                " lp_layers_checked_peer=%" PRIu64 " lp_layers_checked_dram=%" PRIu64
                " lp_layers_checked_host=%" PRIu64 " lp_prefetches=%" PRIu64 " lp_offloads=%" PRIu64
                " lp_bytes=%" PRIu64 " mt_stores=%" PRIu64 " mt_loads=%" PRIu64
                " mt_checked_peer=%" PRIu64 " mt_checked_dram=%" PRIu64 " mt_evictions=%" PRIu64
                " checksum_failures=%" PRIu64 "\n",
-               a.aqua ? "aqua" : "host", real_aqua.held, a.context,
+               a.aqua ? "aqua" : "host", real_aqua.held, real_aqua.moved_bytes, a.context,
                lpb_peer.verified[1] + lpb_dram.verified[1],
                lpb_peer.verified[2] + lpb_dram.verified[2],
                lpb_peer.verified[0] + lpb_dram.verified[0],
