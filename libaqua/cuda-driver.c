@@ -20,17 +20,27 @@ static void set_error(char **ret_error, const char *fmt, const char *a, const ch
 }
 
 /*
- * cuGetProcAddress at the ABI of the cuda.h we were built with; the symbol name cuda.h maps to
- * as a fallback (drivers before 11.3 have no cuGetProcAddress).
+ * Each entry point's type is the ABI asked for, and that ABI is the prototype cuda.h declares
+ * (which every call in libaqua is checked against): a mismatch fails the build here.
  */
-static void *resolve(struct cuda_driver *d, __typeof__(cuGetProcAddress) *gpa, const char *name,
-                     const char *exported)
+#define CHECK_ABI(name, abi)                                                                       \
+        _Static_assert(__builtin_types_compatible_p(PFN_##name##_v##abi, __typeof__(&name)),       \
+                       #name ": PFN_" #name "_v" #abi " is not the prototype cuda.h declares");
+CUDA_DRIVER_REQUIRED(CHECK_ABI)
+CUDA_DRIVER_OPTIONAL(CHECK_ABI)
+#undef CHECK_ABI
+
+/*
+ * cuGetProcAddress for the entry point's own ABI version; the symbol name cuda.h maps it to as a
+ * fallback (drivers before 11.3 have no cuGetProcAddress).
+ */
+static void *resolve(struct cuda_driver *d, PFN_cuGetProcAddress_v12000 gpa, const char *name,
+                     int version, const char *exported)
 {
         CUdriverProcAddressQueryResult status;
         void *fn = NULL;
 
-        if (gpa &&
-            gpa(name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
+        if (gpa && gpa(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS &&
             fn)
                 return fn;
         return dlsym(d->dl, exported);
@@ -39,8 +49,8 @@ static void *resolve(struct cuda_driver *d, __typeof__(cuGetProcAddress) *gpa, c
 int cuda_driver_open(const char *path, struct cuda_driver **ret, char **ret_error)
 {
         struct cuda_driver *d;
-        __typeof__(cuGetProcAddress) *gpa;
-        __typeof__(cuDriverGetVersion) *get_version;
+        PFN_cuGetProcAddress_v12000 gpa;
+        PFN_cuDriverGetVersion_v2020 get_version;
         const char *env = getenv("AQUA_CUDA_LIBRARY");
 
         if (!path)
@@ -61,21 +71,21 @@ int cuda_driver_open(const char *path, struct cuda_driver **ret, char **ret_erro
                 return -ENOENT;
         }
         gpa = (__typeof__(gpa))dlsym(d->dl, XSTR(cuGetProcAddress));
-        get_version = (__typeof__(get_version))resolve(d, gpa, "cuDriverGetVersion",
-                                                       XSTR(cuDriverGetVersion));
+        get_version = (PFN_cuDriverGetVersion_v2020)resolve(d, gpa, "cuDriverGetVersion", 2020,
+                                                            XSTR(cuDriverGetVersion));
         if (!get_version || get_version(&d->version) != CUDA_SUCCESS)
                 d->version = 0;
 
-#define RESOLVE_REQUIRED(name)                                                                     \
-        d->name = (__typeof__(d->name))resolve(d, gpa, #name, XSTR(name));                         \
+#define RESOLVE_REQUIRED(name, abi)                                                                \
+        d->name = (__typeof__(d->name))resolve(d, gpa, #name, abi, XSTR(name));                    \
         if (!d->name) {                                                                            \
                 set_error(ret_error, "the CUDA driver %s lacks the entry point %s", path, #name);  \
                 cuda_driver_close(d);                                                              \
                 return -ENOSYS;                                                                    \
         }
-#define RESOLVE_OPTIONAL(name, min_version)                                                        \
-        if (d->version >= (min_version))                                                           \
-                d->name = (__typeof__(d->name))resolve(d, gpa, #name, XSTR(name));
+#define RESOLVE_OPTIONAL(name, abi)                                                                \
+        if (d->version >= (abi))                                                                   \
+                d->name = (__typeof__(d->name))resolve(d, gpa, #name, abi, XSTR(name));
         CUDA_DRIVER_REQUIRED(RESOLVE_REQUIRED)
         CUDA_DRIVER_OPTIONAL(RESOLVE_OPTIONAL)
 #undef RESOLVE_REQUIRED

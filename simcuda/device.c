@@ -395,6 +395,22 @@ SIM_API cuCtxGetDevice(CUdevice *device)
         return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI sim_ctx_get_device_13000(CUdevice *device, CUcontext ctx)
+{
+        SIM_COUNT();
+        struct CUctx_st *c;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!device)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = sim_ctx_named(ctx, &c);
+        if (res != CUDA_SUCCESS)
+                return res;
+        *device = c->device;
+        return CUDA_SUCCESS;
+}
+
 /* Returns the context's sticky error once its work has faulted, as the real call does. */
 SIM_API cuCtxSynchronize(void)
 {
@@ -408,4 +424,18 @@ SIM_API cuCtxSynchronize(void)
                 return res;
         sim_stream_drain(ctx, false);
         return sim_ctx_get(&ctx);
+}
+
+CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx)
+{
+        SIM_COUNT();
+        struct CUctx_st *c;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        res = sim_ctx_named(ctx, &c);
+        if (res != CUDA_SUCCESS)
+                return res;
+        sim_stream_drain(c, false);
+        return sim_ctx_named(ctx, &c);
 }

@@ -208,17 +208,38 @@ struct entry_point {
 
 static const struct entry_point entry_points[] = {SIM_ENTRY_POINTS(ENTRY)};
 
-/* Older ABIs still implemented: asked for with an older cudaVersion, they win. */
-static const struct entry_point older_abis[] = {
+/*
+ * The other ABIs implemented, older or newer than the one above: cuGetProcAddress hands out, for
+ * a name, the newest ABI whose version is at most the one asked for, as cudaTypedefs.h's
+ * PFN_<name>_v<version> types it.
+ */
+static const struct entry_point other_abis[] = {
     {"cuMemcpyBatchAsync", 12080, (void *)&sim_memcpy_batch_12080},
+    {"cuCtxSynchronize", 13000, (void *)&sim_ctx_synchronize_13000},
+    {"cuCtxGetDevice", 13000, (void *)&sim_ctx_get_device_13000},
+    /* Same prototype and, as far as simcuda models it, the same behaviour as the newer one. */
+    {"cuDeviceGetUuid", 9020, (void *)&cuDeviceGetUuid},
+    {"cuEventElapsedTime", 2000, (void *)&cuEventElapsedTime},
 };
 
-static const struct entry_point *older_abi(const char *symbol, int cudaVersion)
+/* The newest ABI of symbol at most cudaVersion; *ret_known: the name has some ABI here. */
+static const struct entry_point *find_abi(const char *symbol, int cudaVersion, bool *ret_known)
 {
-        for (size_t i = 0; i < ARRAY_SIZE(older_abis); i++)
-                if (strcmp(symbol, older_abis[i].name) == 0 && cudaVersion >= older_abis[i].version)
-                        return &older_abis[i];
-        return NULL;
+        const struct entry_point *best = NULL;
+
+        *ret_known = false;
+        for (size_t k = 0; k < 2; k++) {
+                const struct entry_point *v = k ? other_abis : entry_points;
+                size_t n = k ? ARRAY_SIZE(other_abis) : ARRAY_SIZE(entry_points);
+                for (size_t i = 0; i < n; i++) {
+                        if (strcmp(symbol, v[i].name) != 0)
+                                continue;
+                        *ret_known = true;
+                        if (v[i].version <= cudaVersion && (!best || v[i].version > best->version))
+                                best = &v[i];
+                }
+        }
+        return best;
 }
 
 SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -233,24 +254,16 @@ SIM_API cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint
                 return CUDA_ERROR_INVALID_VALUE;
         *pfn = NULL;
         /* Only base names: "cuMemGetInfo_v2" is not a symbol cuGetProcAddress knows. */
-        for (size_t i = 0; i < ARRAY_SIZE(entry_points); i++) {
-                const struct entry_point *e = &entry_points[i];
-
-                if (strcmp(symbol, e->name) != 0)
-                        continue;
-                if (cudaVersion < e->version)
-                        e = older_abi(symbol, cudaVersion);
-                if (!e) {
-                        if (symbolStatus)
-                                *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-                        return CUDA_ERROR_NOT_FOUND;
-                }
-                *pfn = e->fn;
+        bool has_name;
+        const struct entry_point *e = find_abi(symbol, cudaVersion, &has_name);
+        if (!e) {
                 if (symbolStatus)
-                        *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
-                return CUDA_SUCCESS;
+                        *symbolStatus = has_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                                 : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+                return CUDA_ERROR_NOT_FOUND;
         }
+        *pfn = e->fn;
         if (symbolStatus)
-                *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
+                *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
 }

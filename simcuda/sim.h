@@ -29,8 +29,8 @@ void sim_count(struct sim_counter *c);
 #define SIM_MAX_DEVICES 64
 /* The account id of host-location memory (device ids are 0 .. SIM_MAX_DEVICES - 1). */
 #define SIM_HOST_ACCOUNT SIM_MAX_DEVICES
-#define SIM_GRANULARITY (UINT64_C(2) << 20)
-#define SIM_VERSION     13000
+#define SIM_GRANULARITY  (UINT64_C(2) << 20)
+#define SIM_VERSION      13000
 /* Every backing file starts with one page describing the allocation; data follows it. */
 #define SIM_HEADER_SIZE 4096
 
@@ -95,6 +95,12 @@ struct CUctx_st *sim_current_ctx(void);
 CUresult sim_ctx_get(struct CUctx_st **ret);
 /* Why work cannot be given to ctx now (CUDA_SUCCESS: it can); caller holds sim.stream_lock. */
 CUresult sim_ctx_usable_locked(const struct CUctx_st *ctx);
+/* The context a CUDA 13 ABI names: ctx, or the current one for NULL; its sticky error, or
+ * CUDA_ERROR_INVALID_CONTEXT for a handle that names none. */
+CUresult sim_ctx_named(CUcontext ctx, struct CUctx_st **ret);
+/* CUDA 13's ABIs of calls that now take the context (cuGetProcAddress at 13000). */
+CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx);
+CUresult CUDAAPI sim_ctx_get_device_13000(CUdevice *device, CUcontext ctx);
 
 #define SIM_CHECK_INIT()                                                                           \
         do {                                                                                       \

@@ -154,6 +154,25 @@ CUresult sim_ctx_get(struct CUctx_st **ret)
         return res;
 }
 
+CUresult sim_ctx_named(CUcontext ctx, struct CUctx_st **ret)
+{
+        bool known = false;
+        CUresult res;
+
+        if (!ctx)
+                return sim_ctx_get(ret);
+        for (int i = 0; i < sim.n_devices && !known; i++)
+                known = sim.devices[i].primary == ctx;
+        if (!known)
+                return CUDA_ERROR_INVALID_CONTEXT;
+        LOCK();
+        res = sim_ctx_usable_locked(ctx);
+        UNLOCK();
+        if (res == CUDA_SUCCESS)
+                *ret = ctx;
+        return res;
+}
+
 /* A handle from an epoch of its context that has ended names nothing any more. */
 static CUresult stream_usable_locked(const struct CUstream_st *s)
 {

@@ -225,17 +225,58 @@ Test(device, get_proc_address_takes_base_names_and_versions_the_driver_knows)
         cr_assert_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
 }
 
-/* The 12.8 cuMemcpyBatchAsync: failIdx before the stream. */
-typedef CUresult (*batch_12080_fn)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
-                                   size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
-                                   size_t numAttrs, size_t *failIdx, CUstream hStream);
+/*
+ * Each name's ABI at each version, called through cudaTypedefs.h's PFN type for that version: the
+ * newest ABI at most the version asked for. CUDA 13 gave cuCtxSynchronize and cuCtxGetDevice a
+ * context argument; asked for at 12.9 they are the 2.0 ones still.
+ */
+Test(device, get_proc_address_hands_out_the_abi_of_the_version_asked_for)
+{
+        PFN_cuCtxSynchronize_v2000 sync_v2000, sync_v12090;
+        PFN_cuCtxSynchronize_v13000 sync_v13000;
+        PFN_cuCtxGetDevice_v2000 dev_v2000;
+        PFN_cuCtxGetDevice_v13000 dev_v13000;
+        CUdriverProcAddressQueryResult status;
+        CUcontext ctx;
+        CUdevice dev = -1;
+        void *fn;
+
+        sim_start(1);
+        CU_OK(cuCtxGetCurrent(&ctx));
+        CU_OK(cuGetProcAddress("cuCtxSynchronize", (void **)&sync_v2000, 2000, 0, &status));
+        CU_OK(cuGetProcAddress("cuCtxSynchronize", (void **)&sync_v12090, 12090, 0, &status));
+        CU_OK(cuGetProcAddress("cuCtxSynchronize", (void **)&sync_v13000, 13000, 0, &status));
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_SUCCESS);
+        cr_assert_eq((void *)sync_v12090, (void *)sync_v2000);
+        cr_assert_neq((void *)sync_v13000, (void *)sync_v2000, "13.0 has its own ABI");
+        CU_OK(sync_v2000());
+        CU_OK(sync_v13000(ctx));
+        CU_OK(sync_v13000(NULL)); /* the current context */
+        CU_OK(cuGetProcAddress("cuCtxGetDevice", (void **)&dev_v2000, 2000, 0, NULL));
+        CU_OK(cuGetProcAddress("cuCtxGetDevice", (void **)&dev_v13000, 13000, 0, NULL));
+        CU_OK(dev_v2000(&dev));
+        cr_assert_eq(dev, 1);
+        dev = -1;
+        CU_OK(dev_v13000(&dev, ctx));
+        cr_assert_eq(dev, 1);
+        if (!on_real_gpu()) {
+                /* A handle that names no context; and ABIs simcuda does not model. */
+                CU_EXPECT(sync_v13000((CUcontext)&status), CUDA_ERROR_INVALID_CONTEXT);
+                CU_EXPECT(cuGetProcAddress("cuMemGetInfo", &fn, 2000, 0, &status),
+                          CUDA_ERROR_NOT_FOUND);
+                cr_assert_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+        }
+        CU_EXPECT(cuGetProcAddress("cuCtxSynchronize", &fn, 1000, 0, &status),
+                  CUDA_ERROR_NOT_FOUND);
+        cr_assert_eq(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+}
 
 Test(device, the_12_8_batch_copy_interface_copies)
 {
         CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
         CUdeviceptr dst, src;
         size_t size = sizeof(int), idx = 0, fail = 0;
-        batch_12080_fn batch;
+        PFN_cuMemcpyBatchAsync_v12080 batch;
         CUstream s;
         int in = 42, out = 0;
 

@@ -7,6 +7,7 @@
 
 #include <criterion/criterion.h>
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
