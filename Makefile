@@ -1,20 +1,23 @@
 # The two commands of the README, and the steps they are made of.
 BUILD      ?= build
+RELEASE_BUILD ?= build-release
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 MESON_TEST  = meson test --print-errorlogs --num-processes 2
 CUDA_INCLUDE = -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
-LOGS = $(BUILD)/meson-logs/testlog.json $(ASAN_BUILD)/meson-logs/testlog-asan.json \
-       $(FUZZ_BUILD)/meson-logs/testlog.json
+LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json \
+       $(ASAN_BUILD)/meson-logs/testlog-asan.json $(FUZZ_BUILD)/meson-logs/testlog.json
 
-.PHONY: check build build-asan test test-asan fuzz bootstrap clean demo
+.PHONY: check build build-release build-asan test test-release test-asan fuzz bootstrap clean demo
 
-# Every suite in the normal build, again under ASan+UBSan, then the fuzzers for a bounded time
-# when clang is there. The last line counts meson's results over all of them.
+# Every suite in the normal (debugoptimized) build, again in a release build (deploy/README.md's
+# install: -O3, no assertions, -Werror) and under ASan+UBSan, then the fuzzers for a bounded
+# time when clang is there. The last line counts meson's results over all of them.
 check: bootstrap
 	@rm -f $(LOGS)
 	@rc=0; $(MAKE) --no-print-directory test || rc=1; \
+	  $(MAKE) --no-print-directory test-release || rc=1; \
 	  $(MAKE) --no-print-directory test-asan || rc=1; \
 	  if command -v clang >/dev/null; then $(MAKE) --no-print-directory fuzz || rc=1; \
 	  else echo "clang not found: fuzzing skipped"; fi; \
@@ -30,6 +33,9 @@ demo: bootstrap build
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) $(CUDA_INCLUDE)
 
+$(RELEASE_BUILD)/build.ninja:
+	meson setup $(RELEASE_BUILD) --buildtype=release $(CUDA_INCLUDE)
+
 $(ASAN_BUILD)/build.ninja:
 	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false $(CUDA_INCLUDE)
 
@@ -41,12 +47,19 @@ build: $(BUILD)/build.ninja
 	meson setup --reconfigure $(BUILD) >/dev/null
 	ninja -C $(BUILD)
 
+build-release: $(RELEASE_BUILD)/build.ninja
+	meson setup --reconfigure $(RELEASE_BUILD) >/dev/null
+	ninja -C $(RELEASE_BUILD)
+
 build-asan: $(ASAN_BUILD)/build.ninja
 	meson setup --reconfigure $(ASAN_BUILD) >/dev/null
 	ninja -C $(ASAN_BUILD)
 
 test: build
 	$(MESON_TEST) -C $(BUILD)
+
+test-release: build-release
+	$(MESON_TEST) -C $(RELEASE_BUILD)
 
 test-asan: build-asan
 	$(MESON_TEST) -C $(ASAN_BUILD) --setup=asan
@@ -58,4 +71,4 @@ fuzz: $(FUZZ_BUILD)/build.ninja
 	meson test -C $(FUZZ_BUILD) --suite fuzz --print-errorlogs --num-processes 1
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(RELEASE_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -240,11 +240,15 @@ static CUresult translate_locked(uintptr_t p, size_t n, bool write, bool must_be
                 size_t i = map_lower(r, p);
                 uintptr_t at = p;
 
-                /* Every byte must lie in a mapping this device was given access to. */
+                /* Every byte must lie in a mapping (the driver refuses an address it has no
+                 * mapping for) that this device was given access to (a GPU faults when it gets
+                 * there: strict mode; refused when relaxed). */
                 for (; at < p + n; i++) {
-                        if (i == r->n_maps || r->maps[i].ptr > at ||
-                            (r->maps[i].access[dev] & need) != need)
+                        if (i == r->n_maps || r->maps[i].ptr > at)
                                 return CUDA_ERROR_INVALID_VALUE;
+                        if ((r->maps[i].access[dev] & need) != need)
+                                return sim.strict ? CUDA_ERROR_ILLEGAL_ADDRESS
+                                                  : CUDA_ERROR_INVALID_VALUE;
                         at = r->maps[i].ptr + r->maps[i].size;
                 }
                 *ret = r->engine + (p - r->base);
@@ -817,7 +821,8 @@ SIM_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc
                         unsigned char now = (unsigned char)desc[k].flags;
                         int slot;
 
-                        (void)access_slot(&desc[k].location, m->alloc, &slot);
+                        if (access_slot(&desc[k].location, m->alloc, &slot) != CUDA_SUCCESS)
+                                continue; /* not reached: validated above */
                         /* A device losing access under its queued work faults, like unmapping. */
                         if (slot != HOST_SLOT && (m->access[slot] & ~now))
                                 sim_stream_fault_range(engine, engine + m->size, slot,
@@ -887,6 +892,27 @@ SIM_API cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *
 }
 
 /* For a VMM address: the mapping holding it. Returns false when p is not in a reservation. */
+bool sim_vm_pointer(uintptr_t p, int dev, struct sim_pointer *ret)
+{
+        struct mapping *m;
+
+        pthread_mutex_lock(&vm_lock);
+        m = mapping_at(p);
+        if (m)
+                *ret = (struct sim_pointer){
+                    .base = m->ptr,
+                    .size = m->size,
+                    .device = m->alloc->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                                  ? m->alloc->prop.location.id
+                                  : -1,
+                    .access = dev >= 0 && dev < SIM_MAX_DEVICES ? m->access[dev] : 0,
+                    .handle_types = m->alloc->prop.requestedHandleTypes,
+                    .vmm = true,
+                };
+        pthread_mutex_unlock(&vm_lock);
+        return m != NULL;
+}
+
 bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped)
 {
         struct mapping *m;
