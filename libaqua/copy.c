@@ -3,9 +3,12 @@
  * has it), the batches libaqua still has in flight, and layer-wise offload and prefetch.
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alog.h"
 #include "ctx.h"
 #include "move.h"
 #include "util.h"
@@ -13,7 +16,83 @@
 struct copy_inflight {
         uint64_t ticket;
         struct CUevent_st *ev;
+        /* For a report if it fails: its first piece, how many pieces and bytes in all. */
+        uint64_t dst, src, bytes;
+        size_t n;
 };
+
+static const char *tier_name(enum aqua_tier t)
+{
+        switch (t) {
+        case AQUA_TIER_PEER:
+                return "peer memory";
+        case AQUA_TIER_DRAM:
+                return "DRAM";
+        case AQUA_TIER_LOCAL:
+                return "local memory";
+        default:
+                return "not mapped";
+        }
+}
+
+/* Where addr lies, in the caller's terms: a tensor's offset and tier, a lease, or an address. */
+static void describe(aqua_ctx *ctx, uint64_t addr, char *buf, size_t len)
+{
+        for (const struct aqua_tensor *t = ctx->consumer.tensors; t; t = t->next)
+                if (addr >= t->dptr && addr - t->dptr < t->max_bytes) {
+                        const struct tensor_chunk *c =
+                            &t->chunks[(addr - t->dptr) / t->chunk_bytes];
+                        int k = snprintf(buf, len,
+                                         "the tensor at 0x%" PRIx64 ", offset %" PRIu64 " (%s",
+                                         t->dptr, addr - t->dptr, tier_name(c->tier));
+                        if (c->lease && k >= 0 && (size_t)k < len)
+                                k += snprintf(buf + k, len - k, " of lease %" PRIu64, c->lease->id);
+                        if (k >= 0 && (size_t)k < len)
+                                snprintf(buf + k, len - k, ")");
+                        return;
+                }
+        for (const struct aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
+                if (!l->tensor_pool && addr >= l->dptr && addr - l->dptr < l->size) {
+                        snprintf(buf, len, "lease %" PRIu64 ", offset %" PRIu64, l->id,
+                                 addr - l->dptr);
+                        return;
+                }
+        snprintf(buf, len, "0x%" PRIx64 " (not aqua's memory)", addr);
+}
+
+/*
+ * A batch whose completion the driver reported as failed: on a GPU that is a fault (an address
+ * its device may not touch), asynchronous and sticky. Its bytes did not arrive; say which memory
+ * is affected, once, where the caller learns of it. Returns -EIO.
+ */
+static int copy_failed(aqua_ctx *ctx, const struct copy_inflight *c)
+{
+        char dst[160], src[160];
+        uint64_t *v = realloc(ctx->failed_tickets, (ctx->n_failed + 1) * sizeof(*v));
+
+        /* Remembered, so that asking after the batch again never reads as done. */
+        if (v) {
+                v[ctx->n_failed++] = c->ticket;
+                ctx->failed_tickets = v;
+        }
+
+        describe(ctx, c->dst, dst, sizeof(dst));
+        describe(ctx, c->src, src, sizeof(src));
+        alog_error("Copy batch %" PRIu64 " (%zu piece%s, %" PRIu64 " bytes; the first into %s, "
+                   "from %s) failed on device %d: %s. Its data is lost, and the device's context "
+                   "stays unusable: copies, tensors and leases of this context fail from now on",
+                   c->ticket, c->n, c->n == 1 ? "" : "s", c->bytes, dst, src,
+                   gpu_info(ctx->gpu)->ordinal, gpu_last_error(ctx->gpu));
+        return -EIO;
+}
+
+static bool ticket_failed(const aqua_ctx *ctx, aqua_ticket ticket)
+{
+        for (size_t i = 0; i < ctx->n_failed; i++)
+                if (ctx->failed_tickets[i] == ticket)
+                        return true;
+        return false;
+}
 
 static int event_get(aqua_ctx *ctx, struct CUevent_st **ret)
 {
@@ -56,11 +135,15 @@ static int inflight_reserve(aqua_ctx *ctx)
         if (ctx->n_copies < ctx->cap_copies)
                 return 0;
         /* One pass that keeps the order: thousands may be in flight (one batch per block). */
-        for (size_t i = 0; i < ctx->n_copies; i++)
-                if (gpu_event_query(ctx->gpu, ctx->copies[i].ev) == 0)
+        for (size_t i = 0; i < ctx->n_copies; i++) {
+                int q = gpu_event_query(ctx->gpu, ctx->copies[i].ev);
+                if (q < 0)
+                        copy_failed(ctx, &ctx->copies[i]);
+                if (q <= 0)
                         event_put(ctx, ctx->copies[i].ev);
                 else
                         ctx->copies[kept++] = ctx->copies[i];
+        }
         ctx->n_copies = kept;
         if (ctx->n_copies < ctx->cap_copies)
                 return 0;
@@ -81,8 +164,11 @@ int copies_wait_all(aqua_ctx *ctx)
         while (ctx->n_copies) {
                 int k = gpu_event_sync(ctx->gpu, ctx->copies[0].ev);
 
-                if (k < 0 && r == 0)
-                        r = k;
+                if (k < 0) {
+                        copy_failed(ctx, &ctx->copies[0]);
+                        if (r == 0)
+                                r = -EIO;
+                }
                 inflight_remove(ctx, 0);
         }
         return r;
@@ -95,8 +181,11 @@ void copies_clear(aqua_ctx *ctx)
                 gpu_event_free(ctx->gpu, ctx->spare_events[i]);
         free(ctx->spare_events);
         free(ctx->copies);
+        free(ctx->failed_tickets);
         ctx->spare_events = NULL;
         ctx->copies = NULL;
+        ctx->failed_tickets = NULL;
+        ctx->n_failed = 0;
         ctx->n_spare = ctx->cap_spare = ctx->n_copies = ctx->cap_copies = 0;
 }
 
@@ -129,11 +218,20 @@ _public_ int aqua_copy_batch(aqua_ctx *ctx, const struct aqua_copy_piece *pieces
         record[0] = ev;
         record[1] = done_event;
         r = gpu_copy_batch(ctx->gpu, stream, wait_event, merged, m, !ctx->no_batch_copy, record, 2);
-        if (r < 0) {
+        if (r < 0 && r != GPU_E_QUEUED) {
                 event_put(ctx, ev);
                 return r == -ENOMEM ? r : -EIO;
         }
-        ctx->copies[ctx->n_copies++] = (struct copy_inflight){++ctx->next_ticket, ev};
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < m; i++)
+                bytes += merged[i].bytes;
+        struct copy_inflight c = {++ctx->next_ticket, ev, merged[0].dst, merged[0].src, bytes, n};
+        if (r == GPU_E_QUEUED) {
+                /* Queued, and already known to have faulted: lost, reported as at a sync. */
+                event_put(ctx, ev);
+                return copy_failed(ctx, &c);
+        }
+        ctx->copies[ctx->n_copies++] = c;
         if (ret_ticket)
                 *ret_ticket = ctx->next_ticket;
         return 0;
@@ -156,11 +254,13 @@ _public_ int aqua_copy_query(aqua_ctx *ctx, aqua_ticket ticket)
                 return -EINVAL;
         i = inflight_find(ctx, ticket);
         if (i < 0)
-                return 0;
+                return ticket_failed(ctx, ticket) ? -EIO : 0;
         r = gpu_event_query(ctx->gpu, ctx->copies[i].ev);
-        if (r == 0)
+        if (r < 0)
+                r = copy_failed(ctx, &ctx->copies[i]);
+        if (r <= 0)
                 inflight_remove(ctx, (size_t)i);
-        return r < 0 ? -EIO : r;
+        return r;
 }
 
 _public_ int aqua_copy_wait(aqua_ctx *ctx, aqua_ticket ticket)
@@ -172,10 +272,12 @@ _public_ int aqua_copy_wait(aqua_ctx *ctx, aqua_ticket ticket)
                 return -EINVAL;
         i = inflight_find(ctx, ticket);
         if (i < 0)
-                return 0;
+                return ticket_failed(ctx, ticket) ? -EIO : 0;
         r = gpu_event_sync(ctx->gpu, ctx->copies[i].ev);
+        if (r < 0)
+                r = copy_failed(ctx, &ctx->copies[i]);
         inflight_remove(ctx, (size_t)i);
-        return r < 0 ? -EIO : 0;
+        return r;
 }
 
 /* ---------------------------------------------------------------- layers */

@@ -113,6 +113,8 @@ struct aqua_ctx {
         struct CUevent_st **spare_events;
         size_t n_spare, cap_spare;
         uint64_t next_ticket;
+        uint64_t *failed_tickets; /* batches whose completion failed (reported once) */
+        size_t n_failed;
         bool no_batch_copy; /* tests: behave as if the driver had no cuMemcpyBatchAsync */
 
         /* events not yet handed out, a ring */

@@ -41,6 +41,15 @@ static void ctx_scope_end(struct ctx_scope *s)
                         _scope_.switched = true;                                                   \
         } while (0)
 
+/* The name of the last error a driver call returned on this thread, for reports. */
+static _Thread_local const char *last_error;
+
+const char *gpu_last_error(const struct gpu *g)
+{
+        (void)g;
+        return last_error ? last_error : "no CUDA error";
+}
+
 static int cu_errno(const struct gpu *g, CUresult r, const char *what)
 {
         const char *name = NULL;
@@ -48,6 +57,7 @@ static int cu_errno(const struct gpu *g, CUresult r, const char *what)
         if (r == CUDA_SUCCESS)
                 return 0;
         g->d->cuGetErrorName(r, &name);
+        last_error = name ? name : "an unnamed CUDA error";
         alog_debug("%s on device %d: %s (%d)", what, g->info.ordinal, name ? name : "?", (int)r);
         switch (r) {
         case CUDA_ERROR_OUT_OF_MEMORY:
@@ -497,11 +507,13 @@ int gpu_copy_batch(struct gpu *g, CUstream s, CUevent wait, const struct aqua_co
         }
         if (r < 0)
                 return r;
+        /* The copies are queued: an error from here on (a fault of theirs the driver already
+         * knows of, sticky) leaves them without a completion to wait for. */
         for (size_t i = 0; i < n_record; i++)
                 if (record[i]) {
                         r = CU(g, cuEventRecord(record[i], s));
                         if (r < 0)
-                                return r;
+                                return GPU_E_QUEUED;
                 }
         return 0;
 }

@@ -33,6 +33,8 @@ struct gpu_info {
 int gpu_open(int ordinal, struct gpu **ret);
 struct gpu *gpu_free(struct gpu *g);
 const struct gpu_info *gpu_info(const struct gpu *g);
+/* The name of the last error a driver call returned on the calling thread (for reports). */
+const char *gpu_last_error(const struct gpu *g);
 
 /* An opaque driver allocation handle (CUmemGenericAllocationHandle). */
 typedef uint64_t gpu_handle;
@@ -95,8 +97,12 @@ int gpu_event_sync(struct gpu *g, struct CUevent_st *e);
  * Queue pieces (already merged) on stream s (NULL: libaqua's own) in one go: after wait (may
  * be NULL), one cuMemcpyBatchAsync when use_batch and the driver has it, else one
  * cuMemcpyAsync per piece; then record each of the n_record events (NULL entries skipped).
- * One context switch for all of it. Returns 0 or a negative errno.
+ * One context switch for all of it. Returns 0, GPU_E_QUEUED (the copies were queued but an event
+ * could not be recorded after them: the driver reported a fault, theirs or earlier work's, so
+ * their completion cannot be waited for and their data is lost), or a negative errno (nothing
+ * was queued, unless the driver lacks batches and failed half-way).
  */
+#define GPU_E_QUEUED (-ECANCELED)
 int gpu_copy_batch(struct gpu *g, struct CUstream_st *s, struct CUevent_st *wait,
                    const struct aqua_copy_piece *pieces, size_t n, bool use_batch,
                    struct CUevent_st *const *record, size_t n_record);

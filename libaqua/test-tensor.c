@@ -4,6 +4,7 @@
  * a new lease, layer-wise transfers, and a long seeded random sequence with checksums.
  */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "aqua/aqua.h"
 #include "ctx.h"
+#include "cuda-driver.h"
 #include "fake-daemon.h"
 #include "gpu.h"
 #include "util.h"
@@ -30,9 +32,13 @@ static size_t n_peer;
 static uint64_t next_lease = 7;
 static uint8_t *noise; /* see pattern() */
 
+static char last_error[1024]; /* the last error libaqua logged */
+
 static void test_log(enum aqua_log_level level, const char *message, void *userdata)
 {
         fprintf(stderr, "libaqua[%d]: %s\n", level, message);
+        if (level == AQUA_LOG_ERROR)
+                snprintf(last_error, sizeof(last_error), "%s", message);
 }
 
 static void setup(void)
@@ -304,6 +310,62 @@ Test(tensor, uses_local_memory_only_when_allowed_and_honours_a_named_tier)
         cr_assert_eq(aqua_tensor_grow(ctx, d, CHUNK), AQUA_NO_MEMORY, "no DRAM budget granted");
         aqua_tensor_free(ctx, d);
         aqua_tensor_free(ctx, t);
+}
+
+/*
+ * A copy into tensor memory this GPU has lost write access to is accepted, as a GPU accepts it,
+ * and faults when it runs (simcuda's strict mode, as a GPU does). libaqua finds out at its sync
+ * point and reports the batch as lost, naming the tensor, the offset and the lease; asking after
+ * the batch again never reads as done.
+ */
+Test(tensor, a_copy_that_faults_is_reported_lost_with_the_tensor_it_was_for)
+{
+        struct aqua_tensor_options o = AQUA_TENSOR_OPTIONS_INIT;
+        const struct cuda_driver *d;
+        CUmemAccessDesc ro = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+        struct aqua_copy_piece piece;
+        uint8_t *buf = calloc(1, CHUNK);
+        aqua_ticket ticket;
+        aqua_tensor *t;
+        CUcontext primary;
+        char want[128];
+
+        borrow_pool(1, 0);
+        o.chunk_bytes = CHUNK;
+        cr_assert_eq(aqua_tensor_new(ctx, CHUNK, &o, &t), 0);
+        cr_assert_eq(aqua_tensor_grow(ctx, t, CHUNK), 0);
+        cr_assert_eq(tier_at(t, 0), AQUA_TIER_PEER);
+        /* Write access goes, once the work the tensor's growth queued is done (taking it away
+         * under that work would fault the context at once). */
+        cr_assert_eq(cuda_driver_get(&d, NULL), 0);
+        cr_assert_eq(d->cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+        cr_assert_eq(d->cuCtxSetCurrent(primary), CUDA_SUCCESS);
+        cr_assert_eq(d->cuCtxSynchronize(), CUDA_SUCCESS);
+        cr_assert_eq(d->cuMemSetAccess(aqua_tensor_dptr(t), CHUNK, &ro, 1), CUDA_SUCCESS);
+        piece = (struct aqua_copy_piece){aqua_tensor_dptr(t) + 4096, (uint64_t)(uintptr_t)buf, 512};
+        last_error[0] = '\0';
+        /* Queued, as on a GPU; the fault may already be known when its completion event is
+         * recorded (the stream ran it at once), and then the batch is reported there. */
+        int r = aqua_copy_batch(ctx, &piece, 1, NULL, NULL, NULL, &ticket);
+        cr_assert(r == 0 || r == -EIO, "%d", r);
+        if (r == 0)
+                cr_assert_eq(aqua_copy_wait(ctx, ticket), -EIO);
+        else
+                ticket = 1; /* the context's first batch */
+        snprintf(want, sizeof(want),
+                 "the tensor at 0x%" PRIx64 ", offset 4096 (peer memory of lease",
+                 aqua_tensor_dptr(t));
+        cr_assert(strstr(last_error, want), "the report does not name the tensor: %s", last_error);
+        cr_assert(strstr(last_error, "CUDA_ERROR_ILLEGAL_ADDRESS"), "%s", last_error);
+        cr_assert(strstr(last_error, "Its data is lost"), "%s", last_error);
+        cr_assert_eq(aqua_copy_query(ctx, ticket), -EIO, "a failed batch never reads as done");
+        cr_assert_eq(aqua_copy_wait(ctx, ticket), -EIO);
+        /* The context is unusable now: the next batch is refused when queued. */
+        cr_assert_eq(aqua_copy_batch(ctx, &piece, 1, NULL, NULL, NULL, NULL), -EIO);
+        cr_assert_eq(d->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+        cr_assert_eq(d->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+        free(buf);
 }
 
 Test(tensor, trims_head_and_tail_without_moving_the_middle)

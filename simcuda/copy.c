@@ -43,6 +43,10 @@ static CUresult copy_sync(struct copy c, const struct CUctx_st *peer_dst,
         c.dst_dev = peer_dst ? peer_dst->device : ctx->device;
         c.src_dev = peer_src ? peer_src->device : ctx->device;
         res = copy_translate(&c, &piece);
+        if (res == CUDA_ERROR_ILLEGAL_ADDRESS) {
+                sim_stream_drain(ctx, true);
+                return sim_ctx_fault(ctx);
+        }
         if (res != CUDA_SUCCESS)
                 return res;
         sim_stream_drain(ctx, true);
@@ -60,6 +64,8 @@ static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
 
         SIM_CHECK_INIT();
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res == CUDA_SUCCESS)
+                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         c.dst_dev = peer_dst ? peer_dst->device : sim_stream_device(s);
@@ -70,7 +76,7 @@ static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
         res = copy_translate(&c, piece);
         if (res != CUDA_SUCCESS) {
                 free(piece);
-                return res;
+                return res == CUDA_ERROR_ILLEGAL_ADDRESS ? sim_stream_fault(s) : res;
         }
         return sim_stream_copy(s, piece, 1, NULL);
 }
@@ -179,6 +185,10 @@ SIM_API cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
         if (res != CUDA_SUCCESS)
                 return res;
         res = sim_vm_translate(dstDevice, N, true, true, ctx->device, &dst);
+        if (res == CUDA_ERROR_ILLEGAL_ADDRESS) {
+                sim_stream_drain(ctx, true);
+                return sim_ctx_fault(ctx);
+        }
         if (res != CUDA_SUCCESS)
                 return res;
         sim_stream_drain(ctx, true);
@@ -195,9 +205,13 @@ SIM_API cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstr
 
         SIM_CHECK_INIT();
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res == CUDA_SUCCESS)
+                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         res = sim_vm_translate(dstDevice, N, true, true, sim_stream_device(s), &dst);
+        if (res == CUDA_ERROR_ILLEGAL_ADDRESS)
+                return sim_stream_fault(s);
         if (res != CUDA_SUCCESS)
                 return res;
         return sim_stream_memset(s, dst, uc, N);
@@ -248,12 +262,16 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
         if (res != CUDA_SUCCESS)
                 return res;
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res == CUDA_SUCCESS)
+                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         pieces = malloc(count * sizeof(*pieces));
         if (!pieces)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         res = sim_vm_translate_pieces(dsts, srcs, sizes, count, sim_stream_device(s), pieces);
+        if (res == CUDA_ERROR_ILLEGAL_ADDRESS)
+                return sim_stream_fault(s); /* the whole batch faults: none of it lands */
         if (res != CUDA_SUCCESS)
                 return res;
         for (size_t i = 0; i < count; i++) {

@@ -439,3 +439,37 @@ CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx)
         sim_stream_drain(c, false);
         return sim_ctx_named(ctx, &c);
 }
+
+/* Stream priorities are not modelled: the range a device without them reports, 0 to 0. */
+SIM_API cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+        SIM_COUNT();
+        struct CUctx_st *ctx;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        res = sim_ctx_get(&ctx);
+        if (res != CUDA_SUCCESS)
+                return res;
+        if (leastPriority)
+                *leastPriority = 0;
+        if (greatestPriority)
+                *greatestPriority = 0;
+        return CUDA_SUCCESS;
+}
+
+/* Only primary contexts are modelled: a context of one's own is refused as not supported. */
+SIM_API cuCtxCreate(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                    CUdevice dev)
+{
+        SIM_COUNT();
+        SIM_CHECK_INIT();
+        (void)ctxCreateParams;
+        (void)flags;
+        if (!pctx)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!sim_device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *pctx = NULL;
+        return CUDA_ERROR_NOT_SUPPORTED;
+}

@@ -269,3 +269,150 @@ SIM_API cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr
                 *psize = size;
         return CUDA_SUCCESS;
 }
+
+/* ------------------------------------------------------------------ pointer attributes */
+
+/* A known address: a VMM mapping, linear device memory or pinned host memory. */
+static bool pointer_find(uintptr_t p, int dev, struct sim_pointer *ret)
+{
+        size_t at;
+        bool found;
+
+        if (sim_vm_pointer(p, dev, ret))
+                return true;
+        pthread_mutex_lock(&linear_lock);
+        at = linear_lower(p);
+        found = at < n_linears && linears[at].ptr <= p;
+        if (found)
+                *ret = (struct sim_pointer){
+                    .base = linears[at].ptr,
+                    .size = linears[at].size,
+                    .device = linears[at].ctx ? linears[at].ctx->device : -1,
+                    .host = linears[at].host,
+                    .ctx = linears[at].ctx,
+                };
+        pthread_mutex_unlock(&linear_lock);
+        return found;
+}
+
+/*
+ * The size of what an attribute writes, for those modelled (0: not modelled). Attributes whose
+ * data is a driver-defined boolean are left out rather than written at a guessed width.
+ */
+static size_t attribute_size(CUpointer_attribute a)
+{
+        switch (a) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+                return sizeof(CUcontext);
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+                return sizeof(unsigned int);
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+                return sizeof(int);
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+                return sizeof(CUdeviceptr);
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+                return sizeof(void *);
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+                return sizeof(size_t);
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+                return sizeof(unsigned long long);
+        default:
+                return 0;
+        }
+}
+
+/* One modelled attribute of a known pointer; CUDA_ERROR_INVALID_VALUE where it has none. */
+static CUresult pointer_attribute(const struct sim_pointer *pt, uintptr_t p,
+                                  CUpointer_attribute attribute, void *data)
+{
+        switch (attribute) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+                /* VMM memory belongs to no context. */
+                *(CUcontext *)data = (CUcontext)pt->ctx;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+                *(unsigned int *)data =
+                    pt->host || pt->device < 0 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+                *(CUdeviceptr *)data = p; /* unified addressing */
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+                if (!pt->host)
+                        return CUDA_ERROR_INVALID_VALUE;
+                *(void **)data = (void *)p;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+                *(int *)data = pt->device;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+                *(unsigned long long *)data = pt->base; /* unique while the memory lives */
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+                *(void **)data = (void *)pt->base;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+                *(size_t *)data = pt->size;
+                return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+                /* Linear and pinned memory: every device reads and writes it. */
+                *(unsigned int *)data = !pt->vmm ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                                        : (pt->access & CU_MEM_ACCESS_FLAGS_PROT_READWRITE) ==
+                                                CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                            ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                                        : pt->access & CU_MEM_ACCESS_FLAGS_PROT_READ
+                                            ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                            : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+                return CUDA_SUCCESS;
+        default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+}
+
+static int current_device(void)
+{
+        struct CUctx_st *ctx = sim_current_ctx();
+        return ctx ? ctx->device : -1;
+}
+
+SIM_API cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+        SIM_COUNT();
+        struct sim_pointer pt;
+
+        SIM_CHECK_INIT();
+        if (!data)
+                return CUDA_ERROR_INVALID_VALUE;
+        /* Documented: an address the driver does not know is an invalid value. */
+        if (!pointer_find(ptr, current_device(), &pt))
+                return CUDA_ERROR_INVALID_VALUE;
+        return pointer_attribute(&pt, ptr, attribute, data);
+}
+
+SIM_API cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+                               void **data, CUdeviceptr ptr)
+{
+        SIM_COUNT();
+        struct sim_pointer pt;
+        bool known;
+
+        SIM_CHECK_INIT();
+        if (numAttributes == 0 || !attributes || !data)
+                return CUDA_ERROR_INVALID_VALUE;
+        known = pointer_find(ptr, current_device(), &pt);
+        for (unsigned i = 0; i < numAttributes; i++) {
+                size_t n = attribute_size(attributes[i]);
+                if (!data[i] || n == 0)
+                        return CUDA_ERROR_INVALID_VALUE;
+                /* Documented: an unknown pointer is no error; its attributes read as zero. */
+                if (!known || pointer_attribute(&pt, ptr, attributes[i], data[i]) != CUDA_SUCCESS)
+                        memset(data[i], 0, n);
+        }
+        return CUDA_SUCCESS;
+}

@@ -195,7 +195,9 @@ SIM_API cuGetErrorString(CUresult error, const char **pStr)
         X(cuStreamDestroy, 4000) X(cuStreamSynchronize, 2000) X(cuStreamQuery, 2000)               \
         X(cuStreamWaitEvent, 3020) X(cuLaunchHostFunc, 10000) X(cuEventCreate, 2000)               \
         X(cuEventRecord, 2000) X(cuEventQuery, 2000) X(cuEventSynchronize, 2000)                   \
-        X(cuEventElapsedTime, 12080) X(cuEventDestroy, 4000)
+        X(cuEventElapsedTime, 12080) X(cuEventDestroy, 4000) X(cuStreamGetCtx, 9020)              \
+        X(cuCtxGetStreamPriorityRange, 5050) X(cuCtxCreate, 12050)                                 \
+        X(cuPointerGetAttribute, 4000) X(cuPointerGetAttributes, 7000)
 /* clang-format on */
 
 #define ENTRY(name, version) {#name, version, (void *)&name},
@@ -220,6 +222,7 @@ static const struct entry_point other_abis[] = {
     /* Same prototype and, as far as simcuda models it, the same behaviour as the newer one. */
     {"cuDeviceGetUuid", 9020, (void *)&cuDeviceGetUuid},
     {"cuEventElapsedTime", 2000, (void *)&cuEventElapsedTime},
+    {"cuStreamGetCtx", 12050, (void *)&cuStreamGetCtx_v2},
 };
 
 /* The newest ABI of symbol at most cudaVersion; *ret_known: the name has some ABI here. */

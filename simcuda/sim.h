@@ -129,6 +129,18 @@ CUresult sim_vm_translate_pieces(const CUdeviceptr *dsts, const CUdeviceptr *src
                                  const size_t *sizes, size_t count, int dev, struct sim_piece *ret);
 /* The mapping holding p; false when p is outside every reservation. */
 bool sim_vm_range(uintptr_t p, uintptr_t *ret_base, size_t *ret_size, bool *ret_mapped);
+/* What cuPointerGetAttribute reports of an address. */
+struct sim_pointer {
+        uintptr_t base;
+        size_t size;
+        int device;           /* where the memory is; -1: host */
+        unsigned char access; /* VMM: the asking device's CU_MEM_ACCESS_FLAGS_* */
+        unsigned handle_types;
+        bool vmm, host;             /* a VMM mapping; pinned host memory */
+        const struct CUctx_st *ctx; /* linear memory: the context it was made in */
+};
+/* A mapped VMM address, seen by device dev. */
+bool sim_vm_pointer(uintptr_t p, int dev, struct sim_pointer *ret);
 /* A backing file for size bytes at a location (device memory is charged to the machine). */
 CUresult sim_backing_new(int loc_type, int loc_id, unsigned handle_types, uint64_t size,
                          int *ret_fd);
@@ -177,3 +189,13 @@ CUresult CUDAAPI sim_memcpy_batch_12080(CUdeviceptr *dsts, CUdeviceptr *srcs, si
                                         size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
                                         size_t numAttrs, size_t *failIdx, CUstream hStream);
 CUresult sim_stream_memset(struct CUstream_st *s, void *dst, unsigned char value, size_t n);
+/*
+ * Strict mode: work a device may not do (a copy or memset touching memory it has no access to,
+ * or an unmapped part of a reservation) is accepted and faults where a GPU would: queued, it
+ * gives its context the sticky CUDA_ERROR_ILLEGAL_ADDRESS when its turn comes (nothing of it
+ * runs); synchronous, at once. sim_ctx_fault returns that error for the synchronous caller.
+ */
+CUresult sim_stream_fault(struct CUstream_st *s);
+/* The stream's own error before anything else: its context's sticky one, or a stale handle. */
+CUresult sim_stream_check(struct CUstream_st *s);
+CUresult sim_ctx_fault(struct CUctx_st *ctx);

@@ -11,7 +11,8 @@
 
 #include "sim.h"
 
-enum op_type { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST };
+/* OP_FAULT: work the device cannot do (memory it has no access to): running it faults. */
+enum op_type { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_HOST, OP_FAULT };
 
 struct op {
         struct op *next;
@@ -181,6 +182,16 @@ static CUresult stream_usable_locked(const struct CUstream_st *s)
         return sim_ctx_usable_locked(s->ctx);
 }
 
+CUresult sim_stream_check(struct CUstream_st *s)
+{
+        CUresult res;
+
+        LOCK();
+        res = stream_usable_locked(s);
+        UNLOCK();
+        return res;
+}
+
 static CUresult event_usable_locked(const struct CUevent_st *e)
 {
         if (e->epoch != e->ctx->epoch)
@@ -241,6 +252,9 @@ static void *worker(void *arg)
                                 clock_gettime(CLOCK_MONOTONIC, &e->stamp);
                                 e->stamped = true;
                         }
+                } else if (op->type == OP_FAULT) {
+                        if (s->ctx->sticky == CUDA_SUCCESS)
+                                s->ctx->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
                 } else if (s->ctx->sticky == CUDA_SUCCESS) {
                         /* After a fault the context runs nothing more; the queue just drains. */
                         s->running = true;
@@ -398,6 +412,26 @@ CUresult sim_stream_copy(struct CUstream_st *s, struct sim_piece *pieces, size_t
         op->copy.n = n;
         op->copy.staging = staging;
         return enqueue(s, op);
+}
+
+CUresult sim_stream_fault(struct CUstream_st *s)
+{
+        struct op *op = calloc(1, sizeof(*op));
+
+        if (!op)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        op->type = OP_FAULT;
+        return enqueue(s, op);
+}
+
+CUresult sim_ctx_fault(struct CUctx_st *ctx)
+{
+        LOCK();
+        if (ctx->sticky == CUDA_SUCCESS)
+                ctx->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+        WAKE();
+        UNLOCK();
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
 CUresult sim_stream_memset(struct CUstream_st *s, void *dst, unsigned char value, size_t n)
@@ -855,5 +889,37 @@ SIM_API cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         UNLOCK();
         if (res != CUDA_SUCCESS)
                 free(op);
+        return res;
+}
+
+/* The stream's context; NULL (and the legacy handles) name the current context's. */
+SIM_API cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+        SIM_COUNT();
+        struct CUstream_st *s;
+        CUresult res;
+
+        SIM_CHECK_INIT();
+        if (!pctx)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
+        if (res == CUDA_SUCCESS)
+                res = sim_stream_check(s);
+        if (res == CUDA_SUCCESS)
+                *pctx = s->ctx;
+        return res;
+}
+
+/* CUDA 12.5's form: green contexts are not modelled, so the stream never has one. */
+SIM_API cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
+{
+        SIM_COUNT();
+        CUresult res;
+
+        if (!pCtx || !pGreenCtx)
+                return CUDA_ERROR_INVALID_VALUE;
+        res = cuStreamGetCtx(hStream, pCtx);
+        if (res == CUDA_SUCCESS)
+                *pGreenCtx = NULL;
         return res;
 }

@@ -328,3 +328,101 @@ Test(device, names_errors)
         cr_assert_str_eq(s, "out of memory");
         CU_EXPECT(cuGetErrorName((CUresult)12345, &s), CUDA_ERROR_INVALID_VALUE);
 }
+
+/* What cuda.core's streams and cuda-python's test setup ask of a context and a stream. */
+Test(device, streams_name_their_context_and_priorities_are_one_level)
+{
+        PFN_cuStreamGetCtx_v12050 get_ctx_v2;
+        CUcontext ctx, got = NULL;
+        CUgreenCtx green = (CUgreenCtx)&got;
+        CUstream s;
+        int least = 7, greatest = 7;
+
+        ctx = sim_start(0);
+        CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CU_OK(cuStreamGetCtx(s, &got));
+        cr_assert_eq(got, ctx);
+        got = NULL;
+        CU_OK(cuStreamGetCtx(NULL, &got));
+        cr_assert_eq(got, ctx, "the NULL stream is the current context's");
+        CU_OK(cuGetProcAddress("cuStreamGetCtx", (void **)&get_ctx_v2, 13000, 0, NULL));
+        CU_OK(get_ctx_v2(s, &got, &green));
+        cr_assert_eq(got, ctx);
+        cr_assert_null(green, "no green context");
+        CU_EXPECT(cuStreamGetCtx(s, NULL), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cuCtxGetStreamPriorityRange(&least, &greatest));
+        cr_assert_leq(greatest, least, "a greater priority is a smaller number");
+        CU_OK(cuCtxGetStreamPriorityRange(NULL, NULL));
+        if (!on_real_gpu()) {
+                cr_assert_eq(least, 0);
+                cr_assert_eq(greatest, 0, "priorities are not modelled");
+                CU_EXPECT(cuCtxCreate(&got, NULL, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+                cr_assert_null(got);
+        }
+        CU_OK(cuStreamDestroy(s));
+}
+
+/* Pointer attributes of linear, VMM and pinned memory, and of an address the driver never saw. */
+Test(device, pointer_attributes_describe_each_kind_of_memory)
+{
+        CUmemGenericAllocationHandle h;
+        CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                        CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+        unsigned int type = 0, flags = 0;
+        int ordinal = -1;
+        size_t size = 0;
+        void *data[3] = {&type, &ordinal, &size}, *host = NULL, *start = NULL;
+        CUcontext ctx, owner = (CUcontext)&h;
+        CUdeviceptr d, p;
+        static int pageable;
+
+        ctx = sim_start(0);
+        CU_OK(cuMemAlloc(&d, 4096));
+        CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + 16));
+        cr_assert_eq(type, CU_MEMORYTYPE_DEVICE);
+        CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, d));
+        cr_assert_eq(owner, ctx);
+        CU_OK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + 16));
+        cr_assert_eq((CUdeviceptr)start, d);
+        CU_OK(cuPointerGetAttributes(3, attrs, data, d));
+        cr_assert_eq(ordinal, 0);
+        cr_assert_eq(size, 4096);
+        CU_OK(cuMemFree(d));
+
+        p = map_new(0, GRAN, &h); /* read-write for device 0 */
+        CU_OK(cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p));
+        cr_assert_eq(flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+        CU_OK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p));
+        cr_assert_eq(ordinal, 0);
+        CU_OK(cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p));
+        cr_assert_eq(size, GRAN);
+        CU_EXPECT(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, p),
+                  CUDA_ERROR_INVALID_VALUE);
+        if (!on_real_gpu()) {
+                CU_OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p));
+                cr_assert_null(owner, "VMM memory belongs to no context");
+        }
+
+        CU_OK(cuMemAllocHost(&host, 4096));
+        CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)host));
+        cr_assert_eq(type, CU_MEMORYTYPE_HOST);
+        CU_OK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_HOST_POINTER, (CUdeviceptr)host));
+        cr_assert_eq(start, host);
+        CU_OK(cuMemFreeHost(host));
+
+        /* Unknown to the driver: one attribute is an invalid value, several read as zero. */
+        CU_EXPECT(
+            cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)&pageable),
+            CUDA_ERROR_INVALID_VALUE);
+        type = 7;
+        size = 7;
+        CU_OK(cuPointerGetAttributes(3, attrs, data, (CUdeviceptr)&pageable));
+        cr_assert_eq(type, 0);
+        cr_assert_eq(size, 0);
+        if (!on_real_gpu()) {
+                CUpointer_attribute not_modelled = CU_POINTER_ATTRIBUTE_P2P_TOKENS;
+                CU_EXPECT(cuPointerGetAttributes(1, &not_modelled, data, p),
+                          CUDA_ERROR_INVALID_VALUE);
+        }
+}

@@ -266,8 +266,10 @@ Test(stream, batch_misuse_is_an_invalid_value)
 }
 
 /*
- * Each piece is checked against the mapping it touches, however many pieces before it passed:
- * a mapping open for reading does not pass a write, nor the hole or the mapping beyond one.
+ * Each piece is checked against the mapping it touches, however many pieces before it passed: a
+ * piece reaching the hole is refused when queued (the driver has no mapping for it), and a write
+ * into the mapping open only for reading is accepted and faults when the batch runs, as a GPU
+ * faults: none of the batch lands, the context gets the sticky CUDA_ERROR_ILLEGAL_ADDRESS.
  */
 Test(stream, every_batch_piece_is_checked_against_its_own_mapping)
 {
@@ -297,19 +299,12 @@ Test(stream, every_batch_piece_is_checked_against_its_own_mapping)
                 srcs[i] = (CUdeviceptr)host[i];
         }
         CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
-        /* A write that runs from the open mapping into the read-only one. */
-        dsts[2] = p + GRAN - 32;
-        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
-                  CUDA_ERROR_INVALID_VALUE);
-        /* Reading the read-only mapping passes; writing it after that read does not. */
+        /* Reading the read-only mapping passes. */
         dsts[0] = (CUdeviceptr)host[0];
         srcs[0] = p + GRAN;
-        dsts[2] = p + GRAN + 128;
-        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
-                  CUDA_ERROR_INVALID_VALUE);
         dsts[2] = (CUdeviceptr)host[2];
         CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
-        /* A read that runs from the read-only mapping into the hole. */
+        /* A read that runs from the read-only mapping into the hole, or starts in it. */
         srcs[2] = p + 2 * GRAN - 32;
         CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
                   CUDA_ERROR_INVALID_VALUE);
@@ -317,6 +312,16 @@ Test(stream, every_batch_piece_is_checked_against_its_own_mapping)
         CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s),
                   CUDA_ERROR_INVALID_VALUE);
         CU_OK(cuStreamSynchronize(s));
+        /* A write that runs from the open mapping into the read-only one: queued, it faults. */
+        memset(host[0], 7, sizeof(host[0]));
+        srcs[0] = srcs[2] = (CUdeviceptr)host[0];
+        dsts[0] = p;
+        dsts[2] = p + GRAN - 32;
+        CU_OK(cuMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, s));
+        CU_EXPECT(cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+        CU_EXPECT(cuMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &idx, 1, s),
+                  CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
 Test(stream, peer_copies_move_between_devices)
