@@ -26,12 +26,12 @@ import select
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from vllm.utils.math_utils import cdiv, round_up
+from vllm.utils.math_utils import round_up
 from vllm.v1.kv_offload.base import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
@@ -49,7 +49,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 import aqua
-from aqua import _ffi
+from aqua import kvcopy
 
 __all__ = ["AquaOffloadingSpec", "AquaOffloadingWorker", "AquaSettings", "AquaStats"]
 
@@ -281,18 +281,6 @@ class _Job:
     start: float
 
 
-@dataclass
-class _Region:
-    """One canonical KV tensor: its blocks on the GPU, its slot pages in the aqua tensor."""
-
-    gpu_base: int
-    gpu_row_stride: int
-    page_bytes: int
-    offset: int  #: of its first slot page in the aqua tensor
-    slot_stride: int  #: blocks_per_chunk * page_bytes
-    refs_bytes: list[int] = field(default_factory=list)
-
-
 class AquaOffloadingWorker(OffloadingWorker):
     """The worker side: GPU blocks <-> slots of one aqua tensor, one copy batch per job."""
 
@@ -302,15 +290,9 @@ class AquaOffloadingWorker(OffloadingWorker):
         self.num_slots = num_slots
         self.settings = settings
         self._stats = AquaStats(slots=num_slots)
-        self.regions: list[_Region] = []
-        offset = 0
-        for t in kv_caches.tensors:
-            page = t.page_size_bytes
-            view = t.tensor.view(torch.int8).view((-1, page))
-            self.regions.append(_Region(gpu_base=view.data_ptr(),
-                                        gpu_row_stride=view.stride(0), page_bytes=page,
-                                        offset=offset, slot_stride=page * blocks_per_chunk))
-            offset += num_slots * page * blocks_per_chunk
+        self.regions, offset = kvcopy.regions_for(
+            [(t.tensor, t.page_size_bytes) for t in kv_caches.tensors], blocks_per_chunk,
+            num_slots)
         self.groups = [[(r.tensor_idx, r.page_size_bytes) for r in refs]
                        for refs in kv_caches.group_data_refs]
         self._stats.slot_bytes = sum(r.slot_stride for r in self.regions)
@@ -320,10 +302,9 @@ class AquaOffloadingWorker(OffloadingWorker):
         # Runs of the tensor that a reclaim moved to host memory the device address range does
         # not map (drivers that cannot map host memory): offset -> (nbytes, host address).
         self._moved: dict[int, tuple[int, int]] = {}
-        self._cuda = torch.cuda.is_available()
         device = settings.device
         if device is None:
-            device = torch.cuda.current_device() if self._cuda else 0
+            device = torch.cuda.current_device() if torch.cuda.is_available() else 0
         self._own_ctx = consumer is None
         self.ctx = consumer or aqua.Consumer(device, endpoint=settings.endpoint,
                                              side_path=settings.side_path,
@@ -341,7 +322,7 @@ class AquaOffloadingWorker(OffloadingWorker):
         self._fd_poll.register(self.ctx.fileno(), select.POLLIN)
         self._poll_due = True
         # A stream of the worker's: each job waits for the engine's compute stream first.
-        self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream() if self._cuda else None
+        self._copier = kvcopy.Copier(self.ctx)
 
     def _open_tensor(self) -> None:
         s = self.settings
@@ -367,48 +348,14 @@ class AquaOffloadingWorker(OffloadingWorker):
 
     def _pieces(self, gpu_spec: GPULoadStoreSpec, slots: BlockIDsLoadStoreSpec,
                 store: bool) -> tuple[np.ndarray, int]:
-        """(dst, src, nbytes) rows for a job, as vLLM's CPU worker pairs blocks and slots:
-        the first slot of each group may start part-way (block_indices)."""
-        gpu_ids = gpu_spec.block_ids.astype(np.uint64)
-        slot_ids = slots.block_ids.astype(np.uint64)
-        bpc = self.blocks_per_chunk
-        parts: list[np.ndarray] = []
-        nbytes = 0
-        gpu_off = slot_off = 0
-        for g, (size, first) in enumerate(zip(gpu_spec.group_sizes, gpu_spec.block_indices)):
-            if size == 0:
-                continue
-            skip = first % bpc
-            count = cdiv(size + skip, bpc)
-            g_blocks = gpu_ids[gpu_off:gpu_off + size]
-            g_slots = slot_ids[slot_off:slot_off + count]
-            gpu_off += size
-            slot_off += count
-            sub = (g_slots[:, None] * bpc + np.arange(bpc, dtype=np.uint64)[None, :]).ravel()
-            sub = sub[skip:skip + size]
-            for t_idx, ref_bytes in self.groups[g]:
-                r = self.regions[t_idx]
-                gpu = np.uint64(r.gpu_base) + g_blocks * np.uint64(r.gpu_row_stride)
-                slot = np.uint64(self.dptr + r.offset) + sub * np.uint64(r.page_bytes)
-                rows = np.empty((size, 3), dtype=np.uint64)
-                rows[:, 0], rows[:, 1] = (slot, gpu) if store else (gpu, slot)
-                rows[:, 2] = ref_bytes
-                parts.append(rows)
-                nbytes += size * ref_bytes
-        if gpu_off != len(gpu_ids) or slot_off != len(slot_ids):
-            raise ValueError(f"aqua.vllm: a job of {len(gpu_ids)} GPU blocks and "
-                             f"{len(slot_ids)} slots does not match its groups")
-        rows = np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.uint64)
+        """(dst, src, nbytes) rows for a job (aqua.kvcopy.rows), slot addresses moved to host
+        memory by a reclaim pointed there."""
+        rows, nbytes = kvcopy.rows(self.regions, self.groups, self.dptr, self.blocks_per_chunk,
+                                   gpu_spec.block_ids, slots.block_ids, gpu_spec.group_sizes,
+                                   gpu_spec.block_indices, store)
         if self._moved:
-            self._relocate(rows[:, 0 if store else 1])
+            kvcopy.relocate(rows[:, 0 if store else 1], self.dptr, self._moved)
         return rows, nbytes
-
-    def _relocate(self, col: np.ndarray) -> None:
-        """Point slot addresses in runs moved to unmapped host memory at that memory."""
-        for off, (n, host) in self._moved.items():
-            lo, hi = self.dptr + off, self.dptr + off + n
-            hit = (col >= lo) & (col < hi)
-            col[hit] = col[hit] - np.uint64(lo) + np.uint64(host)
 
     # --------------------------------------------------------------------------- transfers
 
@@ -418,17 +365,7 @@ class AquaOffloadingWorker(OffloadingWorker):
         assert isinstance(slots, BlockIDsLoadStoreSpec)
         rows, nbytes = self._pieces(gpu_spec, slots, store)
         start = time.perf_counter()
-        ticket: Optional[aqua.Ticket] = None
-        if len(rows):
-            rows = np.ascontiguousarray(rows)
-            arr = (_ffi.CopyPiece * len(rows)).from_buffer(rows.data)
-            wait = None
-            if self._cuda:
-                # Stores read what the compute stream wrote; loads must not overtake its
-                # writes (zeroing) to their destination blocks.
-                wait = torch.cuda.Event()
-                wait.record(torch.cuda.current_stream())
-            ticket = self.ctx.copy(arr, stream=self._stream, wait_event=wait)
+        ticket = self._copier.submit(rows)
         job = _Job(job_id, ticket, nbytes, store, start)
         self._jobs.append(job)
         self._tickets[job_id] = job

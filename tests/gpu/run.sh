@@ -66,20 +66,42 @@ unset AQUA_CUDA_LIBRARY AQUA_SIM_DEVICES AQUA_SIM_TOPOLOGY AQUA_SIM_MACHINE
 echo "driver: $driver"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 
-fail=0
+fail=0 passed=0 failed=0
+count() { if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi; }
 for prog in cuda-program cuda-program-stub; do
         [ -x "$bundle/bin/$prog" ] || continue
         echo "== $prog (resolves $(ldd "$bundle/bin/$prog" | awk '/libcuda/ {print $3}'))"
-        timeout 60 "$bundle/bin/$prog" || fail=1
+        timeout 60 "$bundle/bin/$prog"
+        count $?
 done
+out=$(mktemp)
 for t in $tests; do
         name=$(basename "$t")
         echo "== $name"
-        timeout 120 "$bundle/bin/$name" --tap=- --jobs=1 2>&1 | grep -E '^(not ok|ok|#)|Assertion|expected' || true
-        [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+        timeout 120 "$bundle/bin/$name" --tap=- --jobs=1 >"$out" 2>&1
+        rc=$?
+        grep -E '^(not ok|ok|#)|Assertion|expected' "$out" || true
+        # Each test of the suite counts; a suite that died without its lines counts as failed.
+        n_ok=$(grep -c '^ok ' "$out") n_bad=$(grep -c '^not ok ' "$out")
+        passed=$((passed + n_ok)) failed=$((failed + n_bad))
+        if [ "$rc" != 0 ]; then
+                fail=1
+                [ "$n_bad" = 0 ] && failed=$((failed + 1))
+        fi
 done
+rm -f "$out"
 echo "== device-check (aquad, a producer and a consumer on GPU 0)"
+dc=$(mktemp)
 AQUA_LIBRARY=$PWD/$bundle/lib/libaqua.so.0 PYTHONPATH=$PWD/$bundle/python \
-        timeout 420 tests/gpu/device-check "$bundle/bin" "$bundle/lib" $((1 << 30)) || fail=1
+        timeout 420 tests/gpu/device-check "$bundle/bin" "$bundle/lib" $((1 << 30)) | tee "$dc"
+rc=${PIPESTATUS[0]}
+line=$(grep '^device-check: [0-9]* passed, [0-9]* failed' "$dc" | tail -n 1)
+if [ -n "$line" ]; then
+        set -- $line
+        passed=$((passed + $2)) failed=$((failed + $4))
+fi
+[ "$rc" = 0 ] || { fail=1; [ -n "$line" ] && [ "$4" != 0 ] || failed=$((failed + 1)); }
+rm -f "$dc"
 echo "== result: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+echo "$passed passed, $failed failed"
 exit $fail
