@@ -379,25 +379,9 @@ SIM_API cuCtxGetCurrent(CUcontext *pctx)
         return CUDA_SUCCESS;
 }
 
-SIM_API cuCtxGetDevice(CUdevice *device)
+/* Both ABIs of cuCtxGetDevice and cuCtxSynchronize: ctx NULL is the current context. */
+static CUresult ctx_get_device(CUdevice *device, CUcontext ctx)
 {
-        SIM_COUNT();
-        struct CUctx_st *ctx;
-        CUresult res;
-
-        SIM_CHECK_INIT();
-        if (!device)
-                return CUDA_ERROR_INVALID_VALUE;
-        res = sim_ctx_get(&ctx);
-        if (res != CUDA_SUCCESS)
-                return res;
-        *device = ctx->device;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI sim_ctx_get_device_13000(CUdevice *device, CUcontext ctx)
-{
-        SIM_COUNT();
         struct CUctx_st *c;
         CUresult res;
 
@@ -405,30 +389,14 @@ CUresult CUDAAPI sim_ctx_get_device_13000(CUdevice *device, CUcontext ctx)
         if (!device)
                 return CUDA_ERROR_INVALID_VALUE;
         res = sim_ctx_named(ctx, &c);
-        if (res != CUDA_SUCCESS)
-                return res;
-        *device = c->device;
-        return CUDA_SUCCESS;
+        if (res == CUDA_SUCCESS)
+                *device = c->device;
+        return res;
 }
 
 /* Returns the context's sticky error once its work has faulted, as the real call does. */
-SIM_API cuCtxSynchronize(void)
+static CUresult ctx_synchronize(CUcontext ctx)
 {
-        SIM_COUNT();
-        struct CUctx_st *ctx;
-        CUresult res;
-
-        SIM_CHECK_INIT();
-        res = sim_ctx_get(&ctx);
-        if (res != CUDA_SUCCESS)
-                return res;
-        sim_stream_drain(ctx, false);
-        return sim_ctx_get(&ctx);
-}
-
-CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx)
-{
-        SIM_COUNT();
         struct CUctx_st *c;
         CUresult res;
 
@@ -438,6 +406,30 @@ CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx)
                 return res;
         sim_stream_drain(c, false);
         return sim_ctx_named(ctx, &c);
+}
+
+SIM_API cuCtxGetDevice(CUdevice *device)
+{
+        SIM_COUNT();
+        return ctx_get_device(device, NULL);
+}
+
+CUresult CUDAAPI sim_ctx_get_device_13000(CUdevice *device, CUcontext ctx)
+{
+        SIM_COUNT();
+        return ctx_get_device(device, ctx);
+}
+
+SIM_API cuCtxSynchronize(void)
+{
+        SIM_COUNT();
+        return ctx_synchronize(NULL);
+}
+
+CUresult CUDAAPI sim_ctx_synchronize_13000(CUcontext ctx)
+{
+        SIM_COUNT();
+        return ctx_synchronize(ctx);
 }
 
 /* Stream priorities are not modelled: the range a device without them reports, 0 to 0. */

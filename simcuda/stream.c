@@ -140,9 +140,8 @@ CUresult sim_ctx_usable_locked(const struct CUctx_st *ctx)
         return ctx->sticky;
 }
 
-CUresult sim_ctx_get(struct CUctx_st **ret)
+static CUresult ctx_usable(struct CUctx_st *ctx, struct CUctx_st **ret)
 {
-        struct CUctx_st *ctx = sim_current_ctx();
         CUresult res;
 
         if (!ctx)
@@ -155,23 +154,20 @@ CUresult sim_ctx_get(struct CUctx_st **ret)
         return res;
 }
 
+CUresult sim_ctx_get(struct CUctx_st **ret)
+{
+        return ctx_usable(sim_current_ctx(), ret);
+}
+
 CUresult sim_ctx_named(CUcontext ctx, struct CUctx_st **ret)
 {
         bool known = false;
-        CUresult res;
 
         if (!ctx)
                 return sim_ctx_get(ret);
         for (int i = 0; i < sim.n_devices && !known; i++)
                 known = sim.devices[i].primary == ctx;
-        if (!known)
-                return CUDA_ERROR_INVALID_CONTEXT;
-        LOCK();
-        res = sim_ctx_usable_locked(ctx);
-        UNLOCK();
-        if (res == CUDA_SUCCESS)
-                *ret = ctx;
-        return res;
+        return known ? ctx_usable(ctx, ret) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* A handle from an epoch of its context that has ended names nothing any more. */
