@@ -55,6 +55,20 @@ static CUresult copy_sync(struct copy c, const struct CUctx_st *peer_dst,
         return CUDA_SUCCESS;
 }
 
+/*
+ * Queued work whose addresses did not pass (res): the stream's own error (its context's sticky
+ * one, a stale handle) is what the driver reports first; else a fault is queued to happen when
+ * its turn comes, and a refusal returned. Work that passes learns the stream's error when queued.
+ */
+static CUresult not_queued(struct CUstream_st *s, CUresult res)
+{
+        CUresult own = sim_stream_check(s);
+
+        if (own != CUDA_SUCCESS)
+                return own;
+        return res == CUDA_ERROR_ILLEGAL_ADDRESS ? sim_stream_fault(s) : res;
+}
+
 static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
                            const struct CUctx_st *peer_src, CUstream hStream)
 {
@@ -64,8 +78,6 @@ static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
 
         SIM_CHECK_INIT();
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
-        if (res == CUDA_SUCCESS)
-                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         c.dst_dev = peer_dst ? peer_dst->device : sim_stream_device(s);
@@ -76,7 +88,7 @@ static CUresult copy_async(struct copy c, const struct CUctx_st *peer_dst,
         res = copy_translate(&c, piece);
         if (res != CUDA_SUCCESS) {
                 free(piece);
-                return res == CUDA_ERROR_ILLEGAL_ADDRESS ? sim_stream_fault(s) : res;
+                return not_queued(s, res);
         }
         return sim_stream_copy(s, piece, 1, NULL);
 }
@@ -205,15 +217,11 @@ SIM_API cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstr
 
         SIM_CHECK_INIT();
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
-        if (res == CUDA_SUCCESS)
-                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         res = sim_vm_translate(dstDevice, N, true, true, sim_stream_device(s), &dst);
-        if (res == CUDA_ERROR_ILLEGAL_ADDRESS)
-                return sim_stream_fault(s);
         if (res != CUDA_SUCCESS)
-                return res;
+                return not_queued(s, res);
         return sim_stream_memset(s, dst, uc, N);
 }
 
@@ -262,18 +270,14 @@ SIM_API cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, 
         if (res != CUDA_SUCCESS)
                 return res;
         res = sim_stream_resolve(hStream, sim_current_ctx(), &s);
-        if (res == CUDA_SUCCESS)
-                res = sim_stream_check(s);
         if (res != CUDA_SUCCESS)
                 return res;
         pieces = malloc(count * sizeof(*pieces));
         if (!pieces)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         res = sim_vm_translate_pieces(dsts, srcs, sizes, count, sim_stream_device(s), pieces);
-        if (res == CUDA_ERROR_ILLEGAL_ADDRESS)
-                return sim_stream_fault(s); /* the whole batch faults: none of it lands */
         if (res != CUDA_SUCCESS)
-                return res;
+                return not_queued(s, res); /* a fault: the whole batch, none of it lands */
         for (size_t i = 0; i < count; i++) {
                 while (k + 1 < numAttrs && attrsIdxs[k + 1] <= i)
                         k++;

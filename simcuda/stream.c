@@ -389,8 +389,14 @@ static CUresult enqueue(struct CUstream_st *s, struct op *op)
         LOCK();
         res = enqueue_locked(s, op);
         UNLOCK();
-        if (res != CUDA_SUCCESS)
+        if (res != CUDA_SUCCESS) {
+                /* Refused (a faulted context, a stale stream): the copy owned its pieces. */
+                if (op->type == OP_COPY) {
+                        free(op->copy.pieces);
+                        free(op->copy.staging);
+                }
                 free(op);
+        }
         return res;
 }
 
