@@ -2,6 +2,7 @@
 #include "parse-util.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,22 +65,90 @@ static int scale(const char *s, const struct unit *units, size_t n_units, const 
         return 0;
 }
 
+/* README.md, "Sizes"; tests/sizes.txt is the grammar as cases. Exact: no floating point. */
 int parse_size(const char *s, uint64_t *ret_bytes)
 {
-        static const struct unit units[] = {
+        static const struct {
+                const char *name;
+                uint64_t factor;
+        } units[] = {
+                {"", 1},
                 {"B", 1},
-                {"KiB", 1024.0},
-                {"MiB", 1024.0 * 1024},
-                {"GiB", 1024.0 * 1024 * 1024},
-                {"TiB", 1024.0 * 1024 * 1024 * 1024},
-                {"PiB", 1024.0 * 1024 * 1024 * 1024 * 1024},
-                {"KB", 1e3},
-                {"MB", 1e6},
-                {"GB", 1e9},
-                {"TB", 1e12},
-                {"PB", 1e15},
+                {"K", UINT64_C(1000)},
+                {"KB", UINT64_C(1000)},
+                {"M", UINT64_C(1000000)},
+                {"MB", UINT64_C(1000000)},
+                {"G", UINT64_C(1000000000)},
+                {"GB", UINT64_C(1000000000)},
+                {"T", UINT64_C(1000000000000)},
+                {"TB", UINT64_C(1000000000000)},
+                {"P", UINT64_C(1000000000000000)},
+                {"PB", UINT64_C(1000000000000000)},
+                {"Ki", UINT64_C(1) << 10},
+                {"KiB", UINT64_C(1) << 10},
+                {"Mi", UINT64_C(1) << 20},
+                {"MiB", UINT64_C(1) << 20},
+                {"Gi", UINT64_C(1) << 30},
+                {"GiB", UINT64_C(1) << 30},
+                {"Ti", UINT64_C(1) << 40},
+                {"TiB", UINT64_C(1) << 40},
+                {"Pi", UINT64_C(1) << 50},
+                {"PiB", UINT64_C(1) << 50},
         };
-        return scale(s, units, sizeof(units) / sizeof(units[0]), "B", ret_bytes);
+        /* whole < 2^64 and frac < 10^19 < 2^64, times a factor < 2^50: below 2^128. */
+        unsigned __int128 whole = 0, frac = 0, denom = 1, bytes;
+        uint64_t factor = 0;
+        bool huge = false, found = false;
+        const char *unit;
+        size_t len;
+
+        while (isspace((unsigned char)*s))
+                s++;
+        if (!isdigit((unsigned char)*s))
+                return -EINVAL;
+        for (; isdigit((unsigned char)*s); s++) {
+                whole = whole * 10 + (unsigned)(*s - '0');
+                if (whole > UINT64_MAX) {
+                        huge = true;
+                        whole = UINT64_MAX;
+                }
+        }
+        if (*s == '.') {
+                s++;
+                if (!isdigit((unsigned char)*s))
+                        return -EINVAL;
+                /* Digits past the 19th fractional place are below a byte of any unit. */
+                for (int places = 0; isdigit((unsigned char)*s); s++, places++)
+                        if (places < 19) {
+                                frac = frac * 10 + (unsigned)(*s - '0');
+                                denom *= 10;
+                        }
+        }
+        while (isspace((unsigned char)*s))
+                s++;
+        unit = s;
+        while (isalpha((unsigned char)*s))
+                s++;
+        len = (size_t)(s - unit);
+        while (isspace((unsigned char)*s))
+                s++;
+        if (*s)
+                return -EINVAL;
+        for (size_t i = 0; i < sizeof(units) / sizeof(units[0]) && !found; i++)
+                if (strlen(units[i].name) == len && strncasecmp(unit, units[i].name, len) == 0) {
+                        factor = units[i].factor;
+                        found = true;
+                }
+        if (!found)
+                return -EINVAL;
+        if (huge)
+                return -ERANGE;
+        /* A fraction of a byte is rounded to the nearest, half up. */
+        bytes = whole * factor + (frac * factor + denom / 2) / denom;
+        if (bytes > UINT64_MAX)
+                return -ERANGE;
+        *ret_bytes = (uint64_t)bytes;
+        return 0;
 }
 
 int parse_duration(const char *s, uint64_t *ret_ns)

@@ -5,8 +5,10 @@
 #include <stdint.h>
 
 /*
- * "16GiB", "512 MiB", "1.5GB", "4096" (bytes). Binary units KiB..PiB, decimal
- * KB..PB, B. Returns 0, -EINVAL if malformed, -ERANGE if it overflows 64 bits.
+ * "16GiB", "512 MiB", "1.5GB", "8G", "4096" (bytes): a number (digits, optionally a fraction)
+ * and a unit, either case: B; K, M, G, T, P (and KB..PB) are powers of 1000; Ki, Mi, Gi, Ti, Pi
+ * (and KiB..PiB) powers of 1024. A fraction of a byte is rounded to the nearest. Returns 0,
+ * -EINVAL if malformed, -ERANGE if it overflows 64 bits. README.md, "Sizes"; tests/sizes.txt.
  */
 int parse_size(const char *s, uint64_t *ret_bytes);
 /* "500ms", "2s", "1.5m", "3h", "250us", "10ns"; a bare number is seconds. Returns ns. */

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import math
 import operator
+import re
 from typing import Any, Optional
 
 from .errors import InvalidArgumentError
@@ -13,6 +14,39 @@ from .errors import InvalidArgumentError
 U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1
 I32_MAX = (1 << 31) - 1
+
+
+#: README.md, "Sizes": the units of aquad's config, aquactl and the examples (common/parse-util.c),
+#: either case. tests/sizes.txt holds the grammar as cases, checked here and in C.
+SIZE_UNITS = {"": 1, "b": 1,
+              **{p + b: 1000 ** (i + 1) for i, p in enumerate("kmgtp") for b in ("", "b")},
+              **{p + "i" + b: 1 << 10 * (i + 1) for i, p in enumerate("kmgtp") for b in ("", "b")}}
+_SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)\s*")
+
+
+class SizeError(ValueError):
+    """A size that is malformed (range=False) or over 2**64 - 1 bytes (range=True)."""
+
+    def __init__(self, text: str, range: bool) -> None:
+        super().__init__(f"{text!r} is over 2**64 - 1 bytes" if range else
+                         f"{text!r} is not a size such as 8GiB, 512MiB, 1.5GB or 4096")
+        self.range = range
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as "8GiB", "512 MiB", "1.5GB", "8G" or "4096": K, M, G, T, P (and
+    KB..PB) are powers of 1000, Ki..Pi (and KiB..PiB) powers of 1024, either case; a fraction of
+    a byte is rounded to the nearest (half up), with the fraction's first 19 digits, as in C."""
+    m = _SIZE.fullmatch(text)
+    if not m or m.group(3).lower() not in SIZE_UNITS:
+        raise SizeError(text, range=False)
+    whole, frac = int(m.group(1)), (m.group(2) or "")[:19]
+    factor = SIZE_UNITS[m.group(3).lower()]
+    denom = 10 ** len(frac)
+    n = whole * factor + (int(frac or "0") * factor + denom // 2) // denom
+    if whole > U64_MAX or n > U64_MAX:
+        raise SizeError(text, range=True)
+    return n
 
 
 def _refuse(call: str, what: str, text: str) -> InvalidArgumentError:
