@@ -8,6 +8,9 @@ MESON_TEST  = meson test --print-errorlogs --num-processes 2
 CUDA_INCLUDE = -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
 LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json \
        $(ASAN_BUILD)/meson-logs/testlog-asan.json $(FUZZ_BUILD)/meson-logs/testlog.json
+# vLLM's own suites' counts (python-vllm-upstream), which the summary prints per build.
+UPSTREAM_LOGS = $(addsuffix /meson-logs/pytest-vllm-upstream.xml,$(BUILD) $(RELEASE_BUILD) \
+                $(ASAN_BUILD))
 
 .PHONY: check build build-release build-asan test test-release test-asan fuzz bootstrap clean demo
 
@@ -15,7 +18,7 @@ LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json
 # install: -O3, no assertions, -Werror) and under ASan+UBSan, then the fuzzers for a bounded
 # time when clang is there. The last line counts meson's results over all of them.
 check: bootstrap
-	@rm -f $(LOGS)
+	@rm -f $(LOGS) $(UPSTREAM_LOGS)
 	@rc=0; $(MAKE) --no-print-directory test || rc=1; \
 	  $(MAKE) --no-print-directory test-release || rc=1; \
 	  $(MAKE) --no-print-directory test-asan || rc=1; \

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -101,13 +101,16 @@ def relocate(col: np.ndarray, dptr: int, moved: dict[int, tuple[int, int]]) -> N
 
 
 class Copier:
-    """Copy batches of rows on a CUDA stream of its own (none without CUDA), each waiting first
-    for what the current (compute) stream has queued."""
+    """Copy batches of rows on one stream, each waiting first for what the current (compute)
+    stream has queued. stream: a raw handle or a torch stream; None: a new torch CUDA stream of
+    the given priority where torch has CUDA, else libaqua's own stream."""
 
-    def __init__(self, ctx: aqua.Consumer):
+    def __init__(self, ctx: aqua.Consumer, stream: Any = None, *, priority: int = 0):
         self.ctx = ctx
         self.cuda = torch.cuda.is_available()
-        self.stream: Optional[torch.cuda.Stream] = torch.cuda.Stream() if self.cuda else None
+        if stream is None and self.cuda:
+            stream = torch.cuda.Stream(priority=priority)
+        self.stream = stream
 
     def submit(self, job_rows: np.ndarray) -> Optional[aqua.Ticket]:
         """One batch for the rows; None when there are none."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import select
 import time
 from collections import deque
@@ -50,6 +49,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 import aqua
 from aqua import kvcopy
+from aqua._args import SizeError, parse_size
 
 __all__ = ["AquaOffloadingSpec", "AquaOffloadingWorker", "AquaSettings", "AquaStats"]
 
@@ -64,22 +64,19 @@ VLLM_KEYS = ("spec_name", "spec_module_path", "block_size", "blocks_per_chunk",
              "offload_prompt_only", "eviction_policy", "cache_policy_module_path",
              "store_threshold", "max_tracker_size")
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
-          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
-          "tb": 1000**4, "tib": 1 << 40}
-
-
 def _bytes(key: str, value: Any) -> int:
-    """A size in bytes: an int, or a string such as "8GiB" or "512 MB"."""
+    """A size in bytes: an int, or a string such as "8GiB" or "512 MB" (aqua._args.parse_size,
+    the grammar of aquad's config)."""
     if isinstance(value, bool):
         raise ValueError(f"aqua.vllm: '{key}' must be a size in bytes, not {value!r}")
     if isinstance(value, int):
         n = value
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"aqua.vllm: '{key}' must be a size such as 8GiB, not {value!r}")
-        n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+        try:
+            n = parse_size(value)
+        except SizeError as e:
+            raise ValueError(f"aqua.vllm: '{key}' must be a size such as 8GiB (README.md, "
+                             f"\"Sizes\"): {e}") from None
     else:
         raise ValueError(f"aqua.vllm: '{key}' must be a size in bytes, not {value!r}")
     if n < 0:
@@ -229,8 +226,14 @@ class AquaOffloadingSpec(OffloadingSpec):
         world_size = config.parallel.world_size
         self.num_slots = 0
         self.kv_bytes_per_chunk = 0
+        # vLLM sets replicated_layout where every rank's KV is the same (a pure MLA model under
+        # tensor parallelism only): its CPU spec then keeps and counts one copy, and so does
+        # this one, so that capacity_bytes makes as many slots. Every rank still stores its own
+        # copy in its own tensor (no memory is shared by the ranks' GPUs): each asks aquad for
+        # capacity_bytes. self.replicated_layout stays False, so that vLLM has every rank write.
+        copies = 1 if config.replicated_layout else world_size
         if config.worker_kv_bytes_per_block > 0 and world_size > 0:
-            all_workers = config.worker_kv_bytes_per_block * world_size * self.blocks_per_chunk
+            all_workers = config.worker_kv_bytes_per_block * copies * self.blocks_per_chunk
             self.kv_bytes_per_chunk = round_up(all_workers, self.BLOCK_SIZE_ALIGNMENT)
             self.num_slots = self.settings.capacity_bytes // self.kv_bytes_per_chunk
             if self.num_slots == 0:
@@ -279,13 +282,18 @@ class _Job:
     nbytes: int
     store: bool
     start: float
+    expedited: bool = False
 
 
 class AquaOffloadingWorker(OffloadingWorker):
     """The worker side: GPU blocks <-> slots of one aqua tensor, one copy batch per job."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, num_slots: int,
-                 settings: AquaSettings, consumer: Optional[aqua.Consumer] = None):
+                 settings: AquaSettings, consumer: Optional[aqua.Consumer] = None,
+                 streams: Optional[tuple[Any, Any]] = None):
+        """streams: (transfers, synchronous loads), raw handles or torch streams; None: two
+        torch CUDA streams of the worker's own (the second of high priority), else, without
+        CUDA, libaqua's own stream for both."""
         self.blocks_per_chunk = blocks_per_chunk
         self.num_slots = num_slots
         self.settings = settings
@@ -306,10 +314,18 @@ class AquaOffloadingWorker(OffloadingWorker):
         if device is None:
             device = torch.cuda.current_device() if torch.cuda.is_available() else 0
         self._own_ctx = consumer is None
-        self.ctx = consumer or aqua.Consumer(device, endpoint=settings.endpoint,
-                                             side_path=settings.side_path,
-                                             client_name=settings.client_name,
-                                             timeout=settings.timeout)
+        try:
+            self.ctx = consumer or aqua.Consumer(device, endpoint=settings.endpoint,
+                                                 side_path=settings.side_path,
+                                                 client_name=settings.client_name,
+                                                 timeout=settings.timeout)
+        except aqua.NotConnectedError as e:
+            endpoint = (settings.endpoint or os.environ.get("AQUA_ENDPOINT")
+                        or "ipc:///run/aqua/aquad.sock")
+            raise RuntimeError(
+                f"aqua.vllm: no aquad at {endpoint} for device {device} ({e}); start aquad, or "
+                "set 'endpoint' in kv_connector_extra_config (or $AQUA_ENDPOINT) to its "
+                "endpoint") from e
         try:
             self._open_tensor()
         except BaseException:
@@ -321,23 +337,51 @@ class AquaOffloadingWorker(OffloadingWorker):
         self._fd_poll = select.poll()
         self._fd_poll.register(self.ctx.fileno(), select.POLLIN)
         self._poll_due = True
-        # A stream of the worker's: each job waits for the engine's compute stream first.
-        self._copier = kvcopy.Copier(self.ctx)
+        # Streams of the worker's, each job waiting for the engine's compute stream first:
+        # stores and loads in the order they were asked for on one, and synchronous
+        # (expedited) loads, which vLLM waits for within the step, on another, so that they
+        # do not queue behind stores (as vLLM's CPU worker gives them a stream of their own).
+        transfer, sync = streams if streams is not None else (None, None)
+        self._copier = kvcopy.Copier(self.ctx, transfer)
+        self._sync_copier = kvcopy.Copier(self.ctx, sync, priority=-1)
 
     def _open_tensor(self) -> None:
+        """Borrow, then make the tensor: its chunks are then the lease's (a lender's chunk size
+        is its own), and the first borrow's rounding to whole chunks is topped up."""
         s = self.settings
         want = max(self.nbytes, 1)
-        self.tensor = self.ctx.tensor(want, chunk_bytes=s.chunk_bytes)
-        size = self.tensor.info().max_bytes
+        self.grants: list[aqua.Grant] = []
         try:
-            self.grant = self.ctx.borrow(size, allow_dram=s.allow_dram, tensors=True)
+            self.grants.append(self.ctx.borrow(want, allow_dram=s.allow_dram, tensors=True))
+            self.grant = self.grants[0]
+            lease = self.grant.lease
+            lease_chunk = lease.info().chunk_bytes if lease is not None else 0
+            if s.chunk_bytes and lease_chunk and s.chunk_bytes != lease_chunk:
+                raise RuntimeError(
+                    f"aqua.vllm: 'chunk_bytes' ({s.chunk_bytes}) is not the lease's chunk size "
+                    f"({lease_chunk} bytes, the lender's) on device {self.ctx.device}: an aqua "
+                    "tensor maps whole lease chunks; leave 'chunk_bytes' unset to take the "
+                    "lease's")
+            self.tensor = self.ctx.tensor(want, chunk_bytes=s.chunk_bytes)
+            size = self.tensor.info().max_bytes
+            granted = self.grant.nbytes + self.grant.dram_bytes
+            if granted < size:
+                self.grants.append(self.ctx.borrow(size - granted, allow_dram=s.allow_dram,
+                                                   tensors=True))
             self.tensor.grow(size)
         except aqua.NoMemoryError as e:
+            held = sum(g.nbytes for g in self.grants)
+            dram = sum(g.dram_bytes for g in self.grants)
+            self._give_back()
             raise RuntimeError(
-                f"aqua.vllm: aquad could not back {size} bytes of offloaded KV on device "
-                f"{self.ctx.device} ('capacity_bytes' {s.capacity_bytes}, "
-                f"'allow_dram' {s.allow_dram}); lower capacity_bytes or raise aquad's "
-                "dram-budget") from e
+                f"aqua.vllm: aquad could not back {max(want, held + dram)} bytes of offloaded KV "
+                f"on device {self.ctx.device} ('capacity_bytes' {s.capacity_bytes}, "
+                f"'allow_dram' {s.allow_dram}): peers lent {held} bytes and the DRAM budget "
+                f"{dram}; lower capacity_bytes, offer more from a producer, or raise aquad's "
+                f"dram-budget ({e})") from e
+        except BaseException:
+            self._give_back()
+            raise
         self.dptr = self.tensor.dptr
         self._refresh_tiers()
         logger.info("aqua.vllm: %d slots of %d bytes in an aqua tensor of %d bytes at %#x "
@@ -360,13 +404,13 @@ class AquaOffloadingWorker(OffloadingWorker):
     # --------------------------------------------------------------------------- transfers
 
     def _submit(self, job_id: int, gpu_spec: LoadStoreSpec, slots: LoadStoreSpec,
-                store: bool) -> bool:
+                store: bool, expedited: bool = False) -> bool:
         assert isinstance(gpu_spec, GPULoadStoreSpec)
         assert isinstance(slots, BlockIDsLoadStoreSpec)
         rows, nbytes = self._pieces(gpu_spec, slots, store)
         start = time.perf_counter()
-        ticket = self._copier.submit(rows)
-        job = _Job(job_id, ticket, nbytes, store, start)
+        ticket = (self._sync_copier if expedited else self._copier).submit(rows)
+        job = _Job(job_id, ticket, nbytes, store, start, expedited)
         self._jobs.append(job)
         self._tickets[job_id] = job
         return True
@@ -377,7 +421,7 @@ class AquaOffloadingWorker(OffloadingWorker):
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
-        return self._submit(job_id, dst_spec, src_spec, store=False)
+        return self._submit(job_id, dst_spec, src_spec, store=False, expedited=expedited)
 
     def _finish(self, job: _Job) -> TransferResult:
         del self._tickets[job.job_id]
@@ -395,9 +439,15 @@ class AquaOffloadingWorker(OffloadingWorker):
         """vLLM calls this once per step: the safe point where aqua is polled."""
         self.poll()
         done: list[TransferResult] = []
-        # One stream: jobs complete in the order they were submitted.
-        while self._jobs and (self._jobs[0].ticket is None or self._jobs[0].ticket.done()):
-            done.append(self._finish(self._jobs.popleft()))
+        # Jobs on one stream complete in the order they were submitted, but a synchronous load
+        # (its own stream) may finish before stores submitted ahead of it.
+        pending: deque[_Job] = deque()
+        for job in self._jobs:
+            if job.ticket is None or job.ticket.done():
+                done.append(self._finish(job))
+            else:
+                pending.append(job)
+        self._jobs = pending
         return done
 
     def wait(self, job_ids: set[int]) -> None:
@@ -473,6 +523,25 @@ class AquaOffloadingWorker(OffloadingWorker):
         self._tickets.clear()
         if not self.tensor.closed:
             self.tensor.free()
+        self._give_back()
         if self._own_ctx and not self.ctx.closed:
             self.ctx.close()
+
+    def _give_back(self) -> None:
+        """Return the leases the worker borrowed (once its tensor is gone), so that a worker
+        on a shared consumer leaves nothing behind."""
+        if getattr(self, "tensor", None) is not None and not self.tensor.closed:
+            self.tensor.free()
+        for g in getattr(self, "grants", []):
+            if g.lease is not None and not g.lease.closed and not self.ctx.closed:
+                try:
+                    g.lease.give_back()
+                except aqua.AquaError as err:
+                    logger.info("aqua.vllm: a lease stays until aquad hears of it: %s", err)
+            if g.dram_bytes and not self.ctx.closed:
+                try:
+                    self.ctx.return_dram(g.dram_bytes)
+                except aqua.AquaError as err:
+                    logger.info("aqua.vllm: DRAM budget stays until aquad hears of it: %s", err)
+        self.grants = []
 

@@ -6,7 +6,6 @@ decisions equal those of vLLM's CPU offloading spec for the same capacity."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import select
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import kv_model
 from conftest import MiB, wait_for
 from vllm_engine import Engine
 
@@ -34,47 +34,29 @@ def prompt(seed: int, n_tokens: int) -> list[int]:
     return torch.randint(10, 900, (2048,), generator=g).tolist()[:n_tokens]
 
 
-def kv_value(tokens: list[int], shape: torch.Size, rank: int = 0) -> torch.Tensor:
-    """The KV a model would compute for the block ending these tokens: a function of the
-    prefix (and the tensor-parallel rank: each holds other heads) only, so that any request
-    with this prefix expects the same bytes."""
-    key = str(tokens) + (f"@{rank}" if rank else "")
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).half()
-
-
 class Model:
-    """Stands for the forward pass: writes each computed block's KV into the request's GPU
-    blocks, and checks that blocks the connector loaded hold what was computed for them."""
+    """Stands for the forward pass (kv_model.py): writes each computed block's KV into the
+    request's GPU blocks of every rank, and checks that blocks the connector loaded hold what
+    was computed for them. With ranks in processes of their own, the engine ships plan()'s work
+    to them and adds what they checked (checked_per_rank)."""
 
     def __init__(self, engine: Engine) -> None:
         self.e = engine
         self.checked_blocks = 0
+        self.checked_per_rank = [0] * engine.tensor_parallel
+
+    def plan(self, out: Any) -> list[kv_model.Work]:
+        return kv_model.plan(out, self.e.prompts, self.e.block_ids)
+
+    def add_checked(self, per_rank: list[int]) -> None:
+        for r, n in enumerate(per_rank):
+            self.checked_per_rank[r] += n
+        self.checked_blocks += per_rank[0]
 
     def __call__(self, out: Any) -> None:
-        e = self.e
-        starts: dict[str, int] = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
-        for rid, n in out.num_scheduled_tokens.items():
-            start = starts[rid]
-            tokens = e.prompts[rid]
-            blocks = e.block_ids(rid)
-            if rid in {r.req_id for r in out.scheduled_new_reqs}:
-                for b in range(start // BS):  # hits: loaded (or in the GPU prefix cache)
-                    self._check(tokens[: (b + 1) * BS], blocks[b])
-            for b in range(start // BS, min(start + n, len(tokens)) // BS):
-                for rank, caches in enumerate(e.kv_caches_of):
-                    for layer in caches.values():
-                        layer[blocks[b]] = kv_value(tokens[: (b + 1) * BS],
-                                                    layer[blocks[b]].shape, rank)
-
-    def _check(self, prefix: list[int], block: int) -> None:
-        for rank, caches in enumerate(self.e.kv_caches_of):
-            for name, layer in caches.items():
-                want = kv_value(prefix, layer[block].shape, rank)
-                assert torch.equal(layer[block], want), f"block {block} of {name} differs"
-        self.checked_blocks += 1
+        work = self.plan(out)
+        self.add_checked([kv_model.apply(work, caches, rank, BS)
+                          for rank, caches in enumerate(self.e.kv_caches_of)])
 
 
 def aqua_worker(e: Engine, rank: int = 0) -> AquaOffloadingWorker:
@@ -88,9 +70,7 @@ def aqua_worker(e: Engine, rank: int = 0) -> AquaOffloadingWorker:
 def forget_gpu_cache(e: Engine) -> None:
     """As if the GPU blocks were reused for other work: the next hits must come from aqua."""
     assert e.scheduler.reset_prefix_cache()
-    for caches in e.kv_caches_of:
-        for layer in caches.values():
-            layer.zero_()
+    e.zero_kv()
 
 
 def step_until_reply(e: Engine, agent: Any, timeout: float = 60) -> Any:
