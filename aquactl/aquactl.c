@@ -1,5 +1,5 @@
 /* aquactl: inspect and operate a running aquad (GPUs, pairs, leases, chunks, events; reclaim,
- * drain, pair). */
+ * drain, pair, release, reload). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,13 +50,19 @@ static void help(FILE *out)
             "  chunks                 chunks in the lending pool\n"
             "  events                 recent events (leases, reclaims, deadline misses)\n"
             "  reclaim GPU [SIZE]     take SIZE (default: all) back from GPU's consumers\n"
-            "  drain GPU              stop lending GPU's memory and take it all back\n"
+            "  drain GPU              stop lending GPU's memory and take it all back; the\n"
+            "                         drain lasts, across its producer's restarts and aquad's,\n"
+            "                         until undrain\n"
+            "  undrain GPU            end GPU's drain: its producer may offer again\n"
             "  pair PRODUCER CONSUMER pair two GPUs\n"
             "  unpair GPU             remove GPU's pair\n"
             "  release GPU [--force]  release what GPU's silent client held (after an aquad\n"
             "                         restart, or a cut link): refused while its process runs\n"
             "                         or cannot be seen; --force then ends its leases, and\n"
             "                         quarantines their chunks while that process runs\n"
+            "  reload                 reload aquad's config file and wait for its verdict:\n"
+            "                         exit status 1 and the error if aquad refused the file\n"
+            "                         (the running configuration is kept)\n"
             "  keygen FILE            write a CURVE key pair to FILE (0600) and its public key\n"
             "                         to FILE.pub, for aquad's remote.key-file or a client\n"
             "\n"
@@ -221,6 +227,8 @@ struct request {
                 Aqua__AdminPair pair;
                 Aqua__AdminUnpair unpair;
                 Aqua__AdminRelease release;
+                Aqua__AdminReload reload;
+                Aqua__AdminUndrain undrain;
         } u;
         const char *gpu; /* named when aquad does not know it */
         char done[256];  /* what to tell the operator on success */
@@ -300,6 +308,18 @@ static int build_drain(char **args, int n, struct request *req)
         return 0;
 }
 
+static int build_undrain(char **args, int n, struct request *req)
+{
+        req->u.undrain = (Aqua__AdminUndrain)AQUA__ADMIN_UNDRAIN__INIT;
+        req->u.undrain.gpu = args[0];
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_UNDRAIN;
+        req->e.admin_undrain = &req->u.undrain;
+        req->gpu = args[0];
+        snprintf(req->done, sizeof(req->done), "GPU %s is no longer draining: it may offer again",
+                 args[0]);
+        return 0;
+}
+
 static int build_pair(char **args, int n, struct request *req)
 {
         req->u.pair = (Aqua__AdminPair)AQUA__ADMIN_PAIR__INIT;
@@ -343,6 +363,15 @@ static int build_release(char **args, int n, struct request *req)
         return 0;
 }
 
+static int build_reload(char **args, int n, struct request *req)
+{
+        req->u.reload = (Aqua__AdminReload)AQUA__ADMIN_RELOAD__INIT;
+        req->e.body_case = AQUA__ENVELOPE__BODY_ADMIN_RELOAD;
+        req->e.admin_reload = &req->u.reload;
+        snprintf(req->done, sizeof(req->done), "aquad reloaded its configuration");
+        return 0;
+}
+
 struct command {
         const char *name;
         int min_args, max_args;
@@ -353,9 +382,11 @@ struct command {
 static const struct command commands[] = {
     {"reclaim", 1, 2, build_reclaim, "reclaim GPU [SIZE]"},
     {"drain", 1, 1, build_drain, "drain GPU"},
+    {"undrain", 1, 1, build_undrain, "undrain GPU"},
     {"pair", 2, 2, build_pair, "pair PRODUCER CONSUMER"},
     {"unpair", 1, 1, build_unpair, "unpair GPU"},
     {"release", 1, 2, build_release, "release GPU [--force]"},
+    {"reload", 0, 0, build_reload, "reload"},
 };
 
 static int parse_options(int argc, char **argv, struct options *o)

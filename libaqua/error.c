@@ -43,6 +43,7 @@ static const char *const outcome_text[_AQUA_OUTCOME_MAX] = {
     [AQUA_BARRED] = "barred from new leases after a missed reclaim deadline",
     [AQUA_LIMIT] = "a limit of the daemon was reached",
     [AQUA_THROTTLED] = "too many requests in flight",
+    [AQUA_DRAINING] = "drained by an operator: no offers until aquactl undrain",
 };
 
 _public_ const char *aqua_strerror(int r)
@@ -111,6 +112,8 @@ int error_from_code(Aqua__ErrorCode code)
                 return AQUA_THROTTLED;
         case AQUA__ERROR_CODE__ERROR_CODE_BUSY:
                 return -EBUSY;
+        case AQUA__ERROR_CODE__ERROR_CODE_DRAINING:
+                return AQUA_DRAINING;
         case AQUA__ERROR_CODE__ERROR_CODE_STOPPING:
                 return -ESHUTDOWN;
         default:

@@ -268,6 +268,32 @@ const char *aquad_config_path(const struct aquad *d)
         return d->config;
 }
 
+int aquad_config_set(const struct aquad *d, const char *key, const char *value)
+{
+        char line[512], out[8192] = "";
+        size_t klen = strlen(key);
+        bool found = false;
+        FILE *f = fopen(d->config, "re");
+
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof(line), f)) {
+                if (strncmp(line, key, klen) == 0 && line[klen] == ':') {
+                        snprintf(line, sizeof(line), "%s: %s\n", key, value);
+                        found = true;
+                }
+                strncat(out, line, sizeof(out) - strlen(out) - 1);
+        }
+        fclose(f);
+        if (!found)
+                snprintf(out + strlen(out), sizeof(out) - strlen(out), "%s: %s\n", key, value);
+        f = fopen(d->config, "we");
+        if (!f)
+                return -errno;
+        fputs(out, f);
+        return fclose(f) == 0 ? 0 : -errno;
+}
+
 const char *aquad_log_path(const struct aquad *d)
 {
         return d->log;

@@ -53,6 +53,9 @@ const char *aquad_endpoint(const struct aquad *d);  /* "ipc://DIR/aquad.sock" */
 const char *aquad_side_path(const struct aquad *d); /* "DIR/aquad.side" */
 const char *aquad_dir(const struct aquad *d);
 const char *aquad_config_path(const struct aquad *d);
+/* Replace the value of a top-level KEY in d's config file (for a reload or the next start);
+ * a key the file lacks is added. 0, or -errno. */
+int aquad_config_set(const struct aquad *d, const char *key, const char *value);
 const char *aquad_log_path(const struct aquad *d); /* "DIR/aquad.log" */
 pid_t aquad_pid(const struct aquad *d);
 

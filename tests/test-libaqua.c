@@ -377,20 +377,7 @@ static bool has_event(const char *needle)
 /* Replace the value of a top-level key in the test's aquad config (for the next start). */
 static void set_config(const char *key, const char *value)
 {
-        char line[256], out[4096] = "";
-        FILE *f = fopen(aquad_config_path(daemon_), "r");
-
-        cr_assert_not_null(f);
-        while (fgets(line, sizeof(line), f)) {
-                if (strncmp(line, key, strlen(key)) == 0 && line[strlen(key)] == ':')
-                        snprintf(line, sizeof(line), "%s: %s\n", key, value);
-                strncat(out, line, sizeof(out) - strlen(out) - 1);
-        }
-        fclose(f);
-        f = fopen(aquad_config_path(daemon_), "w");
-        cr_assert_not_null(f);
-        fputs(out, f);
-        fclose(f);
+        cr_assert_eq(aquad_config_set(daemon_, key, value), 0, "%s", aquad_config_path(daemon_));
 }
 
 /* The reply line of a command that must fail ("err ..."). */

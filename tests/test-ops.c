@@ -5,6 +5,7 @@
  */
 #include <criterion/criterion.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
@@ -359,6 +360,7 @@ Test(ops, aquactl_json_parses_to_the_same_figures)
 Test(ops, aquactl_changes_the_pool_and_names_what_went_wrong)
 {
         struct json_object *doc;
+        Aqua__Envelope *o;
         struct run r;
 
         cycle(NULL);
@@ -391,6 +393,21 @@ Test(ops, aquactl_changes_the_pool_and_names_what_went_wrong)
         cr_assert_eq(r.code, 0, "%s", r.err);
         AQUACTL(&r, "gpus");
         HAS_LINE(r.out, "GPU-P", "draining");
+
+        /* The drain refuses the producer's offers with an outcome of its own, until undrain. */
+        o = raw_offer(&producer, 1, 2 * MiB, NULL);
+        cr_assert_eq(raw_error_code(o), AQUA__ERROR_CODE__ERROR_CODE_DRAINING, "offer: %d",
+                     raw_error_code(o));
+        raw_free(o);
+        AQUACTL(&r, "undrain", "GPU-P");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        cr_assert_str_eq(r.out, "GPU GPU-P is no longer draining: it may offer again\n");
+        o = raw_offer(&producer, 1, 2 * MiB, NULL);
+        cr_assert_eq(o->body_case, BODY(OFFER_REPLY), "offer: error %d", raw_error_code(o));
+        raw_free(o);
+        AQUACTL(&r, "undrain", "GPU-P");
+        cr_assert_eq(r.code, 1, "%s", r.out);
+        cr_assert(strstr(r.err, "is not draining"), "%s", r.err);
 }
 
 Test(ops, aquactl_changes_need_the_admin_list)
@@ -402,9 +419,52 @@ Test(ops, aquactl_changes_need_the_admin_list)
         AQUACTL(&r, "drain", "GPU-P");
         cr_assert_eq(r.code, 4, "%s", r.err);
         cr_assert(strstr(r.err, "permission denied"), "%s", r.err);
+        /* So are the drain's end and a reload: another identity may not undo an operator's
+         * drain nor make aquad read its config again. */
+        AQUACTL(&r, "undrain", "GPU-P");
+        cr_assert_eq(r.code, 4, "%s", r.err);
+        AQUACTL(&r, "reload");
+        cr_assert_eq(r.code, 4, "%s", r.err);
+        cr_assert(strstr(r.err, "permission denied"), "%s", r.err);
         /* Looking is still allowed. */
         AQUACTL(&r, "leases");
         cr_assert_eq(r.code, 0, "%s", r.err);
+}
+
+/*
+ * systemd's ExecReload runs aquactl reload: it returns only with aquad's verdict, exit status 1
+ * and aquad's own error for a file aquad refuses (the running configuration kept), and names what
+ * a reload does not change.
+ */
+Test(ops, aquactl_reload_waits_for_aquads_verdict)
+{
+        struct json_object *doc;
+        char port[32];
+        struct run r;
+
+        cycle(NULL);
+        cr_assert_eq(aquad_config_set(daemon_, "dram-budget", "128MiB"), 0);
+        snprintf(port, sizeof(port), "127.0.0.1:%u", free_port());
+        cr_assert_eq(aquad_config_set(daemon_, "metrics", port), 0);
+        AQUACTL(&r, "reload");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        cr_assert_str_eq(r.out, "aquad reloaded its configuration\n"
+                                "not changed until aquad restarts: metrics\n");
+        doc = json_run("status");
+        cr_assert_eq(json_object_get_uint64(get(get(doc, "status"), "dram_budget")), 128 * MiB);
+        json_object_put(doc);
+
+        cr_assert_eq(aquad_config_set(daemon_, "dram-budget", "lots"), 0);
+        AQUACTL(&r, "reload");
+        cr_assert_eq(r.code, 1, "a refused file must fail the reload: %s", r.out);
+        cr_assert(strstr(r.err, "is refused, the running configuration is kept"), "%s", r.err);
+        cr_assert(strstr(r.err, "dram-budget") && strstr(r.err, "lots"), "%s", r.err);
+        doc = json_run("status");
+        cr_assert_eq(json_object_get_uint64(get(get(doc, "status"), "dram_budget")), 128 * MiB);
+        json_object_put(doc);
+
+        AQUACTL(&r, "reload", "now");
+        cr_assert_eq(r.code, 2, "%s", r.err);
 }
 
 /* A client chooses its name; aquactl must not pass its bytes on as they are. */
@@ -522,6 +582,9 @@ Test(ops, metrics_count_the_cycle)
         HAS_SAMPLE(m, "aqua_gpu_dram_in_use_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
         HAS_SAMPLE(m, "aqua_gpu_migrations_total{gpu=\"0\",uuid=\"GPU-C\"} 3");
         HAS_SAMPLE(m, "aqua_gpu_moved_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 6291456");
+        /* What aquad counts itself: the two chunks the consumer returned to the reclaim. */
+        HAS_SAMPLE(m, "aqua_gpu_reclaim_returned_chunks_total{gpu=\"0\",uuid=\"GPU-C\"} 2");
+        HAS_SAMPLE(m, "aqua_gpu_reclaim_returned_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
         HAS_SAMPLE(m, "aqua_gpu_load{gpu=\"0\",uuid=\"GPU-C\"} 0.5");
         HAS_SAMPLE(m, "aqua_gpu_info{gpu=\"1\",uuid=\"GPU-P\",role=\"producer\",client=\"whisper\","
                       "paired_with=\"GPU-C\",connected=\"true\"} 1");
@@ -540,6 +603,40 @@ Test(ops, metrics_count_the_cycle)
         m2 = scrape();
         HAS_SAMPLE(m2, "aqua_protocol_errors_total 1");
         HAS_SAMPLE(m2, "aqua_error_replies_total{code=\"malformed\"} 1");
+}
+
+/* An operator reads deploy/README.md's table to know what a family means: every family aquad
+ * serves is named there, as `name` or `name{labels}`. */
+Test(ops, every_metric_family_served_is_in_the_deploy_readme)
+{
+        _cleanup_free_ char *m = NULL, *doc = NULL;
+        const char *path = getenv("AQUA_DEPLOY_README");
+        char missing[2048] = "";
+        size_t n = 0, len = 0;
+        FILE *f;
+
+        cr_assert_not_null(path, "AQUA_DEPLOY_README is not set");
+        f = fopen(path, "re");
+        cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+        cr_assert_eq(getdelim(&doc, &len, '\0', f) > 0, true, "%s is empty", path);
+        fclose(f);
+        cycle(NULL);
+        m = scrape();
+        for (const char *at = strstr(m, "# TYPE "); at; at = strstr(at + 1, "# TYPE ")) {
+                char name[128], plain[132], labelled[132];
+
+                if (sscanf(at, "# TYPE %127s", name) != 1)
+                        continue;
+                n++;
+                snprintf(plain, sizeof(plain), "`%s`", name);
+                snprintf(labelled, sizeof(labelled), "`%s{", name);
+                if (!strstr(doc, plain) && !strstr(doc, labelled))
+                        snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing),
+                                 " %s", name);
+        }
+        cr_assert_gt(n, 40, "only %zu families scraped", n);
+        cr_assert_str_empty(missing, "families aquad serves that %s does not name:%s", path,
+                            missing);
 }
 
 /* ------------------------------------------------------------------ remote.endpoint */

@@ -31,6 +31,17 @@ int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim 
         return broker_drain(p, g, ret, err);
 }
 
+int broker_admin_undrain(struct broker *p, const char *gpu, char *err)
+{
+        struct gpu *g = NULL;
+        int r;
+
+        r = broker_lookup_gpu(p, gpu, "admin-undrain", &g, err);
+        if (r != 0)
+                return r;
+        return broker_undrain(p, g, err);
+}
+
 int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *ret_quarantined,
                          char *err)
 {

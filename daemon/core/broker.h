@@ -42,6 +42,7 @@ enum broker_error {
         BROKER_E_NO_MEMORY,  /* nothing at all could be granted */
         BROKER_E_BARRED,     /* a consumer that missed a reclaim deadline */
         BROKER_E_BUSY,       /* the GPU is registered by another live client */
+        BROKER_E_DRAINING,   /* an operator drained the producer's GPU: no offers until undrained */
         _BROKER_E_MAX,
 };
 
@@ -134,7 +135,9 @@ struct gpu {
         uint64_t dram_bytes;          /* consumer: DRAM budget granted */
 
         bool barred;     /* missed a reclaim deadline: no new leases */
-        bool draining;   /* operator drain: no new offers or grants */
+        bool draining;   /* operator drain: no new offers or grants, until undrained; it outlives
+                          * the producer's client and is journaled */
+        bool drain_refusal_logged; /* an offer refused by this drain was logged */
         bool restored;   /* known from the journal, its client has not re-registered yet */
         bool held_alive; /* restored past the reconcile window: its process may still map */
         bool fabric;     /* its client passes fabric handles in messages, not descriptors */
@@ -143,6 +146,9 @@ struct gpu {
 
         double load;
         uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
+        /* Consumer: chunks (and their bytes) it returned in answer to reclaims, counted here
+         * from its Returns, whatever it reports; since aquad started. */
+        uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
 };
 
 struct chunk {
@@ -474,6 +480,7 @@ int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool 
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
 int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err);
+int broker_undrain(struct broker *p, struct gpu *producer, char *err);
 
 /* ------------------------------------------------- admin.c: operators' requests (aquactl) */
 
@@ -483,6 +490,8 @@ int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *
 int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
                          struct broker_reclaim *ret, char *err);
 int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err);
+/* End a drain: the GPU may offer again. BROKER_E_INVALID when it is not draining. */
+int broker_admin_undrain(struct broker *p, const char *gpu, char *err);
 int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *ret_quarantined,
                          char *err);
 

@@ -266,12 +266,15 @@ static void admin(struct fuzz *f, size_t k, uint8_t b)
         struct broker_reclaim r = {0};
         char err[BROKER_ERR_MAX];
 
-        switch (b % 6) {
+        switch (b % 7) {
         case 0:
                 (void)broker_admin_reclaim(f->broker, names[k], (b >> 3) * 2 * MiB, &r, err);
                 break;
         case 1:
                 (void)broker_admin_drain(f->broker, names[k], &r, err);
+                break;
+        case 5:
+                (void)broker_admin_undrain(f->broker, names[k], err);
                 break;
         case 2:
                 (void)broker_admin_release(f->broker, names[k], b & 4, NULL, err);

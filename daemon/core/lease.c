@@ -25,8 +25,21 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
 {
         size_t made = 0;
 
-        if (producer->draining)
-                return broker_fail(err, E(INVALID), "offer: GPU %s is draining", producer->uuid);
+        if (producer->draining) {
+                /* Said once per drain: a producer may keep trying. */
+                if (!producer->drain_refusal_logged) {
+                        producer->drain_refusal_logged = true;
+                        log_notice("Refused an offer for GPU %s: an operator drained it; "
+                                   "'aquactl undrain %s' ends the drain",
+                                   producer->uuid, producer->uuid);
+                        events_add(&p->events, "drain", "offer for drained GPU %s refused",
+                                   producer->uuid);
+                }
+                return broker_fail(err, E(DRAINING),
+                                   "offer: GPU %s is drained by an operator; no offers until "
+                                   "'aquactl undrain %s'",
+                                   producer->uuid, producer->uuid);
+        }
         if (n == 0)
                 return broker_fail(err, E(INVALID), "offer: no chunks");
         if (p->n_chunks + n > p->settings.max_chunks)
@@ -242,6 +255,17 @@ static void chunk_unmapped(struct broker *p, struct chunk *c, struct reclaimed *
         }
 }
 
+/* A chunk its consumer returns: one asked back by a reclaim is counted on the consumer. */
+static void returned_by(struct broker *p, struct gpu *consumer, struct chunk *c,
+                        struct reclaimed *back)
+{
+        if (c->state == CHUNK_RECLAIMING) {
+                consumer->reclaim_returned_chunks++;
+                consumer->reclaim_returned_bytes += c->size;
+        }
+        chunk_unmapped(p, c, back);
+}
+
 /* The lease lease_id of consumer, or a positive error code (what names it in err). */
 static int consumer_lease(struct broker *p, struct gpu *consumer, uint64_t lease_id, char *err,
                           struct lease **ret)
@@ -331,8 +355,9 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
                 back.producer = l->producer;
                 if (n == 0) {
                         while (!list_empty(&l->chunks)) {
-                                chunk_unmapped(
-                                    p, list_entry(l->chunks.next, struct chunk, lease_node), &back);
+                                returned_by(p, consumer,
+                                            list_entry(l->chunks.next, struct chunk, lease_node),
+                                            &back);
                                 returned++;
                         }
                 } else
@@ -341,7 +366,7 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
                                 struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
                                 if (!c || c->lease != l)
                                         continue;
-                                chunk_unmapped(p, c, &back);
+                                returned_by(p, consumer, c, &back);
                                 returned++;
                         }
                 struct gpu *producer = l->producer;
@@ -490,6 +515,7 @@ int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *
                                    producer->uuid);
         if (!producer->draining) {
                 producer->draining = true;
+                producer->drain_refusal_logged = false;
                 journal_gpu(p, producer);
                 /* Nothing of it is grantable any more. */
                 for (struct list_node *n = producer->chunks.next; n != &producer->chunks;
@@ -501,6 +527,23 @@ int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *
                 return r;
         /* The producer did not ask: tell it what is free already. */
         notice_queue(p, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
+        return 0;
+}
+
+int broker_undrain(struct broker *p, struct gpu *producer, char *err)
+{
+        if (!producer->draining)
+                return broker_fail(err, E(INVALID), "undrain: GPU %s is not draining",
+                                   producer->uuid);
+        producer->draining = false;
+        journal_gpu(p, producer);
+        /* What it still has in the pool is grantable again. */
+        for (struct list_node *n = producer->chunks.next; n != &producer->chunks; n = n->next)
+                chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
+        events_add(&p->events, "drain", "drain of GPU %s ended", producer->uuid);
+        log_notice("The drain of GPU %s ended: it may offer again", producer->uuid);
+        /* Not collected here even without a client: callers may still hold it. Its next
+         * registration, or aquad's restart, finds it as any known GPU. */
         return 0;
 }
 
@@ -564,10 +607,8 @@ static void producer_gone(struct broker *p, struct gpu *g)
                                   g->uuid);
                 broker_reclaim_clear(&res);
         }
-        if (g->draining) {
-                g->draining = false;
-                journal_gpu(p, g);
-        }
+        /* A drain outlives the producer's client: its next client (a restart, a supervisor's
+         * new process) must not lend again until an operator ends it (aquactl undrain). */
 }
 
 void broker_gpu_gone(struct broker *p, struct gpu *g)

@@ -544,6 +544,47 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
         cr_assert_gt(borrow(2 * MiB, 2 * MiB, false, &g)->id, lease_id);
 }
 
+/* An operator's drain is not the producer's to undo: it lasts through the producer's client
+ * leaving and a new one registering (a supervisor's restart), and through aquad's restart,
+ * refusing every offer with its own outcome, until an operator undrains the GPU. */
+Test(lease, a_drain_outlives_its_producers_restart_and_aquads_until_undrained)
+{
+        uint64_t sizes[1] = {2 * MiB}, refs[1] = {1}, ids[1];
+        struct broker_reclaim r;
+        int fds[1];
+
+        with_journal();
+        offer(1, NULL);
+        cr_assert_eq(broker_drain(pool, producer, &r, err), 0, "%s", err);
+        broker_reclaim_clear(&r);
+        drain_notices();
+        broker_gpu_gone(pool, producer);
+        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL,
+                         NULL);
+        cr_assert(producer->draining, "a new client of the GPU ended the drain");
+        fds[0] = memfd_create("chunk", MFD_CLOEXEC);
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err), E(DRAINING));
+        cr_assert(strstr(err, "drained by an operator") && strstr(err, "aquactl undrain"), "%s",
+                  err);
+        close(fds[0]);
+
+        cr_assert_eq(broker_commit(pool), 0);
+        pool = broker_free(pool); /* the daemon dies */
+        pool = restart();
+        cr_assert(broker_find_gpu(pool, "GPU-P")->draining, "the restart ended the drain");
+        consumer = hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL,
+                         NULL);
+        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL,
+                         NULL);
+        cr_assert(producer->draining);
+
+        cr_assert_eq(broker_admin_undrain(pool, "GPU-P", err), 0, "%s", err);
+        cr_assert_eq(broker_admin_undrain(pool, "GPU-P", err), E(INVALID));
+        cr_assert(strstr(err, "is not draining"), "%s", err);
+        offer(1, NULL);
+        cr_assert_eq(broker_check(pool, err), 0, "%s", err);
+}
+
 static enum proc_liveness holder_liveness = PROC_UNKNOWN;
 
 static enum proc_liveness liveness(const struct proc_id *id)

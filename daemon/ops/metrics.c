@@ -148,6 +148,8 @@ enum gpu_field {
         GPU_DRAM_IN_USE,
         GPU_MIGRATIONS,
         GPU_MOVED,
+        GPU_RECLAIM_RETURNED,
+        GPU_RECLAIM_RETURNED_BYTES,
         GPU_BARRED,
         _GPU_FIELD_MAX,
 };
@@ -167,6 +169,11 @@ static const struct {
                         "Chunk migrations, as the client reports them."},
     [GPU_MOVED] = {"aqua_gpu_moved_bytes_total", "counter",
                    "Bytes migrated, as the client reports them."},
+    [GPU_RECLAIM_RETURNED] = {"aqua_gpu_reclaim_returned_chunks_total", "counter",
+                              "Chunks this consumer returned in answer to reclaims (aquad's count)."},
+    [GPU_RECLAIM_RETURNED_BYTES] = {"aqua_gpu_reclaim_returned_bytes_total", "counter",
+                                    "Bytes of the chunks this consumer returned in answer to "
+                                    "reclaims (aquad's count)."},
     [GPU_BARRED] = {"aqua_gpu_barred", "gauge",
                     "1 when the consumer missed a reclaim deadline and gets no new leases."},
 };
@@ -188,6 +195,10 @@ static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
                 return g->migrations;
         case GPU_MOVED:
                 return g->bytes_moved;
+        case GPU_RECLAIM_RETURNED:
+                return g->reclaim_returned_chunks;
+        case GPU_RECLAIM_RETURNED_BYTES:
+                return g->reclaim_returned_bytes;
         case GPU_BARRED:
                 return g->barred;
         default:
@@ -236,6 +247,7 @@ static void render_gpus(struct prom_text *t, struct broker *p)
                          * borrowing for consumers, client reports for both. */
                         if (((f == GPU_OFFERED || f == GPU_LENT) && !producer) ||
                             ((f == GPU_BORROWED || f == GPU_DRAM || f == GPU_DRAM_IN_USE ||
+                              f == GPU_RECLAIM_RETURNED || f == GPU_RECLAIM_RETURNED_BYTES ||
                               f == GPU_BARRED) &&
                              g->role != GPU_ROLE_CONSUMER))
                                 continue;

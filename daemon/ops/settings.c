@@ -1,4 +1,6 @@
-/* aquad's settings from its config: applied at start, and on SIGHUP where they can change live. */
+/* aquad's settings from its config: applied at start, and on reload (SIGHUP, aquactl reload)
+ * where they can change live. */
+#include <stdio.h>
 #include <string.h>
 
 #include "log.h"
@@ -48,7 +50,8 @@ static bool str_changed(const char *a, const char *b)
         return (a || b) && (!a || !b || strcmp(a, b) != 0);
 }
 
-void server_reload(struct server *s)
+int server_reload(struct server *s, char *err, size_t err_len, char *kept_out,
+                  size_t kept_len)
 {
         _cleanup_(config_freep) struct config *n = NULL;
         _cleanup_free_ char *error = NULL;
@@ -60,7 +63,9 @@ void server_reload(struct server *s)
         if (r < 0) {
                 log_error("Reload failed, keeping the running configuration: %s",
                           error ? error : strerror(-r));
-                return;
+                if (err)
+                        snprintf(err, err_len, "%s", error ? error : strerror(-r));
+                return r;
         }
 #define KEEP(cond, name, field)                                                                    \
         do {                                                                                       \
@@ -112,4 +117,7 @@ void server_reload(struct server *s)
         log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "
                    "budget, pairs and log level apply now%s%s",
                    s->config_path, kept[0] ? "; not changed until restart: " : "", kept);
+        if (kept_out)
+                snprintf(kept_out, kept_len, "%s", kept);
+        return 0;
 }

@@ -317,6 +317,10 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
                 code = translate_outcome(broker_unpin(s->broker, e->admin_unpair->gpu, err));
                 break;
+        case AQUA__ENVELOPE__BODY_ADMIN_UNDRAIN:
+                code = translate_outcome(
+                    broker_admin_undrain(s->broker, e->admin_undrain->gpu, err));
+                break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
                 code = translate_outcome(broker_admin_release(
                     s->broker, e->admin_release->gpu, e->admin_release->force, &quarantined, err));
@@ -330,6 +334,18 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                                  "gone; their producers are not told, a reclaim of them waits",
                                  quarantined);
                 break;
+        case AQUA__ENVELOPE__BODY_ADMIN_RELOAD: {
+                char why[BROKER_ERR_MAX - 64], kept[sizeof(text) - 64];
+
+                if (server_reload(s, why, sizeof(why), kept, sizeof(kept)) < 0)
+                        code = broker_fail(err, E(INVALID),
+                                           "reload: %s is refused, the running configuration is "
+                                           "kept: %s",
+                                           s->config_path, why);
+                else if (kept[0])
+                        snprintf(text, sizeof(text), "not changed until aquad restarts: %s", kept);
+                break;
+        }
         default:
                 code =
                     broker_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));

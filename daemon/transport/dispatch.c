@@ -950,6 +950,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
         case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
+        case AQUA__ENVELOPE__BODY_ADMIN_RELOAD:
+        case AQUA__ENVELOPE__BODY_ADMIN_UNDRAIN:
                 admin_handle(s, c, e);
                 break;
         default:

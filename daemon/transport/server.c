@@ -643,7 +643,7 @@ static void handle_signals(struct server *s)
         while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
                 switch (si.ssi_signo) {
                 case SIGHUP:
-                        server_reload(s);
+                        (void)server_reload(s, NULL, 0, NULL, 0);
                         break;
                 case SIGTERM:
                 case SIGINT:

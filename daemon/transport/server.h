@@ -166,7 +166,10 @@ int server_run(struct server *s);
 /* ops/settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
 void server_apply_settings(struct server *s);
 int server_apply_pins(struct server *s);
-void server_reload(struct server *s);
+/* Load the config file again and apply what can change live (daemon/README.md, SIGHUP). On a
+ * file with errors it keeps the running configuration and returns < 0 with the error in err;
+ * on success kept names what waits for a restart ("" if nothing). err and kept may be NULL. */
+int server_reload(struct server *s, char *err, size_t err_len, char *kept, size_t kept_len);
 
 /* setup.c, for server_new(): each 0 or a negative errno, logged. */
 int server_lock_sockets(struct server *s);

@@ -17,6 +17,7 @@ int translate_outcome(int r)
             [BROKER_E_NO_MEMORY] = E(NO_MEMORY),
             [BROKER_E_BARRED] = E(BARRED),
             [BROKER_E_BUSY] = E(BUSY),
+            [BROKER_E_DRAINING] = E(DRAINING),
         };
 
         if (r <= 0)

@@ -14,6 +14,7 @@ struct lend_aqua {
         struct lend_config policy;
         aqua_ctx *ctx;
         uint64_t late_reclaimed;
+        bool drained; /* told so once: an operator drained the GPU */
 };
 
 static int la_offer(void *ctx, uint64_t bytes, uint64_t *ret_bytes)
@@ -23,6 +24,21 @@ static int la_offer(void *ctx, uint64_t bytes, uint64_t *ret_bytes)
         int r;
 
         r = aqua_offer(l->ctx, bytes, &offered);
+        if (r == AQUA_DRAINING) {
+                /* Not this producer's decision to undo: it lends nothing, keeps running and
+                 * tries again at its pace, until an operator ends the drain. */
+                if (!l->drained)
+                        log_warning("aqua: an operator drained this GPU: offering nothing until "
+                                    "'aquactl undrain' (%s)",
+                                    aqua_strerror(r));
+                l->drained = true;
+                *ret_bytes = 0;
+                return 0;
+        }
+        if (r == 0 && l->drained) {
+                log_info("aqua: the drain of this GPU ended; offering again");
+                l->drained = false;
+        }
         if (r == -ENOMEM || r == AQUA_LIMIT) {
                 /* The GPU or aquad has no room for more: nothing went in, try again later. */
                 log_warning("aqua: offer of %" PRIu64 " bytes refused: %s", bytes,

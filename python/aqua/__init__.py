@@ -51,6 +51,7 @@ from .errors import (
     BusyError,
     ClosedError,
     DaemonTimeoutError,
+    DrainingError,
     InvalidArgumentError,
     LimitError,
     NoMemoryError,
@@ -89,6 +90,7 @@ def version() -> str:
 __all__ = [
     "ABI_VERSION", "ALL", "AquaError", "BarredError", "BusyError", "Chunk", "ClosedError",
     "Consumer", "Context", "CopyPiece", "DaemonStopping", "DaemonTimeoutError", "Disconnected",
+    "DrainingError",
     "Event", "Grant", "Info", "InvalidArgumentError", "Layers", "Lease", "LeaseInfo",
     "LeaseLost", "LibraryNotFoundError", "LibraryVersionError", "LimitError", "LogLevel",
     "Migrated", "NoMemoryError", "NotConnectedError", "OutOfRangeError", "Outcome",

@@ -19,6 +19,7 @@ class Outcome(IntEnum):
     BARRED = 4
     LIMIT = 5
     THROTTLED = 6
+    DRAINING = 7
 
 
 def strerror(code: int) -> str:
@@ -76,6 +77,11 @@ class ThrottledError(AquaError):
     """AQUA_THROTTLED: too many requests in flight; try again later."""
 
 
+class DrainingError(AquaError):
+    """AQUA_DRAINING: an operator drained this producer's GPU; nothing is offered until
+    ``aquactl undrain`` ends the drain (it outlives this process)."""
+
+
 class NotConnectedError(AquaError):
     """No daemon: -ENOTCONN, or at open -ECONNREFUSED / -ENOENT (nothing at the endpoint) and
     -ESHUTDOWN (the daemon is stopping)."""
@@ -115,6 +121,7 @@ _BY_OUTCOME: dict[int, type[AquaError]] = {
     Outcome.BARRED: BarredError,
     Outcome.LIMIT: LimitError,
     Outcome.THROTTLED: ThrottledError,
+    Outcome.DRAINING: DrainingError,
 }
 _BY_ERRNO: dict[int, type[AquaError]] = {
     _errno.ENOTCONN: NotConnectedError,

@@ -1,7 +1,9 @@
 """Each error path raises the exception of its outcome or errno, keeping the code."""
 
 import errno
+import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -54,6 +56,19 @@ def test_the_daemons_lease_limit_is_a_limit_error(producer):
         with pytest.raises(aqua.LimitError) as e:
             ctx.borrow(32 * MiB)
         assert e.value.outcome == aqua.Outcome.LIMIT
+
+
+def test_an_offer_for_a_gpu_an_operator_drained_is_a_draining_error(aquad):
+    aquactl = [os.path.join(os.environ["AQUA_BUILD"], "aquactl", "aquactl")]
+    with aqua.Producer(1, chunk_bytes=2 * MiB) as ctx:
+        ctx.offer(8 * MiB)
+        subprocess.run(aquactl + ["drain", "1"], check=True, capture_output=True)
+        with pytest.raises(aqua.DrainingError) as e:
+            ctx.offer(8 * MiB)
+        assert e.value.outcome == aqua.Outcome.DRAINING and "aqua_offer" in str(e.value)
+        assert "aquactl undrain" in str(e.value)
+        subprocess.run(aquactl + ["undrain", "1"], check=True, capture_output=True)
+        assert ctx.offer(8 * MiB) == 8 * MiB
 
 
 @pytest.mark.parametrize("aquad_config", ["limits:\n  request-rate: 1\n  request-burst: 2\n"])

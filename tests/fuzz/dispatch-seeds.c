@@ -347,7 +347,7 @@ int main(int argc, char **argv)
                 save(&s, "load");
         }
 
-        /* admin: every query, then reclaim, drain, pair and unpair */
+        /* admin: every query, then reclaim, drain, undrain, pair, unpair, release and reload */
         {
                 Aqua__AdminQuery q = AQUA__ADMIN_QUERY__INIT;
                 Aqua__AdminReclaim rc = AQUA__ADMIN_RECLAIM__INIT;
@@ -355,6 +355,8 @@ int main(int argc, char **argv)
                 Aqua__AdminPair p = AQUA__ADMIN_PAIR__INIT;
                 Aqua__AdminUnpair u = AQUA__ADMIN_UNPAIR__INIT;
                 Aqua__AdminRelease rl = AQUA__ADMIN_RELEASE__INIT;
+                Aqua__AdminReload rd = AQUA__ADMIN_RELOAD__INIT;
+                Aqua__AdminUndrain ud = AQUA__ADMIN_UNDRAIN__INIT;
 
                 s = (struct script){0};
                 offer(&s, 1, 4, true);
@@ -380,6 +382,17 @@ int main(int argc, char **argv)
                 give_back(&s, 4, 1, NULL, 0, 0);
                 save(&s, "admin_drain");
 
+                /* Drained, refused an offer, undrained, then offering again. */
+                s = (struct script){0};
+                offer(&s, 1, 2, true);
+                d.gpu = (char *)"GPU-P";
+                admin(&s, 3, BODY(ADMIN_DRAIN), &d);
+                offer(&s, 4, 1, true);
+                ud.gpu = (char *)"GPU-P";
+                admin(&s, 5, BODY(ADMIN_UNDRAIN), &ud);
+                offer(&s, 6, 1, true);
+                save(&s, "admin_undrain");
+
                 s = (struct script){0};
                 u.gpu = (char *)"GPU-C";
                 admin(&s, 3, BODY(ADMIN_UNPAIR), &u);
@@ -391,6 +404,11 @@ int main(int argc, char **argv)
                 rl.gpu = (char *)"GPU-C";
                 admin(&s, 3, BODY(ADMIN_RELEASE), &rl);
                 save(&s, "admin_release");
+
+                /* The harness's config path names no file: the reload is refused. */
+                s = (struct script){0};
+                admin(&s, 3, BODY(ADMIN_RELOAD), &rd);
+                save(&s, "admin_reload");
 
                 s = (struct script){0};
                 hello(&s, FUZZ_STRANGER, AQUA__ROLE__ROLE_CONSUMER, "GPU-D", NULL, NULL, 0);

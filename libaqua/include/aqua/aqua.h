@@ -54,6 +54,7 @@ enum {
         AQUA_BARRED,      /* borrow: this consumer missed a reclaim deadline, no new leases */
         AQUA_LIMIT,       /* a limit of the daemon (chunks, leases, clients) was reached */
         AQUA_THROTTLED,   /* too many requests in flight; try again later */
+        AQUA_DRAINING,    /* offer: an operator drained this GPU; no offers until aquactl undrain */
         _AQUA_OUTCOME_MAX,
 };
 
@@ -198,7 +199,9 @@ AQUA_API int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret);
  * never touches it. On a partial allocation (the GPU ran out of memory), what was allocated is
  * offered. *ret_offered (may be NULL) receives the bytes actually offered.
  * Errors: -EPERM (not a producer), -ENOMEM (not one chunk could be allocated), AQUA_LIMIT,
- * -ENOTCONN (no daemon), -ETIMEDOUT, -ENOKEY (fabric memory not permitted: no IMEX channel).
+ * AQUA_DRAINING (an operator drained this GPU: nothing is offered until `aquactl undrain`; the
+ * drain outlives this context), -ENOTCONN (no daemon), -ETIMEDOUT, -ENOKEY (fabric memory not
+ * permitted: no IMEX channel).
  */
 AQUA_API int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered);
 
