@@ -1,6 +1,8 @@
 #!/bin/sh
 # The shipped configurations load with aquad's own schema: the default aquad.yaml, the same with
-# every commented key switched on, and the ConfigMap inside the Kubernetes manifest.
+# every commented key switched on, and the ConfigMap inside the Kubernetes manifest (with what
+# the manifest around it needs: a metrics address Prometheus can scrape, the privileged
+# Pod Security level for its namespace).
 # Usage: test-config.sh AQUAD AQUAD_YAML K8S_MANIFEST
 set -eu
 
@@ -54,5 +56,18 @@ if [ ! -s "$dir/k8s.yaml" ]; then
         failed=1
 else
         check "$dir/k8s.yaml" "the Kubernetes ConfigMap"
+        # Prometheus scrapes the pod's address (the node's, with hostNetwork) at the annotated
+        # port: the metrics address must be that port on every address, not the loopback.
+        port=$(sed -n 's/^ *prometheus.io\/port: "\([0-9]*\)"/\1/p' "$manifest")
+        metrics=$(sed -n 's/^metrics: *//p' "$dir/k8s.yaml")
+        if [ -n "$port" ] && [ "$metrics" != "0.0.0.0:$port" ]; then
+                echo "FAIL: the pod is scraped at port $port but the ConfigMap binds metrics: $metrics"
+                failed=1
+        fi
+fi
+# hostIPC, hostPID, hostNetwork and hostPath volumes: only the privileged Pod Security level.
+if ! grep -q '^    pod-security.kubernetes.io/enforce: privileged$' "$manifest"; then
+        echo "FAIL: the namespace of $manifest is not labelled pod-security.kubernetes.io/enforce: privileged"
+        failed=1
 fi
 exit $failed

@@ -5,7 +5,8 @@
 #   exe:PATH            an executable regular file
 #   file:PATH           a regular file
 #   same:PATH:SOURCE    a regular file with exactly SOURCE's content
-#   unit:PATH:PROGRAM   a systemd unit whose ExecStart runs PROGRAM
+#   unit:PATH:PROGRAM   a systemd unit whose ExecStart runs PROGRAM and whose file://
+#                       Documentation= is installed
 #   lib:PATH:SONAME     a shared library whose SONAME is SONAME, installed under that name too
 #   link:PCDIR:NAME     a program built against the staged tree through NAME.pc in PCDIR (with
 #                       $CC $CFLAGS and pkg-config) runs and prints aqua_version(): header, .pc
@@ -61,6 +62,13 @@ for check in "$@"; do
                 elif grep -q '@[a-z]*@' "$f"; then
                         fail "$path: unsubstituted placeholders: $(grep -o '@[a-z]*@' "$f" | sort -u | tr '\n' ' ')"
                 fi
+                # What Documentation= points to in the installed tree must be there.
+                for doc in $(sed -n 's|^Documentation=||p' "$f" 2>/dev/null); do
+                        case $doc in
+                        file://*) [ -f "$destdir${doc#file://}" ] ||
+                                fail "$path: Documentation=$doc is not installed" ;;
+                        esac
+                done
                 ;;
         lib)
                 soname=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
