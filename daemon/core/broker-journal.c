@@ -317,6 +317,7 @@ int broker_commit(struct broker *p)
                 fold_queued_ops(p);
                 return r;
         }
+        p->stats.journal_commits++;
         if (p->journal_error)
                 log_notice("The journal can be written again");
         p->journal_error = 0;

@@ -240,6 +240,7 @@ struct broker_stats {
         uint64_t leases_lost;
         uint64_t chunks_offered;
         uint64_t journal_errors;
+        uint64_t journal_commits; /* records written: one write and one fdatasync each */
         uint64_t compaction_failures;
         uint64_t scrubs_requested; /* chunks producers were asked to scrub */
         uint64_t chunks_scrubbed;

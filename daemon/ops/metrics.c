@@ -117,6 +117,10 @@ static void render_pool(struct prom_text *t, struct broker *p)
         counter(t, "aqua_leases_lost_total", "Leases that could not be reconciled after a restart.",
                 p->stats.leases_lost);
         counter(t, "aqua_journal_errors_total", "Failed journal writes.", p->stats.journal_errors);
+        counter(t, "aqua_journal_commits_total",
+                "Journal records written (one write and one fdatasync each; one per turn of "
+                "aquad's loop that changed state).",
+                p->stats.journal_commits);
         counter(t, "aqua_journal_compaction_failures_total", "Failed journal compactions.",
                 p->stats.compaction_failures);
         gauge(t, "aqua_degraded",
@@ -169,8 +173,9 @@ static const struct {
                         "Chunk migrations, as the client reports them."},
     [GPU_MOVED] = {"aqua_gpu_moved_bytes_total", "counter",
                    "Bytes migrated, as the client reports them."},
-    [GPU_RECLAIM_RETURNED] = {"aqua_gpu_reclaim_returned_chunks_total", "counter",
-                              "Chunks this consumer returned in answer to reclaims (aquad's count)."},
+    [GPU_RECLAIM_RETURNED] =
+        {"aqua_gpu_reclaim_returned_chunks_total", "counter",
+         "Chunks this consumer returned in answer to reclaims (aquad's count)."},
     [GPU_RECLAIM_RETURNED_BYTES] = {"aqua_gpu_reclaim_returned_bytes_total", "counter",
                                     "Bytes of the chunks this consumer returned in answer to "
                                     "reclaims (aquad's count)."},
@@ -296,6 +301,9 @@ static void render_server(struct prom_text *t, struct server *s)
                 s->stats.refused);
         counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
                 s->stats.send_dropped);
+        counter(t, "aqua_custody_undelivered_total",
+                "Grants and offers taken back because their reply could not be sent.",
+                s->stats.custody_undelivered);
         counter(t, "aqua_side_channels_evicted_total",
                 "Side channels closed before their Hello to make room for new ones.",
                 s->stats.evicted);

@@ -111,7 +111,6 @@ int server_reload(struct server *s, char *err, size_t err_len, char *kept_out,
         if (server_apply_pins(s) < 0 || broker_repair(s->broker) < 0)
                 log_error("Out of memory applying the pairs of the new configuration");
         log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
-        server_flush_notices(s);
         events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
                    kept);
         log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "

@@ -236,8 +236,8 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         ptrs = m.ptrs = calloc(MAX(n, 1), sizeof(void *));
         if (!ptrs) {
                 reply_mem_free(&m);
-                server_send_error(s, c->routing_id, c->routing_id_len, e->request_id, E(INTERNAL),
-                                  "admin-query: out of memory");
+                server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id, E(INTERNAL),
+                                   "admin-query: out of memory");
                 return;
         }
         ar.truncated = n < total;
@@ -267,7 +267,7 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
                 n /= 2;
                 ar.truncated = true;
         }
-        server_send(s, c, &r);
+        server_queue(s, c, &r);
         reply_mem_free(&m);
 }
 
@@ -280,8 +280,7 @@ static void ack(struct server *s, struct client *c, uint64_t request_id, const c
         r.body_case = AQUA__ENVELOPE__BODY_ACK;
         r.ack = &a;
         r.request_id = request_id;
-        server_send(s, c, &r);
-        server_flush_notices(s);
+        server_queue(s, c, &r);
 }
 
 void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
@@ -296,9 +295,10 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 return;
         }
         if (!client_is_admin(s, c)) {
-                server_send_error(s, c->routing_id, c->routing_id_len, e->request_id, E(PERMISSION),
-                                  "%s: uid %u gid %u is not in the admin allow list",
-                                  wire_body_name(e), c->cred.uid, c->cred.gid);
+                server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id,
+                                   E(PERMISSION),
+                                   "%s: uid %u gid %u is not in the admin allow list",
+                                   wire_body_name(e), c->cred.uid, c->cred.gid);
                 return;
         }
         switch (e->body_case) {
@@ -318,8 +318,8 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 code = translate_outcome(broker_unpin(s->broker, e->admin_unpair->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_UNDRAIN:
-                code = translate_outcome(
-                    broker_admin_undrain(s->broker, e->admin_undrain->gpu, err));
+                code =
+                    translate_outcome(broker_admin_undrain(s->broker, e->admin_undrain->gpu, err));
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
                 code = translate_outcome(broker_admin_release(
@@ -352,10 +352,9 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 break;
         }
         if (code != 0) {
-                server_flush_notices(s);
-                server_send_error(s, c->routing_id, c->routing_id_len, e->request_id,
-                                  code < 0 ? E(INTERNAL) : code, "%s",
-                                  code < 0 ? "out of memory" : err);
+                server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id,
+                                   code < 0 ? E(INTERNAL) : code, "%s",
+                                   code < 0 ? "out of memory" : err);
                 return;
         }
         log_notice("Admin request %s from uid %u (pid %d) done", wire_body_name(e), c->cred.uid,

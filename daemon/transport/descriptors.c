@@ -80,8 +80,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 s->stats.fds_refused += n_fds;
                 side_close_fds(fds, n_fds);
                 if (p->env && c->routing_id_len)
-                        client_send_error(s, c, p->request_id, E(LIMIT), wire_body_name(p->env),
-                                          "more descriptors than aquad may hold now");
+                        client_queue_error(s, c, p->request_id, E(LIMIT), wire_body_name(p->env),
+                                           "more descriptors than aquad may hold now");
                 else
                         log_debug("Client %" PRIu64 ": descriptors refused over its budget", c->id);
                 client_free_pending(c, p);
@@ -93,8 +93,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                          need);
                 side_close_fds(fds, n_fds);
                 if (p->env && c->routing_id_len)
-                        client_send_error(s, c, p->request_id, E(SIDE_CHANNEL),
-                                          wire_body_name(p->env), msg);
+                        client_queue_error(s, c, p->request_id, E(SIDE_CHANNEL),
+                                           wire_body_name(p->env), msg);
                 else
                         log_notice("Client %" PRIu64 ": %s", c->id, msg);
                 client_free_pending(c, p);
@@ -127,8 +127,8 @@ void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns)
                         snprintf(msg, sizeof(msg),
                                  "%zu of %zu descriptors arrived on the side channel in time",
                                  p->n_fds, pending_fds_needed(p->env));
-                        client_send_error(s, c, p->request_id, E(SIDE_CHANNEL),
-                                          wire_body_name(p->env), msg);
+                        client_queue_error(s, c, p->request_id, E(SIDE_CHANNEL),
+                                           wire_body_name(p->env), msg);
                 } else
                         log_notice("Client %" PRIu64 ": descriptors for request %" PRIu64
                                    " came without a request; closed",

@@ -39,33 +39,33 @@ static int reply_failure(struct server *s, struct client *c, uint64_t request_id
                          const char *what, const char *err)
 {
         if (code < 0)
-                return client_send_error(s, c, request_id, E(INTERNAL), what, "out of memory");
-        return client_send_error(s, c, request_id, code, NULL, err);
+                return client_queue_error(s, c, request_id, E(INTERNAL), what, "out of memory");
+        return client_queue_error(s, c, request_id, code, NULL, err);
 }
 
 static void reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
 {
         e->request_id = request_id;
-        server_send(s, c, e);
-        server_flush_notices(s);
+        server_queue(s, c, e);
 }
 
 /*
  * Acknowledged means durable: a change that hands out custody (an offer taken, a grant) is
- * committed before its reply, and refused when its record cannot be written (the caller undoes
- * it). Returns whether the journal holds it; the client has had its error otherwise.
+ * recorded with its reply and undone if the turn's commit is refused (turn.c). While the
+ * journal cannot be written such changes are refused at once; returns whether that is so (the
+ * client has had its error then).
  */
-static bool commit_or_refuse(struct server *s, struct client *c, uint64_t request_id,
+static bool refused_degraded(struct server *s, struct client *c, uint64_t request_id,
                              const char *what)
 {
         char why[160];
 
-        if (broker_commit(s->broker) == 0)
-                return true;
-        client_send_error(s, c, request_id, E(JOURNAL), what,
-                          broker_degraded(s->broker, why, sizeof(why))
-                              ?: "the journal cannot be written");
-        return false;
+        if (!s->broker->journal_error)
+                return false;
+        client_queue_error(s, c, request_id, E(JOURNAL), what,
+                           broker_degraded(s->broker, why, sizeof(why))
+                               ?: "the journal cannot be written");
+        return true;
 }
 
 static void reply_ack(struct server *s, struct client *c, uint64_t request_id)
@@ -104,11 +104,11 @@ static bool take_credit(struct server *s, struct client *c, uint64_t request_id)
                 return true;
         }
         s->stats.throttled++;
-        server_send_error(s, c->routing_id, c->routing_id_len, request_id, E(THROTTLED),
-                          "over %" PRId64 " requests per second (bursts of %" PRId64
-                          "); retry in %.0f ms",
-                          l->request_rate, l->request_burst,
-                          ceil((1.0 - c->credit) * 1e3 / (double)l->request_rate));
+        server_queue_error(s, c->routing_id, c->routing_id_len, request_id, E(THROTTLED),
+                           "over %" PRId64 " requests per second (bursts of %" PRId64
+                           "); retry in %.0f ms",
+                           l->request_rate, l->request_burst,
+                           ceil((1.0 - c->credit) * 1e3 / (double)l->request_rate));
         return false;
 }
 
@@ -267,13 +267,11 @@ static void finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, 
         side_close_fds(fds, n_fds); /* those the pool did not take */
         if (code < 0) {
                 log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
-                server_flush_notices(s);
-                client_send_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
+                client_queue_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
                 return;
         }
         if (code > 0) {
-                server_flush_notices(s);
-                client_send_error(s, c, e->request_id, code, NULL, err);
+                client_queue_error(s, c, e->request_id, code, NULL, err);
                 return;
         }
         c->registered = true;
@@ -314,19 +312,19 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
         struct side_cred peer;
 
         if (!c) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "%s: unknown token; connect the side channel at %s and send "
-                                  "the token it gives",
-                                  wire_body_name(e), s->config->side_socket);
+                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                   "%s: unknown token; connect the side channel at %s and send "
+                                   "the token it gives",
+                                   wire_body_name(e), s->config->side_socket);
                 return NULL;
         }
         if (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
                 s->stats.hijacks++;
                 log_notice("%s from pid %d with the token of pid %d's side channel; refused",
                            wire_body_name(e), (int)peer.pid, (int)c->cred.pid);
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "%s: the token belongs to another process's side channel",
-                                  wire_body_name(e));
+                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                   "%s: the token belongs to another process's side channel",
+                                   wire_body_name(e));
                 return NULL;
         }
         return c;
@@ -345,20 +343,20 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
         struct client *c;
 
         if (h->role != AQUA__ROLE__ROLE_ADMIN && !h->fabric_handles) {
-                server_send_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
-                                  "hello: as %s over tcp://: a client on another host may only "
-                                  "register as admin (the control path) unless it passes fabric "
-                                  "handles (Hello.fabric_handles); descriptors need the local "
-                                  "side channel",
-                                  role_name(h->role));
+                server_queue_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
+                                   "hello: as %s over tcp://: a client on another host may only "
+                                   "register as admin (the control path) unless it passes fabric "
+                                   "handles (Hello.fabric_handles); descriptors need the local "
+                                   "side channel",
+                                   role_name(h->role));
                 return;
         }
         /* Its HelloHeld parts came first on this connection: the same client. */
         c = server_find_by_routing(s, rid, rlen);
         if (c && (!c->remote || c->registered || !s->request_key ||
                   strcmp(c->remote_key, s->request_key) != 0)) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "hello: this routing id belongs to another client");
+                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                   "hello: this routing id belongs to another client");
                 return;
         }
         if (!c)
@@ -391,8 +389,8 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
         if (c && c->registered) {
                 if (!take_credit(s, c, e->request_id))
                         goto done;
-                server_send_error(s, rid, rlen, e->request_id, E(INVALID),
-                                  "hello: already registered as client %" PRIu64, c->id);
+                server_queue_error(s, rid, rlen, e->request_id, E(INVALID),
+                                   "hello: already registered as client %" PRIu64, c->id);
                 goto done;
         }
         if (s->request_remote && h->token.len == 0) {
@@ -429,15 +427,15 @@ static void handle_hello(struct server *s, const void *rid, size_t rlen, Aqua__E
                 goto done;
         }
         if (p && (p->env || p->n_fds > need)) {
-                client_send_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
-                                  p->env ? "request id already waiting"
-                                         : "more descriptors than held chunks");
+                client_queue_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
+                                   p->env ? "request id already waiting"
+                                          : "more descriptors than held chunks");
                 client_free_pending(c, p);
                 goto done;
         }
         if (!p && !(p = pending_add(s, c, e->request_id))) {
-                client_send_error(s, c, e->request_id, E(THROTTLED), "hello",
-                                  "too many requests waiting for descriptors");
+                client_queue_error(s, c, e->request_id, E(THROTTLED), "hello",
+                                   "too many requests waiting for descriptors");
                 goto done;
         }
         p->env = TAKE_PTR(e);
@@ -458,8 +456,8 @@ static struct client *remote_part_owner(struct server *s, const void *rid, size_
 
         if (c && (!c->remote || c->registered || !s->request_key ||
                   strcmp(c->remote_key, s->request_key) != 0)) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "hello_held: this routing id belongs to another client");
+                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                   "hello_held: this routing id belongs to another client");
                 return NULL;
         }
         if (c)
@@ -499,12 +497,12 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
         if (!take_credit(s, c, e->request_id))
                 return;
         if (c->n_held + hh->n_held > max || s->n_held_parts + hh->n_held > 2 * max) {
-                server_send_error(s, rid, rlen, e->request_id, E(LIMIT),
-                                  c->n_held + hh->n_held > max
-                                      ? "hello_held: more than the pool's %" PRIu64 " chunks"
-                                      : "hello_held: clients re-registering now hold more than "
-                                        "twice the pool's %" PRIu64 " chunks; try again",
-                                  max);
+                server_queue_error(s, rid, rlen, e->request_id, E(LIMIT),
+                                   c->n_held + hh->n_held > max
+                                       ? "hello_held: more than the pool's %" PRIu64 " chunks"
+                                       : "hello_held: clients re-registering now hold more than "
+                                         "twice the pool's %" PRIu64 " chunks; try again",
+                                   max);
                 client_free_held(s, c);
                 return;
         }
@@ -512,13 +510,13 @@ static void handle_hello_held(struct server *s, const void *rid, size_t rlen,
                 if (fabric_handle_check(hh->held[i]->fabric_handle.len,
                                         c->remote && hh->held[i]->fabric_handle.len,
                                         "hello_held: held chunk", i, err) != 0) {
-                        server_send_error(s, rid, rlen, e->request_id, E(INVALID), "%s", err);
+                        server_queue_error(s, rid, rlen, e->request_id, E(INVALID), "%s", err);
                         client_free_held(s, c);
                         return;
                 }
         a = reallocarray(c->held, c->n_held + hh->n_held + 1, sizeof(*a));
         if (!a) {
-                server_send_error(s, rid, rlen, e->request_id, E(INTERNAL), "out of memory");
+                server_queue_error(s, rid, rlen, e->request_id, E(INTERNAL), "out of memory");
                 return;
         }
         c->held = a;
@@ -574,10 +572,11 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         _cleanup_free_ uint8_t *fabrics =
             c->remote ? calloc(n + 1, BROKER_FABRIC_HANDLE_SIZE) : NULL;
         char err[BROKER_ERR_MAX];
+        _cleanup_free_ struct turn_change *k = calloc(1, sizeof(*k));
         int code = 0;
 
-        if (!sizes || !refs || !ids || (c->remote && !fabrics)) {
-                client_send_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+        if (!sizes || !refs || !ids || (c->remote && !fabrics) || !k) {
+                client_queue_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
                 return;
         }
         for (size_t i = 0; i < n && code == 0; i++) {
@@ -596,7 +595,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
                 reply_failure(s, c, e->request_id, code, "offer", err);
                 return;
         }
-        if (!commit_or_refuse(s, c, e->request_id, "offer")) {
+        if (refused_degraded(s, c, e->request_id, "offer")) {
                 broker_undo_offer(s->broker, ids, n);
                 return;
         }
@@ -605,7 +604,18 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         o.n_chunk_ids = n;
         r.body_case = AQUA__ENVELOPE__BODY_OFFER_REPLY;
         r.offer_reply = &o;
-        reply(s, c, e->request_id, &r);
+        r.request_id = e->request_id;
+        k->kind = CUSTODY_OFFER;
+        k->ids = ids;
+        k->n = n;
+        if (server_queue_custody(s, c, &r, k) < 0) {
+                broker_undo_offer(s->broker, ids, n);
+                client_queue_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+                return;
+        }
+        /* The turn has them now. */
+        ids = NULL;
+        k = NULL;
         /* A consumer may have been waiting for exactly this memory: nothing to do, it asks. */
 }
 
@@ -619,8 +629,10 @@ void dispatch_complete(struct server *s, struct client *c, struct pending *p)
         client_free_pending(c, p);
         if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
                 finish_offer(s, c, e, fds, n);
-        else
+        else {
+                server_turn_barrier(s);
                 finish_hello(s, c, e, fds, n);
+        }
         side_close_fds(fds, n);
         free(fds);
         aqua__envelope__free_unpacked(e, NULL);
@@ -633,7 +645,7 @@ static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
         size_t need = e->offer->n_chunks;
 
         if (need == 0) {
-                client_send_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
+                client_queue_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
                 goto done;
         }
         /* Fabric handles came in the message: nothing to wait for. */
@@ -642,20 +654,20 @@ static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
                 goto done;
         }
         if (p && p->env) {
-                client_send_error(s, c, e->request_id, E(INVALID), "offer",
-                                  "a request with this id is already waiting for descriptors");
+                client_queue_error(s, c, e->request_id, E(INVALID), "offer",
+                                   "a request with this id is already waiting for descriptors");
                 goto done;
         }
         if (p && p->n_fds > need) {
                 char msg[96];
                 snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds, need);
-                client_send_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
+                client_queue_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
                 client_free_pending(c, p);
                 goto done;
         }
         if (!p && !(p = pending_add(s, c, e->request_id))) {
-                client_send_error(s, c, e->request_id, E(THROTTLED), "offer",
-                                  "too many requests waiting for descriptors");
+                client_queue_error(s, c, e->request_id, E(THROTTLED), "offer",
+                                   "too many requests waiting for descriptors");
                 goto done;
         }
         p->env = TAKE_PTR(e);
@@ -668,33 +680,6 @@ done:
 
 /* ------------------------------------------------------------------------------ borrow */
 
-static int send_grant_fds(struct server *s, struct client *c, struct lease *l)
-{
-        uint64_t ids[SIDE_MAX_FDS];
-        int fds[SIDE_MAX_FDS];
-        struct list_node *pos = l->chunks.next;
-
-        while (pos != &l->chunks) {
-                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
-                size_t n = 0;
-                int r;
-
-                for (; pos != &l->chunks && n < SIDE_MAX_FDS; pos = pos->next, n++) {
-                        struct chunk *ch = list_entry(pos, struct chunk, lease_node);
-                        ids[n] = ch->id;
-                        fds[n] = ch->fd;
-                }
-                f.kind = AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
-                f.lease_id = l->id;
-                f.chunk_ids = ids;
-                f.n_chunk_ids = n;
-                r = side_send(c->side_fd, &f, fds, n);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
-}
-
 static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         const Aqua__Borrow *b = e->borrow;
@@ -702,35 +687,33 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         Aqua__Grant g = AQUA__GRANT__INIT;
         _cleanup_free_ Aqua__GrantedChunk *chunks = NULL;
         _cleanup_free_ Aqua__GrantedChunk **ptrs = NULL;
+        _cleanup_free_ struct turn_change *k = calloc(1, sizeof(*k));
         struct broker_grant pg;
         char err[BROKER_ERR_MAX];
         size_t i = 0;
         int code;
 
+        if (!k) {
+                client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow", "out of memory");
+                return;
+        }
         code = translate_outcome(
             broker_borrow(s->broker, c->gpu, b->bytes, b->min_bytes, b->allow_dram, &pg, err));
         if (code != 0) {
                 reply_failure(s, c, e->request_id, code, "borrow", err);
                 return;
         }
-        if (!commit_or_refuse(s, c, e->request_id, "borrow")) {
+        if (refused_degraded(s, c, e->request_id, "borrow")) {
                 broker_undo_grant(s->broker, c->gpu, &pg);
                 return;
         }
         if (pg.lease) {
                 chunks = calloc(pg.lease->n_chunks, sizeof(*chunks));
                 ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
-                code = !chunks || !ptrs ? -ENOMEM : c->remote ? 0 : send_grant_fds(s, c, pg.lease);
-                if (code < 0) {
-                        char msg[160];
-                        snprintf(msg, sizeof(msg),
-                                 "could not pass the descriptors of lease %" PRIu64 ": %s",
-                                 pg.lease->id, strerror(-code));
+                if (!chunks || !ptrs) {
                         broker_undo_grant(s->broker, c->gpu, &pg);
-                        client_send_error(s, c, e->request_id,
-                                          code == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL),
-                                          "borrow", msg);
-                        server_flush_notices(s);
+                        client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow",
+                                           "out of memory");
                         return;
                 }
                 for (struct list_node *n = pg.lease->chunks.next; n != &pg.lease->chunks;
@@ -753,7 +736,16 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         g.partial = pg.partial;
         r.body_case = AQUA__ENVELOPE__BODY_GRANT;
         r.grant = &g;
-        reply(s, c, e->request_id, &r);
+        r.request_id = e->request_id;
+        /* Its descriptors leave on the side channel just before it, after the turn's commit. */
+        k->kind = CUSTODY_GRANT;
+        k->grant = pg;
+        if (server_queue_custody(s, c, &r, k) < 0) {
+                broker_undo_grant(s->broker, c->gpu, &pg);
+                client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow", "out of memory");
+                return;
+        }
+        k = NULL;
 }
 
 /* ------------------------------------------------------------------------------ the rest */
@@ -777,7 +769,6 @@ static void handle_return(struct server *s, struct client *c, const Aqua__Envelo
                                      rt->n_chunk_ids, rt->dram_bytes, &returned, err);
         code = translate_outcome(code);
         if (code != 0) {
-                server_flush_notices(s);
                 reply_failure(s, c, e->request_id, code, "return", err);
                 return;
         }
@@ -882,9 +873,21 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
 
         r = wire_decode(data, size, &s->limits, &e, err, sizeof(err));
         if (r != 0) {
-                server_send_error(s, rid, rlen, 0, r < 0 ? E(INTERNAL) : wire_error_code(r), "%s",
-                                  r < 0 ? "out of memory decoding" : err);
+                server_queue_error(s, rid, rlen, 0, r < 0 ? E(INTERNAL) : wire_error_code(r), "%s",
+                                   r < 0 ? "out of memory decoding" : err);
                 return;
+        }
+        /* Only more custody changes may join a turn that holds some (turn.c). */
+        switch (e->body_case) {
+        case AQUA__ENVELOPE__BODY_OFFER:
+        case AQUA__ENVELOPE__BODY_BORROW:
+        case AQUA__ENVELOPE__BODY_LOAD:
+        case AQUA__ENVELOPE__BODY_KEEPALIVE:
+        case AQUA__ENVELOPE__BODY_HELLO_HELD:
+                break;
+        default:
+                server_turn_barrier(s);
+                break;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
                 handle_hello(s, rid, rlen, e);
@@ -896,17 +899,17 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         }
         c = server_find_by_routing(s, rid, rlen);
         if (!c || !c->registered) {
-                server_send_error(s, rid, rlen, e->request_id, E(NOT_REGISTERED),
-                                  "%s before a successful Hello", wire_body_name(e));
+                server_queue_error(s, rid, rlen, e->request_id, E(NOT_REGISTERED),
+                                   "%s before a successful Hello", wire_body_name(e));
                 goto done;
         }
         /* A routing id is the peer's to choose: a remote client's is only its own while the
          * same CURVE identity sends it. */
         if (c->remote &&
             (!s->request_remote || !s->request_key || strcmp(s->request_key, c->remote_key) != 0)) {
-                server_send_error(s, rid, rlen, e->request_id, E(PERMISSION),
-                                  "%s: this routing id belongs to another client",
-                                  wire_body_name(e));
+                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                                   "%s: this routing id belongs to another client",
+                                   wire_body_name(e));
                 goto done;
         }
         if (c->remote)
@@ -914,9 +917,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         if (!take_credit(s, c, e->request_id))
                 goto done;
         if (!role_allows(c, e->body_case, &need)) {
-                server_send_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
-                                  "%s: needs a %s, this client registered as %s", wire_body_name(e),
-                                  need, role_name(c->role));
+                server_queue_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
+                                   "%s: needs a %s, this client registered as %s",
+                                   wire_body_name(e), need, role_name(c->role));
                 goto done;
         }
         switch (e->body_case) {
@@ -955,8 +958,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 admin_handle(s, c, e);
                 break;
         default:
-                server_send_error(s, rid, rlen, e->request_id, E(INVALID),
-                                  "%s is not a request a client sends", wire_body_name(e));
+                server_queue_error(s, rid, rlen, e->request_id, E(INVALID),
+                                   "%s is not a request a client sends", wire_body_name(e));
                 break;
         }
 done:

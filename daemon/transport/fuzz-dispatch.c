@@ -144,6 +144,18 @@ static void add_clients(void)
         }
 }
 
+/* What the daemon sends goes nowhere but must encode as a message its peers would read. */
+static int sink(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len)
+{
+        Aqua__Envelope *e = aqua__envelope__unpack(NULL, len, buf);
+
+        (void)s;
+        if (!e || rlen != FUZZ_ROUTING_LEN)
+                die("the daemon sent what does not decode", NULL);
+        aqua__envelope__free_unpacked(e, NULL);
+        return 0;
+}
+
 static void setup(void)
 {
         _cleanup_(config_freep) struct config *cfg = NULL;
@@ -184,6 +196,7 @@ static void setup(void)
         if (r < 0)
                 die("cannot start the server", strerror(-r));
         cfg = NULL;
+        srv->sink = sink;
         /* The server blocks these for its signalfd; the fuzzer wants them back. */
         sigemptyset(&mask);
         sigaddset(&mask, SIGTERM);
@@ -259,6 +272,7 @@ static void reset(void)
 /* The client's process ends: what server.c does on EOF, but the client connects again. */
 static void kill_client(struct client *c)
 {
+        server_turn_barrier(srv);
         while (!list_empty(&c->pending))
                 client_free_pending(c, list_entry(c->pending.next, struct pending, node));
         if (c->gpu)
@@ -267,7 +281,7 @@ static void kill_client(struct client *c)
         c->registered = false;
         c->routing_id_len = 0;
         c->role = 0;
-        server_flush_notices(srv);
+        server_end_turn(srv);
 }
 
 /* Read what the daemon sent on the side channels, closing the descriptors as a client would. */
@@ -307,10 +321,11 @@ static void time_passes(uint64_t ns)
 {
         uint64_t now = now_mono_ns() + ns;
 
+        server_turn_barrier(srv);
         broker_tick(srv->broker, now);
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
                 dispatch_expire(srv, fake[i], now);
-        server_flush_notices(srv);
+        server_end_turn(srv);
 }
 
 static void check(const char *when)
@@ -360,6 +375,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         break;
                 }
                 data += len, size -= len;
+                /* An envelope with bit 7 set leaves its turn open for the next record. */
+                if (!(op == FUZZ_OP_ENVELOPE && (h & 0x80)))
+                        server_end_turn(srv);
                 drain();
                 check("after a record");
         }

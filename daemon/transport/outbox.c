@@ -104,7 +104,7 @@ static bool send_notice(struct server *s, struct client *c, struct notice *m)
                 pc.paired_with = m->text ? m->text : "";
                 e.body_case = AQUA__ENVELOPE__BODY_PAIR_CHANGED;
                 e.pair_changed = &pc;
-                return server_send(s, c, &e) == 0;
+                return server_send_now(s, c, &e) == 0;
         default:
                 return true;
         }
@@ -115,7 +115,7 @@ static bool send_notice(struct server *s, struct client *c, struct notice *m)
 
                 *ids = m->chunk_ids;
                 *n_ids = k;
-                r = server_send(s, c, &e);
+                r = server_send_now(s, c, &e);
                 if (r < 0)
                         return false;
                 if (m->kind == NOTICE_RECLAIM)
@@ -151,11 +151,10 @@ void server_outbox_clear(struct server *s, struct client *c)
         c->n_outbox = 0;
 }
 
-void server_flush_notices(struct server *s)
+void server_stage_notices(struct server *s)
 {
         struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
 
-        (void)broker_commit(s->broker);
         broker_take_notices(s->broker, &list);
         list_for_each(pos, tmp, &list)
         {
@@ -168,12 +167,14 @@ void server_flush_notices(struct server *s)
                 else
                         notice_free(m);
         }
+}
+
+void server_flush_outboxes(struct server *s)
+{
         /* Most of the time every outbox is empty: no need to look at each client. */
         for (struct list_node *n = s->clients.next; s->n_outbox && n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
                 if (c->n_outbox)
                         outbox_flush(s, c);
         }
-        /* Deliveries start deadlines, which are journaled. */
-        (void)broker_commit(s->broker);
 }

@@ -213,21 +213,22 @@ struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
         rc = config_remote_find_text(s->config, s->request_key);
         if (!rc) {
                 /* Plain tcp (plain-tcp: true), or a key a reload has removed since. */
-                server_send_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_PERMISSION,
-                                  "hello: no token and no CURVE identity in remote.clients: over "
-                                  "plain tcp a client needs the local side channel's token");
+                server_queue_error(s, rid, rlen, request_id,
+                                   AQUA__ERROR_CODE__ERROR_CODE_PERMISSION,
+                                   "hello: no token and no CURVE identity in remote.clients: over "
+                                   "plain tcp a client needs the local side channel's token");
                 return NULL;
         }
         if ((int64_t)s->n_clients >= s->config->limits.clients) {
-                server_send_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_LIMIT,
-                                  "hello: the limit of %" PRId64 " clients is reached",
-                                  s->config->limits.clients);
+                server_queue_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_LIMIT,
+                                   "hello: the limit of %" PRId64 " clients is reached",
+                                   s->config->limits.clients);
                 return NULL;
         }
         c = calloc(1, sizeof(*c));
         if (!c) {
-                server_send_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_INTERNAL,
-                                  "hello: out of memory");
+                server_queue_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_INTERNAL,
+                                   "hello: out of memory");
                 return NULL;
         }
         c->side_fd = -1;

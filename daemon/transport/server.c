@@ -36,65 +36,6 @@
 /* Repeated conditions (descriptors out, evictions) are logged at most this often. */
 #define LOG_INTERVAL_NS (10 * NSEC_PER_SEC)
 
-/* ------------------------------------------------------------------------------ sending */
-
-int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e)
-{
-        _cleanup_free_ void *buf = NULL;
-        size_t n;
-        int r;
-
-        /* Nothing leaves before the state it acknowledges is on disk. */
-        (void)broker_commit(s->broker);
-        r = wire_encode(e, &buf, &n);
-        if (r < 0)
-                return r;
-        if (zmq_send(s->router, routing_id, len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-            zmq_send(s->router, buf, n, ZMQ_DONTWAIT) < 0) {
-                s->stats.send_dropped++;
-                log_debug("Dropped a %s message: %s", wire_body_name(e), zmq_strerror(errno));
-                return -errno;
-        }
-        return 0;
-}
-
-int server_send(struct server *s, struct client *c, Aqua__Envelope *e)
-{
-        if (!c || !c->routing_id_len)
-                return -ENOTCONN;
-        return server_send_to(s, c->routing_id, c->routing_id_len, e);
-}
-
-int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
-                      int code, const char *fmt, ...)
-{
-        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
-        Aqua__Error err = AQUA__ERROR__INIT;
-        char msg[512];
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        s->stats.errors++;
-        if (code >= 0 && (size_t)code < ARRAY_SIZE(s->stats.errors_by_code))
-                s->stats.errors_by_code[code]++;
-        log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
-        err.code = code;
-        err.message = msg;
-        e.request_id = request_id;
-        e.body_case = AQUA__ENVELOPE__BODY_ERROR;
-        e.error = &err;
-        return server_send_to(s, routing_id, len, &e);
-}
-
-int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
-                      const char *what, const char *err)
-{
-        return server_send_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
-                                 what ? what : "", what ? ": " : "", err);
-}
-
 /* ------------------------------------------------------------------------------ clients */
 
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len)
@@ -154,6 +95,8 @@ void client_free_held(struct server *s, struct client *c)
 
 static void client_free(struct server *s, struct client *c)
 {
+        /* Its custody changes of this turn are settled (and their replies sent) first. */
+        server_turn_barrier(s);
         server_outbox_clear(s, c);
         client_free_held(s, c);
         while (!list_empty(&c->pending))
@@ -172,7 +115,6 @@ static void client_free(struct server *s, struct client *c)
         s->n_clients--;
         safe_close(c->side_fd);
         free(c);
-        server_flush_notices(s);
 }
 
 #define REJECT(name) AQUA__SIDE_FRAME__REJECT_REASON__REJECT_REASON_##name
@@ -476,10 +418,10 @@ static void read_router(struct server *s)
                 }
                 s->stats.requests++;
                 if (frames > 2 || zmq_msg_size(&id) > CLIENT_MAX_ROUTING)
-                        server_send_error(s, zmq_msg_data(&id), zmq_msg_size(&id), 0,
-                                          AQUA__ERROR_CODE__ERROR_CODE_MALFORMED,
-                                          "a message of %zu parts; send one Envelope per message",
-                                          frames - 1);
+                        server_queue_error(s, zmq_msg_data(&id), zmq_msg_size(&id), 0,
+                                           AQUA__ERROR_CODE__ERROR_CODE_MALFORMED,
+                                           "a message of %zu parts; send one Envelope per message",
+                                           frames - 1);
                 else {
                         /* Which connection it came on: a Hello is checked against it. */
                         struct sockaddr_storage sa;
@@ -516,6 +458,8 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
                 return -ENOMEM;
         s->side_fd = s->signal_fd = s->request_fd = s->side_lock_fd = s->ipc_lock_fd = -1;
         list_init(&s->clients);
+        list_init(&s->turn_out);
+        list_init(&s->turn_custody);
         s->next_client_id = 1;
         s->start_ns = now_mono_ns();
         s->config_path = strdup(config_path);
@@ -558,6 +502,8 @@ struct server *server_free(struct server *s)
 {
         if (!s)
                 return NULL;
+        if (s->turn_out.next)
+                server_turn_clear(s);
         while (!list_empty(&s->clients)) {
                 struct client *c = list_entry(s->clients.next, struct client, node);
                 /* Not a client death: their state stays in the journal for the next start. */
@@ -622,9 +568,9 @@ static void stop(struct server *s, const char *why)
         for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
                 if (c->registered)
-                        server_send(s, c, &e);
+                        server_queue(s, c, &e);
         }
-        (void)broker_commit(s->broker);
+        server_end_turn(s);
         /* Leave a compact journal for the next start. */
         if (s->broker->journal && broker_snapshot(s->broker, &snap) >= 0) {
                 int r = journal_compact(s->broker->journal, snap);
@@ -663,6 +609,7 @@ void server_drop_client(struct server *s, struct client *c)
 
 void server_detach_gpu(struct server *s, struct client *c)
 {
+        server_turn_barrier(s);
         if (c->gpu)
                 broker_gpu_detach(s->broker, c->gpu);
         c->gpu = NULL;
@@ -685,15 +632,12 @@ static bool remote_may_lapse(const struct client *c)
         return c->remote;
 }
 
-/* Degraded aquad tries its journal this often, so that it recovers with no request to prompt it. */
-#define JOURNAL_PROBE_NS NSEC_PER_SEC
-
 static uint64_t next_deadline(struct server *s)
 {
-        uint64_t next = s->broker->next_deadline_ns;
+        uint64_t next = s->broker->next_deadline_ns, turn = server_turn_deadline(s);
 
-        if (s->broker->journal_error && (!next || s->journal_probe_ns < next))
-                next = s->journal_probe_ns;
+        if (turn && (!next || turn < next))
+                next = turn;
 
         for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
@@ -717,11 +661,8 @@ static void expire(struct server *s, uint64_t now)
 {
         struct list_node *pos, *tmp;
 
+        server_turn_barrier(s);
         broker_tick(s->broker, now);
-        if (s->broker->journal_error && now >= s->journal_probe_ns) {
-                s->journal_probe_ns = now + JOURNAL_PROBE_NS;
-                (void)broker_commit(s->broker);
-        }
         list_for_each(pos, tmp, &s->clients)
         {
                 struct client *c = list_entry(pos, struct client, node);
@@ -768,7 +709,6 @@ static void expire(struct server *s, uint64_t now)
                 }
                 dispatch_expire(s, c, now);
         }
-        server_flush_notices(s);
 }
 
 int server_run(struct server *s)
@@ -871,6 +811,8 @@ int server_run(struct server *s)
                 if (items[0].revents)
                         read_router(s);
                 expire(s, now_mono_ns());
+                /* One commit for all of it, then what it says leaves. */
+                server_end_turn(s);
                 /* Scrapes are served between requests, from the state they left. */
                 if (s->metrics && ((metrics_item && items[metrics_item].revents) ||
                                    metrics_timeout_ms(s->metrics) == 0))

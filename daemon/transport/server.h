@@ -76,6 +76,11 @@ struct client {
         uint64_t side_malformed, side_malformed_unlogged, side_malformed_log_ns;
 };
 
+/* Where the end of a turn sends a message: the ROUTER unless a test or fuzzer says otherwise;
+ * 0 or a negative errno (-EAGAIN: the peer's high-water mark). */
+typedef int (*server_sink_fn)(struct server *s, const void *routing_id, size_t routing_len,
+                              const void *buf, size_t len);
+
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
 typedef void (*server_ready_fn)(struct server *s, void *userdata);
 
@@ -93,6 +98,7 @@ struct server_stats {
         uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
         uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
         uint64_t remote_refused;     /* tcp peers refused: unknown keys, failed handshakes */
+        uint64_t custody_undelivered; /* grants and offers taken back: their reply was not sent */
 };
 
 /* Connections the ROUTER's listeners may have queued (ZMQ_BACKLOG): fewer than the descriptors
@@ -141,9 +147,12 @@ struct server {
         server_ready_fn on_ready;
         void *ready_userdata;
         struct server_stats stats;
-        struct metrics *metrics;   /* NULL unless the config names a metrics address */
-        uint64_t journal_probe_ns; /* degraded: when to try the journal again */
-        size_t n_outbox;           /* notices waiting in all clients' outboxes */
+        struct metrics *metrics;       /* NULL unless the config names a metrics address */
+        uint64_t journal_probe_ns;     /* degraded: when to try the journal again */
+        struct list_node turn_out;     /* this turn's messages (turn.c), oldest first */
+        server_sink_fn sink;           /* NULL: the ROUTER */
+        struct list_node turn_custody; /* this turn's custody changes, oldest first */
+        size_t n_outbox;               /* notices waiting in all clients' outboxes */
         size_t n_held_parts;       /* HelloHeld entries kept for all clients before their Hello */
         uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
         uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
@@ -201,18 +210,49 @@ void server_handle_monitor(struct server *s);
 
 /* ------------------------------------------------------------ for dispatch.c and admin.c */
 
-/* Commit the journal, then send e to client c. */
-int server_send(struct server *s, struct client *c, Aqua__Envelope *e);
-/* Send to a routing id (a peer that may not be registered). */
-int server_send_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
-int server_send_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
-                      int code, const char *fmt, ...) _printf_(6, 7);
+/* turn.c: what a turn says waits until the turn's one commit (server_end_turn); nothing here
+ * touches the disk. Queue e to client c (-ENOTCONN before its Hello). */
+int server_queue(struct server *s, struct client *c, Aqua__Envelope *e);
+/* Queue to a routing id (a peer that may not be registered). */
+int server_queue_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
+int server_queue_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                       int code, const char *fmt, ...) _printf_(6, 7);
 /* An error to a client: "what: err", or err alone when what is NULL. */
-int client_send_error(struct server *s, struct client *c, uint64_t request_id, int code,
-                      const char *what, const char *err);
-/* outbox.c: commit, then put the notices the core queued into their clients' outboxes and
- * send what the ROUTER takes now. */
-void server_flush_notices(struct server *s);
+int client_queue_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                       const char *what, const char *err);
+
+/* A change that hands out custody, undone if its turn's commit is refused or its reply cannot
+ * be sent. The caller fills kind and what it handed out; server_queue_custody the rest. */
+enum custody_kind { CUSTODY_OFFER, CUSTODY_GRANT };
+struct turn_change {
+        struct list_node node;
+        enum custody_kind kind;
+        struct client *client;
+        uint64_t request_id;
+        struct broker_grant grant; /* CUSTODY_GRANT */
+        uint64_t *ids;             /* CUSTODY_OFFER: the chunks taken (owned) */
+        size_t n;
+        struct queued *reply;
+};
+/* Queue e, the reply that acknowledges k (taken on success). */
+int server_queue_custody(struct server *s, struct client *c, Aqua__Envelope *e,
+                         struct turn_change *k);
+void turn_change_free(struct turn_change *k);
+/* End the turn now if it holds a custody change: before what could touch that state. */
+void server_turn_barrier(struct server *s);
+/* Commit once (a degraded journal only when its probe is due), undo the turn's custody changes
+ * if that was refused, then send: replies and grants' descriptors in order, then notices. */
+void server_end_turn(struct server *s);
+/* When the loop must end a turn with nothing to read (the probe, what sends journaled); 0: none. */
+uint64_t server_turn_deadline(const struct server *s);
+/* Forget what the turn holds, unsent (aquad is going). */
+void server_turn_clear(struct server *s);
+/* Send now, bypassing the turn: for the notices of server_flush_outboxes. */
+int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e);
+/* outbox.c: put the notices the core queued into their clients' outboxes; send what the
+ * ROUTER takes of them now (at the end of a turn, after its commit). */
+void server_stage_notices(struct server *s);
+void server_flush_outboxes(struct server *s);
 /* Drop what c's outbox holds (c is going away). */
 void server_outbox_clear(struct server *s, struct client *c);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);

@@ -1,0 +1,335 @@
+/*
+ * The turn of aquad's loop (turn.c), driven without a ROUTER: requests go to dispatch_envelope,
+ * what aquad sends goes to a sink. Many custody changes in a turn are one commit; nothing leaves
+ * before it; a refused commit undoes every change of its turn; a degraded journal is not tried
+ * again before its probe; a grant the ROUTER cannot take is taken back.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fuzz-dispatch.h"
+#include "server.h"
+#include "time-util.h"
+
+#define CHUNK   FUZZ_CHUNK
+#define MAX_OUT 64
+
+static struct server *srv;
+static struct client *fake[2]; /* FUZZ_PRODUCER, FUZZ_CONSUMER */
+static int peer[2];
+static int memfd = -1;
+static char dir[64], journal[128];
+
+/* What the sink saw: each message's kind and, for an Error, its code. */
+static struct {
+        Aqua__Envelope__BodyCase body;
+        uint64_t request_id;
+        int code;
+} out[MAX_OUT];
+static size_t n_out;
+static Aqua__Envelope__BodyCase refuse_body; /* the sink says -EAGAIN to these */
+
+static int sink(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len)
+{
+        Aqua__Envelope *e = aqua__envelope__unpack(NULL, len, buf);
+
+        (void)s, (void)rid, (void)rlen;
+        cr_assert_not_null(e);
+        if (e->body_case == refuse_body) {
+                aqua__envelope__free_unpacked(e, NULL);
+                return -EAGAIN;
+        }
+        cr_assert_lt(n_out, MAX_OUT);
+        out[n_out].body = e->body_case;
+        out[n_out].request_id = e->request_id;
+        out[n_out].code = e->body_case == AQUA__ENVELOPE__BODY_ERROR ? e->error->code : 0;
+        n_out++;
+        aqua__envelope__free_unpacked(e, NULL);
+        return 0;
+}
+
+static void send_env(size_t who, Aqua__Envelope *e)
+{
+        void *buf;
+        size_t len;
+
+        cr_assert_eq(wire_encode(e, &buf, &len), 0);
+        dispatch_envelope(srv, fuzz_routing_id(who), FUZZ_ROUTING_LEN, buf, len);
+        free(buf);
+}
+
+static void hello(size_t who)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Hello h = AQUA__HELLO__INIT;
+        Aqua__PeerLink link = AQUA__PEER_LINK__INIT, *links[] = {&link};
+        uint8_t token[SIDE_TOKEN_LEN];
+
+        fuzz_token(who, token);
+        h.token = (ProtobufCBinaryData){.len = sizeof(token), .data = token};
+        h.role = who == FUZZ_PRODUCER ? AQUA__ROLE__ROLE_PRODUCER : AQUA__ROLE__ROLE_CONSUMER;
+        h.gpu_uuid = who == FUZZ_PRODUCER ? "GPU-P" : "GPU-C";
+        h.gpu_capacity = UINT64_C(80) << 30;
+        h.granularity = CHUNK;
+        link.gpu_uuid = who == FUZZ_PRODUCER ? "GPU-C" : "GPU-P";
+        link.bandwidth_gbps = 450;
+        h.links = links;
+        h.n_links = 1;
+        e.body_case = AQUA__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        e.request_id = 1 + who;
+        send_env(who, &e);
+}
+
+static void setup(void)
+{
+        struct config *cfg = NULL;
+        char *error = NULL, yaml[512];
+        int n;
+
+        signal(SIGXFSZ, SIG_IGN); /* a write past RLIMIT_FSIZE fails with EFBIG instead */
+        snprintf(dir, sizeof(dir), "/tmp/aquad-turn-XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(journal, sizeof(journal), "%s/journal", dir);
+        n = snprintf(yaml, sizeof(yaml),
+                     "endpoint: ipc://%s/aquad.sock\nside-socket: %s/aquad.side\njournal: %s\n"
+                     "reclaim-deadline: 1s\n",
+                     dir, dir, journal);
+        cr_assert_eq(config_load("turn.yaml", yaml, (size_t)n, &cfg, &error), 0, "%s", error);
+        cr_assert_eq(server_new(cfg, "turn.yaml", 0, &srv), 0);
+        srv->sink = sink;
+        memfd = memfd_create("chunk", MFD_CLOEXEC);
+        cr_assert(memfd >= 0 && ftruncate(memfd, CHUNK) == 0);
+        for (size_t i = 0; i < 2; i++) {
+                struct client *c = calloc(1, sizeof(*c));
+                int sv[2];
+
+                cr_assert_not_null(c);
+                cr_assert_eq(
+                    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+                c->id = srv->next_client_id++;
+                c->side_fd = sv[0];
+                peer[i] = sv[1];
+                c->cred = (struct side_cred){getpid(), getuid(), getgid()};
+                fuzz_token(i, c->token);
+                list_init(&c->pending);
+                list_init(&c->outbox);
+                list_append(&srv->clients, &c->node);
+                srv->n_clients++;
+                fake[i] = c;
+                hello(i);
+        }
+        server_end_turn(srv);
+        cr_assert(fake[0]->registered && fake[1]->registered);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_WELCOME);
+        n_out = 0;
+}
+
+static void teardown(void)
+{
+        char cmd[96];
+
+        srv = server_free(srv);
+        for (size_t i = 0; i < 2; i++)
+                close(peer[i]);
+        close(memfd);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        (void)!system(cmd);
+}
+
+/* The producer offers n chunks: their descriptors, then the Offer, in the current turn. */
+static void offer(size_t n, uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Offer o = AQUA__OFFER__INIT;
+        Aqua__ChunkOffer ch[8], *chs[8];
+        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+        int fds[8];
+
+        cr_assert_leq(n, 8);
+        for (size_t i = 0; i < n; i++) {
+                aqua__chunk_offer__init(&ch[i]);
+                ch[i].size = CHUNK;
+                ch[i].client_ref = i;
+                chs[i] = &ch[i];
+                fds[i] = dup(memfd);
+        }
+        f.kind = AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS;
+        f.request_id = request_id;
+        dispatch_side_frame(srv, fake[FUZZ_PRODUCER], &f, fds, n);
+        o.chunks = chs;
+        o.n_chunks = n;
+        e.body_case = AQUA__ENVELOPE__BODY_OFFER;
+        e.offer = &o;
+        e.request_id = request_id;
+        send_env(FUZZ_PRODUCER, &e);
+}
+
+static void borrow(uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Borrow b = AQUA__BORROW__INIT;
+
+        b.bytes = CHUNK;
+        e.body_case = AQUA__ENVELOPE__BODY_BORROW;
+        e.borrow = &b;
+        e.request_id = request_id;
+        send_env(FUZZ_CONSUMER, &e);
+}
+
+/* Side frames the consumer got (their descriptors closed). */
+static size_t grant_frames(void)
+{
+        size_t n = 0;
+
+        for (;;) {
+                Aqua__SideFrame *f = NULL;
+                int fds[SIDE_MAX_FDS];
+                size_t k = 0;
+                int r = side_recv(peer[FUZZ_CONSUMER], &f, fds, SIDE_MAX_FDS, &k);
+
+                if (r != 0)
+                        return n;
+                n += f->kind == AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
+                side_close_fds(fds, k);
+                aqua__side_frame__free_unpacked(f, NULL);
+        }
+}
+
+static void journal_full(bool full)
+{
+        struct stat st;
+        struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY};
+
+        cr_assert_eq(stat(journal, &st), 0);
+        if (full)
+                rl.rlim_cur = (rlim_t)st.st_size;
+        cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+}
+
+TestSuite(turn, .init = setup, .fini = teardown);
+
+Test(turn, many_custody_changes_one_commit_nothing_before)
+{
+        uint64_t commits = srv->broker->stats.journal_commits;
+
+        offer(4, 10);
+        for (uint64_t i = 0; i < 4; i++)
+                borrow(20 + i);
+        /* Nothing has left: not the offer's reply, not a grant, not a descriptor. */
+        cr_assert_eq(n_out, 0);
+        cr_assert_eq(grant_frames(), 0);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits);
+        server_end_turn(srv);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1, "one commit for the turn");
+        cr_assert_eq(n_out, 5);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_OFFER_REPLY);
+        for (size_t i = 1; i < 5; i++) {
+                cr_assert_eq(out[i].body, AQUA__ENVELOPE__BODY_GRANT, "reply %zu", i);
+                cr_assert_eq(out[i].request_id, 20 + i - 1);
+        }
+        cr_assert_eq(grant_frames(), 4);
+        cr_assert_eq(srv->broker->n_leases, 4);
+}
+
+Test(turn, refused_commit_undoes_the_turn_and_degraded_waits_for_its_probe)
+{
+        uint64_t errors;
+        char err[BROKER_ERR_MAX];
+
+        offer(2, 10);
+        server_end_turn(srv);
+        n_out = 0;
+        offer(2, 11);
+        borrow(20);
+        borrow(21);
+        borrow(22);
+        journal_full(true);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 4);
+        for (size_t i = 0; i < 4; i++)
+                cr_assert_eq(out[i].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL, "reply %zu: %d", i,
+                             out[i].code);
+        cr_assert_eq(grant_frames(), 0, "no descriptor of an undone grant leaves");
+        cr_assert_eq(srv->broker->n_leases, 0);
+        cr_assert_eq(srv->broker->n_chunks, 2, "the undone offer's chunks are gone");
+        cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
+        /* Degraded: refused at once, the journal not tried again before its probe. */
+        errors = srv->broker->stats.journal_errors;
+        n_out = 0;
+        borrow(23);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 1);
+        cr_assert_eq(out[0].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL);
+        cr_assert_eq(srv->broker->stats.journal_errors, errors);
+        cr_assert_gt(server_turn_deadline(srv), now_mono_ns(), "the probe has its own time");
+        /* The disk has room again: the probe finds it, and grants follow. */
+        journal_full(false);
+        srv->journal_probe_ns = now_mono_ns();
+        server_end_turn(srv);
+        cr_assert_eq(srv->broker->journal_error, 0);
+        n_out = 0;
+        borrow(24);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 1);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_GRANT);
+        cr_assert_eq(srv->broker->n_leases, 1);
+}
+
+Test(turn, a_grant_the_router_cannot_take_is_taken_back)
+{
+        uint64_t commits;
+
+        offer(2, 10);
+        server_end_turn(srv);
+        n_out = 0;
+        refuse_body = AQUA__ENVELOPE__BODY_GRANT;
+        borrow(20);
+        server_end_turn(srv);
+        refuse_body = 0;
+        cr_assert_eq(n_out, 0);
+        cr_assert_eq(srv->stats.custody_undelivered, 1);
+        cr_assert_eq(srv->broker->n_leases, 0, "the lease nobody heard of is gone");
+        /* Taking it back is journaled with the next turn, or when the linger ends. */
+        cr_assert_gt(srv->broker->n_ops, 0);
+        commits = srv->broker->stats.journal_commits;
+        server_end_turn(srv);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        (void)grant_frames();
+        borrow(21);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 1);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_GRANT);
+}
+
+Test(turn, a_request_that_could_touch_a_change_ends_the_turn_first)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        uint64_t commits;
+
+        offer(2, 10);
+        server_end_turn(srv);
+        n_out = 0;
+        commits = srv->broker->stats.journal_commits;
+        borrow(20);
+        /* The producer takes its memory back in the same read: the grant is settled first. */
+        rq.all = true;
+        e.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REQUEST;
+        e.reclaim_request = &rq;
+        e.request_id = 30;
+        send_env(FUZZ_PRODUCER, &e);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        cr_assert_eq(n_out, 1);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_GRANT);
+        server_end_turn(srv);
+        cr_assert_eq(out[1].body, AQUA__ENVELOPE__BODY_RECLAIM_REPLY);
+}

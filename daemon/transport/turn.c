@@ -1,0 +1,351 @@
+/*
+ * One turn of the loop: what aquad says while handling the requests it read waits here, the
+ * journal is committed once (one write, one fdatasync) for all of them, and only then do the
+ * replies, the descriptors of grants and the notices leave. Nothing leaves before the state it
+ * acknowledges is durable.
+ *
+ * A change that hands out custody (an offer taken, a grant) is recorded with its reply; if the
+ * commit is refused, every such change of the turn is undone, newest first, and its reply
+ * becomes the journal's error. For the newest-first undo to restore the state exactly, a turn
+ * that holds such a change ends before anything else that may touch the same state is handled
+ * (server_turn_barrier: dispatch calls it before any request but another offer, borrow or load
+ * report, and before a client or a GPU goes). The send path never touches the disk.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "log.h"
+#include "server.h"
+#include "time-util.h"
+
+#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+
+/* Degraded aquad tries its journal this often, whatever the traffic. */
+#define JOURNAL_PROBE_NS NSEC_PER_SEC
+/* What the turn's sends themselves journal (a notice's delivery starts its deadline, a grant
+ * that could not be sent is taken back) rides with the next turn's commit, or waits this long. */
+#define COMMIT_LINGER_NS (5 * NSEC_PER_MSEC)
+
+/* A message waiting for the end of its turn, already encoded. */
+struct queued {
+        struct list_node node;
+        uint8_t rid[CLIENT_MAX_ROUTING];
+        size_t rlen;
+        void *buf;
+        size_t len;
+        const char *body; /* its kind, for the log */
+        struct turn_change *change;
+};
+
+static void queued_free(struct queued *q)
+{
+        list_unlink(&q->node);
+        free(q->buf);
+        free(q);
+}
+
+static int queue_encoded(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e,
+                         struct queued **ret)
+{
+        struct queued *q;
+        int r;
+
+        if (rlen > CLIENT_MAX_ROUTING)
+                return -EINVAL;
+        q = calloc(1, sizeof(*q));
+        if (!q)
+                return -ENOMEM;
+        r = wire_encode(e, &q->buf, &q->len);
+        if (r < 0) {
+                free(q);
+                return r;
+        }
+        memcpy(q->rid, rid, rlen);
+        q->rlen = rlen;
+        q->body = wire_body_name(e);
+        list_append(&s->turn_out, &q->node);
+        if (ret)
+                *ret = q;
+        return 0;
+}
+
+int server_queue_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e)
+{
+        int r = queue_encoded(s, routing_id, len, e, NULL);
+
+        if (r < 0) {
+                s->stats.send_dropped++;
+                log_warning_errno(r, "Dropped a %s message: %m", wire_body_name(e));
+        }
+        return r;
+}
+
+int server_queue(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        return server_queue_to(s, c->routing_id, c->routing_id_len, e);
+}
+
+/* An Error envelope's parts, counted as sent. */
+struct error_env {
+        Aqua__Envelope e;
+        Aqua__Error err;
+};
+
+static void error_env_init(struct server *s, struct error_env *x, uint64_t request_id, int code,
+                           char *msg)
+{
+        s->stats.errors++;
+        if (code >= 0 && (size_t)code < ARRAY_SIZE(s->stats.errors_by_code))
+                s->stats.errors_by_code[code]++;
+        log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
+        x->e = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
+        x->err = (Aqua__Error)AQUA__ERROR__INIT;
+        x->err.code = code;
+        x->err.message = msg;
+        x->e.request_id = request_id;
+        x->e.body_case = AQUA__ENVELOPE__BODY_ERROR;
+        x->e.error = &x->err;
+}
+
+int server_queue_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
+                       int code, const char *fmt, ...)
+{
+        struct error_env x;
+        char msg[512];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        error_env_init(s, &x, request_id, code, msg);
+        return server_queue_to(s, routing_id, len, &x.e);
+}
+
+int client_queue_error(struct server *s, struct client *c, uint64_t request_id, int code,
+                       const char *what, const char *err)
+{
+        return server_queue_error(s, c->routing_id, c->routing_id_len, request_id, code, "%s%s%s",
+                                  what ? what : "", what ? ": " : "", err);
+}
+
+/* ------------------------------------------------------------------------------ custody */
+
+int server_queue_custody(struct server *s, struct client *c, Aqua__Envelope *e,
+                         struct turn_change *k)
+{
+        struct queued *q;
+        int r;
+
+        if (!c->routing_id_len)
+                return -ENOTCONN;
+        r = queue_encoded(s, c->routing_id, c->routing_id_len, e, &q);
+        if (r < 0)
+                return r;
+        k->client = c;
+        k->request_id = e->request_id;
+        k->reply = q;
+        q->change = k;
+        list_append(&s->turn_custody, &k->node);
+        return 0;
+}
+
+void turn_change_free(struct turn_change *k)
+{
+        if (!k)
+                return;
+        if (k->node.next)
+                list_unlink(&k->node);
+        if (k->reply)
+                k->reply->change = NULL;
+        free(k->ids);
+        free(k);
+}
+
+static void custody_undo(struct server *s, struct turn_change *k)
+{
+        if (k->kind == CUSTODY_GRANT)
+                broker_undo_grant(s->broker, k->client->gpu, &k->grant);
+        else
+                broker_undo_offer(s->broker, k->ids, k->n);
+}
+
+/* Make k's reply the error code with "what: msg" instead, and forget what k handed out. */
+static void custody_refuse(struct server *s, struct turn_change *k, int code, const char *msg)
+{
+        struct queued *q = k->reply;
+        struct error_env x;
+        char text[512];
+        void *buf;
+        size_t len;
+
+        custody_undo(s, k);
+        snprintf(text, sizeof(text), "%s: %s", k->kind == CUSTODY_GRANT ? "borrow" : "offer", msg);
+        error_env_init(s, &x, k->request_id, code, text);
+        if (wire_encode(&x.e, &buf, &len) == 0) {
+                free(q->buf);
+                q->buf = buf;
+                q->len = len;
+                q->body = "Error";
+        } else {
+                /* Out of memory: no reply at all rather than one that says what is undone. */
+                queued_free(q);
+                k->reply = NULL;
+        }
+        turn_change_free(k);
+}
+
+/* The commit was refused: every custody change of the turn is undone, newest first. */
+static void refuse_turn(struct server *s)
+{
+        char why[160];
+        const char *msg =
+            broker_degraded(s->broker, why, sizeof(why)) ?: "the journal cannot be written";
+
+        while (!list_empty(&s->turn_custody))
+                custody_refuse(s, list_entry(s->turn_custody.prev, struct turn_change, node),
+                               E(JOURNAL), msg);
+}
+
+/* ------------------------------------------------------------------------------ sending */
+
+static int router_send(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len,
+                       const char *body)
+{
+        int r = 0;
+
+        if (s->sink)
+                r = s->sink(s, rid, rlen, buf, len);
+        else if (zmq_send(s->router, rid, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+                 zmq_send(s->router, buf, len, ZMQ_DONTWAIT) < 0)
+                r = -errno;
+        if (r < 0) {
+                s->stats.send_dropped++;
+                log_debug("Dropped a %s message: %s", body, zmq_strerror(-r));
+        }
+        return r;
+}
+
+int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        _cleanup_free_ void *buf = NULL;
+        size_t n;
+        int r;
+
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        r = wire_encode(e, &buf, &n);
+        if (r < 0)
+                return r;
+        return router_send(s, c->routing_id, c->routing_id_len, buf, n, wire_body_name(e));
+}
+
+/* A lease's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel. */
+static int send_grant_fds(struct client *c, struct lease *l)
+{
+        uint64_t ids[SIDE_MAX_FDS];
+        int fds[SIDE_MAX_FDS];
+        struct list_node *pos = l->chunks.next;
+
+        while (pos != &l->chunks) {
+                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+                size_t n = 0;
+                int r;
+
+                for (; pos != &l->chunks && n < SIDE_MAX_FDS; pos = pos->next, n++) {
+                        struct chunk *ch = list_entry(pos, struct chunk, lease_node);
+                        ids[n] = ch->id;
+                        fds[n] = ch->fd;
+                }
+                f.kind = AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
+                f.lease_id = l->id;
+                f.chunk_ids = ids;
+                f.n_chunk_ids = n;
+                r = side_send(c->side_fd, &f, fds, n);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void send_queued(struct server *s, struct queued *q)
+{
+        struct turn_change *k = q->change;
+        int r;
+
+        if (k && k->kind == CUSTODY_GRANT && k->grant.lease && !k->client->remote) {
+                r = send_grant_fds(k->client, k->grant.lease);
+                if (r < 0) {
+                        char msg[160];
+                        snprintf(msg, sizeof(msg),
+                                 "could not pass the descriptors of lease %" PRIu64 ": %s",
+                                 k->grant.lease->id, strerror(-r));
+                        custody_refuse(s, k, r == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL), msg);
+                        k = NULL;
+                }
+        }
+        r = router_send(s, q->rid, q->rlen, q->buf, q->len, q->body);
+        if (r < 0 && k) {
+                /* A grant or an offer its client never hears of would be custody nobody knows
+                 * it has: taken back (the client's request times out). */
+                s->stats.custody_undelivered++;
+                log_notice("Client %" PRIu64 ": the reply to its %s could not be sent (%s); "
+                           "what it would have handed over is taken back",
+                           k->client->id, k->kind == CUSTODY_GRANT ? "borrow" : "offer",
+                           zmq_strerror(-r));
+                custody_undo(s, k);
+        }
+        turn_change_free(k);
+}
+
+/* ------------------------------------------------------------------------------ the turn */
+
+void server_turn_barrier(struct server *s)
+{
+        if (!list_empty(&s->turn_custody))
+                server_end_turn(s);
+}
+
+void server_end_turn(struct server *s)
+{
+        uint64_t now = now_mono_ns();
+        int r = 0;
+
+        server_stage_notices(s);
+        if (!s->broker->journal_error || now >= s->journal_probe_ns) {
+                r = broker_commit(s->broker);
+                if (r < 0)
+                        s->journal_probe_ns = now + JOURNAL_PROBE_NS;
+        } else
+                r = s->broker->journal_error;
+        if (r < 0)
+                refuse_turn(s);
+        while (!list_empty(&s->turn_out)) {
+                struct queued *q = list_entry(s->turn_out.next, struct queued, node);
+                send_queued(s, q);
+                queued_free(q);
+        }
+        server_flush_outboxes(s);
+}
+
+uint64_t server_turn_deadline(const struct server *s)
+{
+        if (s->broker->journal_error)
+                return s->journal_probe_ns;
+        if (s->broker->n_ops)
+                return now_mono_ns() + COMMIT_LINGER_NS;
+        return 0;
+}
+
+void server_turn_clear(struct server *s)
+{
+        while (!list_empty(&s->turn_custody))
+                turn_change_free(list_entry(s->turn_custody.next, struct turn_change, node));
+        while (!list_empty(&s->turn_out))
+                queued_free(list_entry(s->turn_out.next, struct queued, node));
+}
