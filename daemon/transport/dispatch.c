@@ -877,13 +877,18 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                                    r < 0 ? "out of memory decoding" : err);
                 return;
         }
-        /* Only more custody changes may join a turn that holds some (turn.c). */
+        /* Only what cannot touch them may join a turn that holds custody changes (turn.c):
+         * more of them, and the return of a lease granted before this turn. */
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_OFFER:
         case AQUA__ENVELOPE__BODY_BORROW:
         case AQUA__ENVELOPE__BODY_LOAD:
         case AQUA__ENVELOPE__BODY_KEEPALIVE:
         case AQUA__ENVELOPE__BODY_HELLO_HELD:
+                break;
+        case AQUA__ENVELOPE__BODY_RETURN:
+                if (server_turn_granted(s, e->return_->lease_id))
+                        server_turn_barrier(s);
                 break;
         default:
                 server_turn_barrier(s);

@@ -375,8 +375,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         break;
                 }
                 data += len, size -= len;
-                /* An envelope with bit 7 set leaves its turn open for the next record. */
-                if (!(op == FUZZ_OP_ENVELOPE && (h & 0x80)))
+                if (!(op == FUZZ_OP_ENVELOPE && ((h >> 4) & FUZZ_TURN_OPEN)))
                         server_end_turn(srv);
                 drain();
                 check("after a record");

@@ -24,8 +24,10 @@ enum {
 
 /* An Envelope's flags, in the bits a side frame uses for its descriptors: it came over tcp (a
  * routing id of its own), with the CURVE identity remote.clients names ("root") or another. */
-#define FUZZ_TCP          1u
-#define FUZZ_TCP_KNOWN    2u
+#define FUZZ_TCP       1u
+#define FUZZ_TCP_KNOWN 2u
+/* An Envelope that leaves its turn of the loop open for the next record (turn.c). */
+#define FUZZ_TURN_OPEN    8u
 #define FUZZ_TCP_IDENTITY "root"
 /* Its CURVE public key, as ZAP gives it (Z85). */
 #define FUZZ_TCP_KEY "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"

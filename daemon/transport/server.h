@@ -238,6 +238,8 @@ struct turn_change {
 int server_queue_custody(struct server *s, struct client *c, Aqua__Envelope *e,
                          struct turn_change *k);
 void turn_change_free(struct turn_change *k);
+/* Whether this turn granted lease_id (its return must wait for the turn's end). */
+bool server_turn_granted(const struct server *s, uint64_t lease_id);
 /* End the turn now if it holds a custody change: before what could touch that state. */
 void server_turn_barrier(struct server *s);
 /* Commit once (a degraded journal only when its probe is due), undo the turn's custody changes

@@ -333,3 +333,68 @@ Test(turn, a_request_that_could_touch_a_change_ends_the_turn_first)
         server_end_turn(srv);
         cr_assert_eq(out[1].body, AQUA__ENVELOPE__BODY_RECLAIM_REPLY);
 }
+
+static void return_lease(uint64_t lease_id, uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Return rt = AQUA__RETURN__INIT;
+
+        rt.lease_id = lease_id;
+        e.body_case = AQUA__ENVELOPE__BODY_RETURN;
+        e.return_ = &rt;
+        e.request_id = request_id;
+        send_env(FUZZ_CONSUMER, &e);
+}
+
+Test(turn, a_return_joins_the_turn_unless_it_names_a_lease_granted_in_it)
+{
+        uint64_t commits, first;
+        char err[BROKER_ERR_MAX];
+
+        offer(4, 10);
+        borrow(20);
+        server_end_turn(srv);
+        first = srv->broker->next_lease_id - 1;
+        n_out = 0;
+        commits = srv->broker->stats.journal_commits;
+        /* A borrow, the return of the lease granted before, another borrow: one turn. */
+        borrow(21);
+        return_lease(first, 22);
+        borrow(23);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits);
+        cr_assert_eq(n_out, 0);
+        /* A return that names the lease this turn just granted (a guess: its consumer has not
+         * heard of it) waits for the turn's end. */
+        return_lease(srv->broker->next_lease_id - 1, 24);
+        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        cr_assert_eq(n_out, 3);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 4);
+        cr_assert_eq(out[3].body, AQUA__ENVELOPE__BODY_RETURN_REPLY);
+        cr_assert_eq(srv->broker->n_leases, 1);
+        cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
+}
+
+Test(turn, a_refused_turn_undoes_its_grants_and_keeps_its_returns)
+{
+        uint64_t first;
+        char err[BROKER_ERR_MAX];
+
+        offer(2, 10);
+        borrow(20);
+        server_end_turn(srv);
+        first = srv->broker->next_lease_id - 1;
+        n_out = 0;
+        (void)grant_frames();
+        borrow(21);
+        return_lease(first, 22);
+        journal_full(true);
+        server_end_turn(srv);
+        journal_full(false);
+        cr_assert_eq(n_out, 2);
+        cr_assert_eq(out[0].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL);
+        cr_assert_eq(out[1].body, AQUA__ENVELOPE__BODY_RETURN_REPLY);
+        cr_assert_eq(grant_frames(), 0);
+        cr_assert_eq(srv->broker->n_leases, 0);
+        cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
+}

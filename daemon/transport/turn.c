@@ -8,8 +8,10 @@
  * commit is refused, every such change of the turn is undone, newest first, and its reply
  * becomes the journal's error. For the newest-first undo to restore the state exactly, a turn
  * that holds such a change ends before anything else that may touch the same state is handled
- * (server_turn_barrier: dispatch calls it before any request but another offer, borrow or load
- * report, and before a client or a GPU goes). The send path never touches the disk.
+ * (server_turn_barrier: dispatch calls it before any request but another offer, borrow, load
+ * report or the return of a lease granted before the turn, and before a client or a GPU goes).
+ * A return releases chunks no change of the turn holds: undoing those changes stays exact
+ * whether it came or not. The send path never touches the disk.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -304,6 +306,16 @@ static void send_queued(struct server *s, struct queued *q)
 }
 
 /* ------------------------------------------------------------------------------ the turn */
+
+bool server_turn_granted(const struct server *s, uint64_t lease_id)
+{
+        for (struct list_node *n = s->turn_custody.next; n != &s->turn_custody; n = n->next) {
+                const struct turn_change *k = list_entry(n, struct turn_change, node);
+                if (k->kind == CUSTODY_GRANT && k->grant.lease && k->grant.lease->id == lease_id)
+                        return true;
+        }
+        return false;
+}
 
 void server_turn_barrier(struct server *s)
 {

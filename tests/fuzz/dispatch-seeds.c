@@ -273,6 +273,36 @@ int main(int argc, char **argv)
         give_back(&s, 6, 0, NULL, 0, 16 * MiB);
         save(&s, "return");
 
+        /* one turn of the loop: an offer, borrows, the return of a lease granted before it and
+         * of one granted in it, then a reclaim that ends it */
+        s = (struct script){0};
+        offer(&s, 1, 4, true);
+        borrow(&s, FUZZ_CONSUMER, 2, 2 * MiB, 2 * MiB, false);
+        {
+                Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+                Aqua__Borrow b = AQUA__BORROW__INIT;
+                Aqua__Return r = AQUA__RETURN__INIT;
+                Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+
+                b.bytes = 2 * MiB;
+                e.body_case = BODY(BORROW);
+                e.borrow = &b;
+                env_flags(&s, FUZZ_CONSUMER, FUZZ_TURN_OPEN, 3, &e);
+                r.lease_id = 1;
+                e.body_case = BODY(RETURN);
+                e.return_ = &r;
+                env_flags(&s, FUZZ_CONSUMER, FUZZ_TURN_OPEN, 4, &e);
+                r.lease_id = 2;
+                env_flags(&s, FUZZ_CONSUMER, FUZZ_TURN_OPEN, 5, &e);
+                e.body_case = BODY(BORROW);
+                env_flags(&s, FUZZ_CONSUMER, FUZZ_TURN_OPEN, 6, &e);
+                rq.all = true;
+                e.body_case = BODY(RECLAIM_REQUEST);
+                e.reclaim_request = &rq;
+                env_flags(&s, FUZZ_PRODUCER, FUZZ_TURN_OPEN, 7, &e);
+        }
+        save(&s, "turn");
+
         /* reclaim: free chunks at once, leased ones returned after the notice */
         s = (struct script){0};
         offer(&s, 1, 4, true);
