@@ -2,9 +2,11 @@
  * ctl.churn: borrow/return cycles of PAIRS consumers at once, each paired with its own producer
  * (one 2 MiB chunk each), through raw protocol clients, for SECONDS. Prints cycles per second,
  * and with --counter the fdatasyncs aquad made meanwhile (slow-sync.c counts them) per cycle and
- * per request.
+ * per request. With --reclaim a cycle is a reclaim instead: the consumer borrows the chunk, its
+ * producer reclaims it, the consumer returns it on the notice, the producer offers it again once
+ * told it is back (four requests).
  *
- *   bench-churn --endpoint E --side S [--pairs N] [--seconds S] [--counter FILE]
+ *   bench-churn --endpoint E --side S [--pairs N] [--seconds S] [--counter FILE] [--reclaim]
  */
 #include <fcntl.h>
 #include <getopt.h>
@@ -26,6 +28,7 @@ static const char *endpoint, *side_path;
 static void *zctx;
 static atomic_bool go, stop;
 static atomic_ulong cycles, failures;
+static bool reclaims;
 
 struct pair {
         pthread_t thread;
@@ -56,6 +59,52 @@ static bool cycle(struct raw *c)
         return ok;
 }
 
+static bool call_ok(struct raw *r, Aqua__Envelope *e, Aqua__Envelope__BodyCase want)
+{
+        Aqua__Envelope *reply = raw_call(r, e);
+        bool ok = reply && reply->body_case == want;
+
+        raw_free(reply);
+        return ok;
+}
+
+static bool reclaim_cycle(struct raw *prod, struct raw *cons, int fd)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT, *g, *n;
+        Aqua__ReclaimRequest rq = AQUA__RECLAIM_REQUEST__INIT;
+        Aqua__Return rt = AQUA__RETURN__INIT;
+        int fds[4];
+        size_t k = 0;
+        bool ok;
+
+        g = raw_borrow(cons, CHUNK, CHUNK, false, fds, 4, &k);
+        if (!g || g->body_case != BODY(GRANT) || !g->grant->lease_id) {
+                raw_free(g);
+                return false;
+        }
+        side_close_fds(fds, k);
+        rq.all = true;
+        e.body_case = BODY(RECLAIM_REQUEST);
+        e.reclaim_request = &rq;
+        ok = call_ok(prod, &e, BODY(RECLAIM_REPLY));
+        n = ok ? raw_wait(cons, 0, BODY(RECLAIM_NOTICE), RAW_TIMEOUT_MS) : NULL;
+        raw_free(n);
+        rt.lease_id = g->grant->lease_id;
+        e.body_case = BODY(RETURN);
+        e.return_ = &rt;
+        ok = n && call_ok(cons, &e, BODY(RETURN_REPLY));
+        n = ok ? raw_wait(prod, 0, BODY(RECLAIMED), RAW_TIMEOUT_MS) : NULL;
+        ok = n != NULL;
+        raw_free(n);
+        raw_free(g);
+        if (ok) {
+                n = raw_offer_fds(prod, &fd, 1, CHUNK);
+                ok = n && n->body_case == BODY(OFFER_REPLY);
+                raw_free(n);
+        }
+        return ok;
+}
+
 static void *run(void *arg)
 {
         struct pair *p = arg;
@@ -80,7 +129,7 @@ static void *run(void *arg)
         while (!atomic_load(&go))
                 usleep(1000);
         while (!atomic_load(&stop)) {
-                if (!cycle(&cons)) {
+                if (reclaims ? !reclaim_cycle(&prod, &cons, fd) : !cycle(&cons)) {
                         atomic_fetch_add(&failures, 1);
                         break;
                 }
@@ -110,10 +159,13 @@ static volatile unsigned long *map_counter(const char *path)
 
 int main(int argc, char **argv)
 {
-        static const struct option opts[] = {
-            {"endpoint", required_argument, NULL, 'e'}, {"side", required_argument, NULL, 's'},
-            {"pairs", required_argument, NULL, 'p'},    {"seconds", required_argument, NULL, 't'},
-            {"counter", required_argument, NULL, 'c'},  {}};
+        static const struct option opts[] = {{"endpoint", required_argument, NULL, 'e'},
+                                             {"side", required_argument, NULL, 's'},
+                                             {"pairs", required_argument, NULL, 'p'},
+                                             {"seconds", required_argument, NULL, 't'},
+                                             {"counter", required_argument, NULL, 'c'},
+                                             {"reclaim", no_argument, NULL, 'r'},
+                                             {}};
         size_t n_pairs = 32;
         double seconds = 2;
         const char *counter = NULL;
@@ -139,6 +191,9 @@ int main(int argc, char **argv)
                         break;
                 case 'c':
                         counter = optarg;
+                        break;
+                case 'r':
+                        reclaims = true;
                         break;
                 default:
                         return 2;
@@ -180,7 +235,7 @@ int main(int argc, char **argv)
         if (syncs && c1 > c0) {
                 printf("churn_syncs_per_cycle %.3f\n", (double)(s1 - s0) / (double)(c1 - c0));
                 printf("churn_syncs_per_request %.3f\n",
-                       (double)(s1 - s0) / (2.0 * (double)(c1 - c0)));
+                       (double)(s1 - s0) / ((reclaims ? 4.0 : 2.0) * (double)(c1 - c0)));
         }
         zmq_ctx_term(zctx);
         free(pairs);
