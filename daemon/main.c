@@ -28,7 +28,7 @@ static void usage(FILE *f)
 static void ready(struct server *s, void *userdata)
 {
         log_info("Ready");
-        notify_ready(s);
+        notify_ready(s->broker, s->n_clients);
 }
 
 int main(int argc, char **argv)

@@ -1,13 +1,15 @@
-/* aquad's metrics: families rendered from the live server and pool, served from the poll loop. */
+/* aquad's metrics: families rendered from the pool and what the transport shows of itself
+ * (struct metrics_view), served from the poll loop. */
 #include "metrics.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "aqua.pb-c.h"
+#include "broker.h"
 #include "log.h"
 #include "prometheus.h"
-#include "server.h"
 #include "time-util.h"
 
 /* Reclaim latency buckets, seconds: from a consumer that returns at once to one near a deadline. */
@@ -15,7 +17,9 @@ static const double reclaim_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                         0.25,  0.5,    1,     2.5,  5,     10,   30};
 
 struct metrics {
-        struct server *server;
+        struct broker *broker;
+        metrics_view_fn view;
+        void *view_userdata;
         struct prom_server *http;
         struct prom_histogram reclaim;
 };
@@ -49,20 +53,13 @@ static void by_label(struct prom_text *t, const char *name, const char *type, co
                 prom_sample_u64(t, name, &(struct prom_label){label, values[i]}, 1, counts[i]);
 }
 
-static void render_clients(struct prom_text *t, struct server *s)
+static void render_clients(struct prom_text *t, const struct metrics_view *v)
 {
         static const char *const roles[] = {"unregistered", "producer", "consumer", "neutral",
                                             "admin"};
-        uint64_t n[ARRAY_SIZE(roles)] = {0};
 
-        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
-                struct client *c = list_entry(x, struct client, node);
-                size_t i = c->registered ? (size_t)c->role : 0;
-
-                n[i < ARRAY_SIZE(roles) ? i : 0]++;
-        }
         by_label(t, "aqua_clients", "gauge", "Connected clients by the role they registered.",
-                 "role", roles, n, ARRAY_SIZE(roles));
+                 "role", roles, v->clients_by_role, ARRAY_SIZE(roles));
 }
 
 static void render_pool(struct prom_text *t, struct broker *p)
@@ -262,18 +259,19 @@ static void render_gpus(struct prom_text *t, struct broker *p)
         }
 }
 
-static void render_server(struct prom_text *t, struct server *s)
+static void render_server(struct prom_text *t, const struct metrics_view *v)
 {
+        const struct server_stats *st = v->stats;
         char code[48];
         uint64_t protocol = 0;
 
         prom_family(t, "aqua_uptime_seconds", "gauge", "Seconds since aquad started.");
         prom_sample_double(t, "aqua_uptime_seconds", NULL, 0,
-                           (double)(now_mono_ns() - s->start_ns) / 1e9);
-        counter(t, "aqua_requests_total", "Requests received.", s->stats.requests);
+                           (double)(now_mono_ns() - v->start_ns) / 1e9);
+        counter(t, "aqua_requests_total", "Requests received.", st->requests);
         prom_family(t, "aqua_error_replies_total", "counter",
                     "Error replies sent, by the protocol's ErrorCode.");
-        for (size_t i = 1; i < ARRAY_SIZE(s->stats.errors_by_code); i++) {
+        for (size_t i = 1; i < ARRAY_SIZE(st->errors_by_code); i++) {
                 const ProtobufCEnumValue *v =
                     protobuf_c_enum_descriptor_get_value(&aqua__error_code__descriptor, (int)i);
                 size_t k = 0;
@@ -286,63 +284,64 @@ static void render_server(struct prom_text *t, struct server *s)
                         code[k++] = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
                 code[k] = '\0';
                 prom_sample_u64(t, "aqua_error_replies_total", &(struct prom_label){"code", code},
-                                1, s->stats.errors_by_code[i]);
+                                1, st->errors_by_code[i]);
         }
         /* Messages aquad could not take at all, as opposed to requests it refused. */
-        protocol = s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_MALFORMED] +
-                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_TOO_LARGE] +
-                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_VERSION] +
-                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED] +
-                   s->stats.errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_SIDE_CHANNEL];
+        protocol = st->errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_MALFORMED] +
+                   st->errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_TOO_LARGE] +
+                   st->errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_VERSION] +
+                   st->errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED] +
+                   st->errors_by_code[AQUA__ERROR_CODE__ERROR_CODE_SIDE_CHANNEL];
         counter(t, "aqua_protocol_errors_total",
                 "Malformed, oversized, wrong-version, unregistered and side-channel errors.",
                 protocol);
         counter(t, "aqua_side_refused_total", "Side channel connections refused (credentials).",
-                s->stats.refused);
+                st->refused);
         counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
-                s->stats.send_dropped);
+                st->send_dropped);
         counter(t, "aqua_custody_undelivered_total",
                 "Grants and offers taken back because their reply could not be sent.",
-                s->stats.custody_undelivered);
+                st->custody_undelivered);
         counter(t, "aqua_side_channels_evicted_total",
-                "Side channels closed before their Hello to make room for new ones.",
-                s->stats.evicted);
+                "Side channels closed before their Hello to make room for new ones.", st->evicted);
         counter(t, "aqua_fd_exhausted_total",
                 "Times aquad ran out of descriptors accepting a connection (it pauses).",
-                s->stats.fd_exhausted);
+                st->fd_exhausted);
         counter(t, "aqua_remote_refused_total",
                 "tcp peers refused: an unknown CURVE key, or a failed CURVE handshake.",
-                s->stats.remote_refused);
+                st->remote_refused);
         counter(t, "aqua_fds_refused_total",
                 "Descriptors refused over a connection's budget or aquad's headroom.",
-                s->stats.fds_refused);
+                st->fds_refused);
         counter(t, "aqua_notices_deferred_total",
                 "Times notices waited in a client's outbox for its queue to drain.",
-                s->stats.notices_deferred);
+                st->notices_deferred);
         counter(t, "aqua_requests_throttled_total",
-                "Requests refused over a client's request rate.", s->stats.throttled);
+                "Requests refused over a client's request rate.", st->throttled);
         counter(t, "aqua_hello_foreign_token_total",
-                "Hellos refused for a token given to another process.", s->stats.hijacks);
+                "Hellos refused for a token given to another process.", st->hijacks);
         counter(t, "aqua_side_frames_malformed_total",
-                "Side channel frames that did not decode (ignored).", s->stats.side_malformed);
+                "Side channel frames that did not decode (ignored).", st->side_malformed);
 }
 
 static int render(struct prom_text *t, void *userdata)
 {
         struct metrics *m = userdata;
-        struct server *s = m->server;
+        struct metrics_view v = {0};
 
-        render_server(t, s);
-        render_clients(t, s);
-        render_pool(t, s->broker);
-        render_gpus(t, s->broker);
+        m->view(m->view_userdata, &v);
+        render_server(t, &v);
+        render_clients(t, &v);
+        render_pool(t, m->broker);
+        render_gpus(t, m->broker);
         prom_histogram_write(t, "aqua_reclaim_seconds",
                              "Time from a reclaim notice to the consumer's return, per chunk.",
                              &m->reclaim);
         return 0;
 }
 
-int metrics_new(struct server *s, const char *address, struct metrics **ret)
+int metrics_new(struct broker *p, const char *address, metrics_view_fn view, void *userdata,
+                struct metrics **ret)
 {
         _cleanup_(metrics_freep) struct metrics *m = NULL;
         char err[256];
@@ -351,13 +350,15 @@ int metrics_new(struct server *s, const char *address, struct metrics **ret)
         m = calloc(1, sizeof(*m));
         if (!m)
                 return log_error_errno(-ENOMEM, "Failed to set up metrics: %m");
-        m->server = s;
+        m->broker = p;
+        m->view = view;
+        m->view_userdata = userdata;
         prom_histogram_init(&m->reclaim, reclaim_bounds, ARRAY_SIZE(reclaim_bounds));
         r = prom_server_new(address, render, m, &m->http, err, sizeof(err));
         if (r < 0)
                 return log_error_errno(r, "Failed to serve metrics: %s", err);
-        s->broker->on_reclaimed = observe_reclaim;
-        s->broker->on_reclaimed_userdata = m;
+        p->on_reclaimed = observe_reclaim;
+        p->on_reclaimed_userdata = m;
         log_info("Serving metrics on http://%s/metrics", address);
         *ret = TAKE_PTR(m);
         return 0;
@@ -367,9 +368,9 @@ struct metrics *metrics_free(struct metrics *m)
 {
         if (!m)
                 return NULL;
-        if (m->server && m->server->broker && m->server->broker->on_reclaimed_userdata == m) {
-                m->server->broker->on_reclaimed = NULL;
-                m->server->broker->on_reclaimed_userdata = NULL;
+        if (m->broker && m->broker->on_reclaimed_userdata == m) {
+                m->broker->on_reclaimed = NULL;
+                m->broker->on_reclaimed_userdata = NULL;
         }
         prom_server_free(m->http);
         free(m);

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <systemd/sd-daemon.h>
 
+#include "broker.h"
 #include "log.h"
 #include "parse-util.h"
-#include "server.h"
 
 /* What STATUS= shows; compared field by field so that the loop pays a few compares per turn. */
 struct status_figures {
@@ -33,12 +33,10 @@ static bool same(const struct status_figures *a, const struct status_figures *b)
 static struct status_figures last;
 static bool sent;
 
-static struct status_figures figures(const struct server *s)
+static struct status_figures figures(const struct broker *p, size_t n_clients)
 {
-        const struct broker *p = s->broker;
-
         return (struct status_figures){
-            .clients = s->n_clients,
+            .clients = n_clients,
             .gpus = p->n_gpus,
             .leases = p->n_leases,
             .pool_bytes = p->pool_bytes,
@@ -70,16 +68,16 @@ static void send_status(const struct status_figures *f, const char *prefix)
                 log_warning_errno(r, "Failed to notify systemd: %m");
 }
 
-void notify_ready(struct server *s)
+void notify_ready(const struct broker *p, size_t n_clients)
 {
-        last = figures(s);
+        last = figures(p, n_clients);
         sent = true;
         send_status(&last, "READY=1\n");
 }
 
-void notify_status(struct server *s)
+void notify_status(const struct broker *p, size_t n_clients)
 {
-        struct status_figures now = figures(s);
+        struct status_figures now = figures(p, n_clients);
 
         if (sent && same(&now, &last))
                 return;

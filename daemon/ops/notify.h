@@ -5,11 +5,13 @@
  */
 #pragma once
 
-struct server;
+#include <stddef.h>
 
-/* aquad serves requests now. */
-void notify_ready(struct server *s);
+struct broker;
+
+/* aquad serves requests now, to n_clients clients of pool p. */
+void notify_ready(const struct broker *p, size_t n_clients);
 /* Refresh STATUS= when the figures it shows have changed since the last one; cheap otherwise. */
-void notify_status(struct server *s);
+void notify_status(const struct broker *p, size_t n_clients);
 /* aquad is stopping, and why. */
 void notify_stopping(const char *why);

@@ -258,7 +258,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
         m->logged_ns = now;
         if (m->unlogged)
                 log_warning("metrics endpoint: %s (and %" PRIu64 " more since the last such "
-                            "message)", msg, m->unlogged);
+                            "message)",
+                            msg, m->unlogged);
         else
                 log_warning("metrics endpoint: %s", msg);
         m->unlogged = 0;

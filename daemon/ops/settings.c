@@ -1,21 +1,21 @@
-/* aquad's settings from its config: applied at start, and on reload (SIGHUP, aquactl reload)
- * where they can change live. */
+/* aquad's settings from its config (settings.h). */
+#include "settings.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "log.h"
-#include "server.h"
 
-void server_apply_settings(struct server *s)
+struct settings settings_from_config(const struct config *c)
 {
-        const struct config *c = s->config;
+        struct settings st = {0};
 
-        s->limits = (struct wire_limits){
+        st.limits = (struct wire_limits){
             .max_message = c->limits.message_size,
             .max_repeated = (size_t)c->limits.repeated_items,
             .max_string = 4096,
         };
-        s->broker->settings = (struct broker_settings){
+        st.broker = (struct broker_settings){
             .dram_budget = c->dram_budget,
             .reclaim_deadline_ns = c->reclaim_deadline_ns,
             .reconcile_timeout_ns = c->reconcile_timeout_ns,
@@ -27,12 +27,12 @@ void server_apply_settings(struct server *s)
             .scrub = c->scrub_chunks,
             .colocate = c->colocated_lending,
         };
-        s->broker->compact_threshold = c->journal_compact_bytes;
+        st.compact_threshold = c->journal_compact_bytes;
+        return st;
 }
 
-int server_apply_pins(struct server *s)
+int settings_apply_pins(struct broker *p, const struct config *c)
 {
-        const struct config *c = s->config;
         _cleanup_free_ const char **prod = calloc(c->n_pairs + 1, sizeof(char *));
         _cleanup_free_ const char **cons = calloc(c->n_pairs + 1, sizeof(char *));
 
@@ -42,7 +42,7 @@ int server_apply_pins(struct server *s)
                 prod[i] = c->pairs[i].producer;
                 cons[i] = c->pairs[i].consumer;
         }
-        return broker_set_config_pins(s->broker, prod, cons, c->n_pairs);
+        return broker_set_config_pins(p, prod, cons, c->n_pairs);
 }
 
 static bool str_changed(const char *a, const char *b)
@@ -50,28 +50,23 @@ static bool str_changed(const char *a, const char *b)
         return (a || b) && (!a || !b || strcmp(a, b) != 0);
 }
 
-int server_reload(struct server *s, char *err, size_t err_len, char *kept_out,
-                  size_t kept_len)
+int settings_reload(const char *path, struct config *old, struct config **ret, char *err,
+                    size_t err_len, char *kept, size_t kept_len)
 {
         _cleanup_(config_freep) struct config *n = NULL;
         _cleanup_free_ char *error = NULL;
-        struct config *old = s->config;
-        char kept[256] = "";
         int r;
 
-        r = config_load(s->config_path, NULL, 0, &n, &error);
+        kept[0] = '\0';
+        r = config_load(path, NULL, 0, &n, &error);
         if (r < 0) {
-                log_error("Reload failed, keeping the running configuration: %s",
-                          error ? error : strerror(-r));
-                if (err)
-                        snprintf(err, err_len, "%s", error ? error : strerror(-r));
+                snprintf(err, err_len, "%s", error ? error : strerror(-r));
                 return r;
         }
 #define KEEP(cond, name, field)                                                                    \
         do {                                                                                       \
                 if (cond) {                                                                        \
-                        strncat(kept, kept[0] ? ", " name : name,                                  \
-                                sizeof(kept) - strlen(kept) - 1);                                  \
+                        strncat(kept, kept[0] ? ", " name : name, kept_len - strlen(kept) - 1);    \
                         n->field = old->field;                                                     \
                         old->field = NULL;                                                         \
                 }                                                                                  \
@@ -90,33 +85,21 @@ int server_reload(struct server *s, char *err, size_t err_len, char *kept_out,
          * remote.grace apply at once. */
         if (strcmp(n->remote.public_key, old->remote.public_key) != 0 && old->remote.endpoint)
                 strncat(kept, kept[0] ? ", remote key pair" : "remote key pair",
-                        sizeof(kept) - strlen(kept) - 1);
+                        kept_len - strlen(kept) - 1);
         if ((n->remote.heartbeat_interval_ns != old->remote.heartbeat_interval_ns ||
              n->remote.heartbeat_timeout_ns != old->remote.heartbeat_timeout_ns) &&
             old->remote.endpoint)
                 strncat(kept, kept[0] ? ", remote heartbeats" : "remote heartbeats",
-                        sizeof(kept) - strlen(kept) - 1);
+                        kept_len - strlen(kept) - 1);
         memcpy(n->remote.public_key, old->remote.public_key, sizeof(n->remote.public_key));
         memcpy(n->remote.secret_key, old->remote.secret_key, sizeof(n->remote.secret_key));
         n->remote.heartbeat_interval_ns = old->remote.heartbeat_interval_ns;
         n->remote.heartbeat_timeout_ns = old->remote.heartbeat_timeout_ns;
         if (n->socket_mode != old->socket_mode) {
                 strncat(kept, kept[0] ? ", socket-mode" : "socket-mode",
-                        sizeof(kept) - strlen(kept) - 1);
+                        kept_len - strlen(kept) - 1);
                 n->socket_mode = old->socket_mode;
         }
-        s->config = TAKE_PTR(n);
-        config_free(old);
-        server_apply_settings(s);
-        if (server_apply_pins(s) < 0 || broker_repair(s->broker) < 0)
-                log_error("Out of memory applying the pairs of the new configuration");
-        log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
-        events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
-                   kept);
-        log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "
-                   "budget, pairs and log level apply now%s%s",
-                   s->config_path, kept[0] ? "; not changed until restart: " : "", kept);
-        if (kept_out)
-                snprintf(kept_out, kept_len, "%s", kept);
+        *ret = TAKE_PTR(n);
         return 0;
 }

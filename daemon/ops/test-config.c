@@ -257,8 +257,8 @@ Test(config, refuses_plain_tcp_unless_asked_for)
                      "aquad.yaml: endpoint: \"tcp://127.0.0.1:7000\" is plain tcp, with no "
                      "encryption and no authentication; serve other hosts on remote.endpoint "
                      "with CURVE keys, or set plain-tcp: true to accept it");
-        cr_assert_eq(load("endpoint: tcp://127.0.0.1:7000\nplain-tcp: true\n", &c, &error), 0,
-                     "%s", error);
+        cr_assert_eq(load("endpoint: tcp://127.0.0.1:7000\nplain-tcp: true\n", &c, &error), 0, "%s",
+                     error);
         cr_assert(c->plain_tcp);
 }
 
@@ -386,8 +386,9 @@ Test(config, names_the_remote_key_that_is_wrong)
                       0);
         remote_expect(&f, own, "remote.clients[0].keys[0]: aquad's own public key");
         /* The server needs its secret key: a .pub file is not enough. */
-        cr_assert_geq(asprintf(&msg, "remote.key-file: %s: no secret-key (a .pub file holds only "
-                                     "the public key)",
+        cr_assert_geq(asprintf(&msg,
+                               "remote.key-file: %s: no secret-key (a .pub file holds only "
+                               "the public key)",
                                f.server_pub),
                       0);
         pubonly = strdup("remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key.pub\n");

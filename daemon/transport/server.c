@@ -447,6 +447,21 @@ static void read_router(struct server *s)
         }
 }
 
+/* What a scrape shows of the transport. */
+static void show_metrics(void *userdata, struct metrics_view *v)
+{
+        const struct server *s = userdata;
+
+        v->start_ns = s->start_ns;
+        v->stats = &s->stats;
+        for (const struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                const struct client *c = list_entry(x, struct client, node);
+                size_t i = c->registered ? (size_t)c->role : 0;
+
+                v->clients_by_role[i < ARRAY_SIZE(v->clients_by_role) ? i : 0]++;
+        }
+}
+
 int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret)
 {
         _cleanup_(server_freep) struct server *s = NULL;
@@ -487,7 +502,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         if (r >= 0)
                 r = server_open_router(s);
         if (r >= 0 && s->config->metrics)
-                r = metrics_new(s, s->config->metrics, &s->metrics);
+                r = metrics_new(s->broker, s->config->metrics, show_metrics, s, &s->metrics);
         if (r >= 0)
                 r = broker_repair(s->broker);
         if (r < 0) {
@@ -817,7 +832,7 @@ int server_run(struct server *s)
                 if (s->metrics && ((metrics_item && items[metrics_item].revents) ||
                                    metrics_timeout_ms(s->metrics) == 0))
                         metrics_dispatch(s->metrics);
-                notify_status(s);
+                notify_status(s->broker, s->n_clients);
         }
         return s->exit_status;
 }

@@ -13,6 +13,7 @@
 #include "broker.h"
 #include "config.h"
 #include "list.h"
+#include "metrics.h"
 #include "proc.h"
 #include "side.h"
 #include "wire.h"
@@ -83,23 +84,6 @@ typedef int (*server_sink_fn)(struct server *s, const void *routing_id, size_t r
 
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
 typedef void (*server_ready_fn)(struct server *s, void *userdata);
-
-struct server_stats {
-        uint64_t requests;
-        uint64_t errors;
-        uint64_t refused;            /* side-channel connections refused */
-        uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
-        uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
-        uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
-        uint64_t throttled;          /* requests refused over a client's request rate */
-        uint64_t hijacks;            /* Hellos from another process than the token's side channel */
-        uint64_t side_malformed;     /* side frames that did not decode (ignored) */
-        uint64_t evicted;            /* side channels closed for others before their Hello */
-        uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
-        uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
-        uint64_t remote_refused;     /* tcp peers refused: unknown keys, failed handshakes */
-        uint64_t custody_undelivered; /* grants and offers taken back: their reply was not sent */
-};
 
 /* Connections the ROUTER's listeners may have queued (ZMQ_BACKLOG): fewer than the descriptors
  * fdguard.c keeps free. */
@@ -172,7 +156,7 @@ void server_set_ready(struct server *s, server_ready_fn fn, void *userdata);
 /* Serve until SIGTERM or SIGINT; returns 0 after a clean stop. */
 int server_run(struct server *s);
 
-/* ops/settings.c: limits, budgets and pins from s->config; the SIGHUP reload. */
+/* reload.c: limits, budgets and pins from s->config (ops/settings.h); the SIGHUP reload. */
 void server_apply_settings(struct server *s);
 int server_apply_pins(struct server *s);
 /* Load the config file again and apply what can change live (daemon/README.md, SIGHUP). On a

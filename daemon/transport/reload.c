@@ -1,0 +1,50 @@
+/* The config applied to the running aquad: at start, and on reload (ops/settings.h decides). */
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "settings.h"
+
+void server_apply_settings(struct server *s)
+{
+        struct settings st = settings_from_config(s->config);
+
+        s->limits = st.limits;
+        s->broker->settings = st.broker;
+        s->broker->compact_threshold = st.compact_threshold;
+}
+
+int server_apply_pins(struct server *s)
+{
+        return settings_apply_pins(s->broker, s->config);
+}
+
+int server_reload(struct server *s, char *err, size_t err_len, char *kept_out, size_t kept_len)
+{
+        struct config *n = NULL;
+        char why[512], kept[256];
+        int r;
+
+        r = settings_reload(s->config_path, s->config, &n, why, sizeof(why), kept, sizeof(kept));
+        if (r < 0) {
+                log_error("Reload failed, keeping the running configuration: %s", why);
+                if (err)
+                        snprintf(err, err_len, "%s", why);
+                return r;
+        }
+        config_free(s->config);
+        s->config = n;
+        server_apply_settings(s);
+        if (server_apply_pins(s) < 0 || broker_repair(s->broker) < 0)
+                log_error("Out of memory applying the pairs of the new configuration");
+        log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
+        events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
+                   kept);
+        log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "
+                   "budget, pairs and log level apply now%s%s",
+                   s->config_path, kept[0] ? "; not changed until restart: " : "", kept);
+        if (kept_out)
+                snprintf(kept_out, kept_len, "%s", kept);
+        return 0;
+}
