@@ -84,3 +84,17 @@ void quarantine_tick(struct broker *p, uint64_t now_ns);
 
 /* Bring the pool's earliest deadline forward to at least deadline_ns. */
 void broker_note_deadline(struct broker *p, uint64_t deadline_ns);
+
+/* lease.c, for departure.c: chunk ids that go back to one producer, for one Reclaimed notice. */
+struct reclaimed {
+        struct gpu *producer;
+        uint64_t *ids;
+        size_t n, alloc;
+};
+void reclaimed_flush(struct broker *p, struct reclaimed *r);
+/* A consumer no longer maps c (it returned it or died): orphans are dropped, reclaimed chunks go
+ * back to their producer (collected in back), others to the pool. */
+void chunk_unmapped(struct broker *p, struct chunk *c, struct reclaimed *back);
+/* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
+int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *got,
+                  const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret);
