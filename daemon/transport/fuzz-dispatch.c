@@ -161,7 +161,6 @@ static void setup(void)
         _cleanup_(config_freep) struct config *cfg = NULL;
         _cleanup_free_ char *error = NULL;
         char yaml[1024];
-        sigset_t mask;
         int n, r;
 
         /* AQUA_FUZZ_VERBOSE=1 shows what the daemon makes of each input. */
@@ -192,17 +191,11 @@ static void setup(void)
                 die("out of memory", NULL);
         cfg->remote.clients[0].n_keys = 1;
         cfg->remote.n_clients = 1;
-        r = server_new(cfg, "fuzz.yaml", 0, &srv);
+        r = server_new(cfg, "fuzz.yaml", SERVER_UNBOUND, &srv);
         if (r < 0)
                 die("cannot start the server", strerror(-r));
         cfg = NULL;
-        srv->sink = sink;
-        /* The server blocks these for its signalfd; the fuzzer wants them back. */
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGHUP);
-        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        srv->sink = sink; /* unbound: no socket, no signals */
         memfd = memfd_create("chunk", MFD_CLOEXEC);
         if (memfd < 0 || ftruncate(memfd, FUZZ_CHUNK) < 0)
                 die("cannot make a memfd", NULL);

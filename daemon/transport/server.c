@@ -487,13 +487,17 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         server_apply_settings(s);
         r = server_apply_pins(s);
         /* The sockets' locks first: an aquad that may not serve them touches nothing. */
-        if (r >= 0)
+        if (r >= 0 && !(flags & SERVER_UNBOUND))
                 r = server_lock_sockets(s);
         if (r >= 0)
                 r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
         if (r < 0) {
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
+        }
+        if (flags & SERVER_UNBOUND) {
+                *ret = TAKE_PTR(s);
+                return 0;
         }
         s->fd_limit = server_raise_fd_limit();
         r = server_open_signals(s);

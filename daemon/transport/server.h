@@ -146,6 +146,9 @@ struct server {
 enum {
         /* A journal damaged before its tail is cut there (after a copy) instead of refused. */
         SERVER_REPAIR_JOURNAL = 1 << 0,
+        /* No sockets, no signals, no lock: the journal and the core only, for dispatch driven by
+         * a test or a fuzzer, whose sink takes what aquad sends (it cannot run its loop). */
+        SERVER_UNBOUND = 1 << 1,
 };
 
 /* Set up from config (taken on success): sockets' locks, journal replay, sockets, signals. */

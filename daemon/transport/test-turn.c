@@ -104,7 +104,7 @@ static void setup(void)
                      "reclaim-deadline: 1s\n",
                      dir, dir, journal);
         cr_assert_eq(config_load("turn.yaml", yaml, (size_t)n, &cfg, &error), 0, "%s", error);
-        cr_assert_eq(server_new(cfg, "turn.yaml", 0, &srv), 0);
+        cr_assert_eq(server_new(cfg, "turn.yaml", SERVER_UNBOUND, &srv), 0);
         srv->sink = sink;
         memfd = memfd_create("chunk", MFD_CLOEXEC);
         cr_assert(memfd >= 0 && ftruncate(memfd, CHUNK) == 0);

@@ -223,6 +223,8 @@ static int router_send(struct server *s, const void *rid, size_t rlen, const voi
 
         if (s->sink)
                 r = s->sink(s, rid, rlen, buf, len);
+        else if (!s->router)
+                r = -ENOTCONN;
         else if (zmq_send(s->router, rid, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
                  zmq_send(s->router, buf, len, ZMQ_DONTWAIT) < 0)
                 r = -errno;
