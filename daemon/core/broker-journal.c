@@ -9,29 +9,29 @@
 
 /* ------------------------------------------------------------------------------ journal ops */
 
-static void op_push(struct broker *p, Aquaj__JOp *op)
+static void op_push(struct broker *pool, Aquaj__JOp *op)
 {
-        if (p->replaying) {
+        if (pool->replaying) {
                 if (op)
                         aquaj__jop__free_unpacked(op, NULL);
                 return;
         }
         if (!op)
                 goto oom;
-        if (p->n_ops == p->alloc_ops) {
-                size_t n = p->alloc_ops ? p->alloc_ops * 2 : 16;
-                Aquaj__JOp **ops = reallocarray(p->ops, n, sizeof(*ops));
+        if (pool->n_ops == pool->alloc_ops) {
+                size_t n = pool->alloc_ops ? pool->alloc_ops * 2 : 16;
+                Aquaj__JOp **ops = reallocarray(pool->ops, n, sizeof(*ops));
                 if (!ops)
                         goto oom;
-                p->ops = ops;
-                p->alloc_ops = n;
+                pool->ops = ops;
+                pool->alloc_ops = n;
         }
-        p->ops[p->n_ops++] = op;
+        pool->ops[pool->n_ops++] = op;
         return;
 oom:
         if (op)
                 aquaj__jop__free_unpacked(op, NULL);
-        p->stats.journal_errors++;
+        pool->stats.journal_errors++;
         log_error("Out of memory recording a journal operation; state may not survive a restart");
 }
 
@@ -176,34 +176,34 @@ static Aquaj__JOp *op_with(Aquaj__JOp *op, const void *payload)
         return op;
 }
 
-void journal_chunk(struct broker *p, const struct chunk *c)
+void journal_chunk(struct broker *pool, const struct chunk *c)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_CHUNK_SET);
 
         if (op)
                 op->chunk_set = jchunk_new(c);
-        op_push(p, op_with(op, op ? op->chunk_set : NULL));
+        op_push(pool, op_with(op, op ? op->chunk_set : NULL));
 }
 
-void journal_lease(struct broker *p, const struct lease *l)
+void journal_lease(struct broker *pool, const struct lease *l)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_LEASE_SET);
 
         if (op)
                 op->lease_set = jlease_new(l);
-        op_push(p, op_with(op, op ? op->lease_set : NULL));
+        op_push(pool, op_with(op, op ? op->lease_set : NULL));
 }
 
-void journal_gpu(struct broker *p, const struct gpu *g)
+void journal_gpu(struct broker *pool, const struct gpu *g)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_GPU_SET);
 
         if (op)
                 op->gpu_set = jgpu_new(g);
-        op_push(p, op_with(op, op ? op->gpu_set : NULL));
+        op_push(pool, op_with(op, op ? op->gpu_set : NULL));
 }
 
-void journal_del(struct broker *p, bool chunk, uint64_t id)
+void journal_del(struct broker *pool, bool chunk, uint64_t id)
 {
         Aquaj__JOp *op = op_new(chunk ? AQUAJ__JOP__OP_CHUNK_DEL : AQUAJ__JOP__OP_LEASE_DEL);
 
@@ -213,15 +213,15 @@ void journal_del(struct broker *p, bool chunk, uint64_t id)
                 else
                         op->lease_del = id;
         }
-        op_push(p, op);
+        op_push(pool, op);
 }
 
-void journal_pin(struct broker *p, const char *producer, const char *consumer, bool del)
+void journal_pin(struct broker *pool, const char *producer, const char *consumer, bool del)
 {
         Aquaj__JOp *op = op_new(del ? AQUAJ__JOP__OP_PAIR_DEL : AQUAJ__JOP__OP_PAIR_SET);
 
         if (!op)
-                return op_push(p, NULL);
+                return op_push(pool, NULL);
         if (del) {
                 op->pair_del = strdup(producer);
                 op = op_with(op, op->pair_del);
@@ -229,14 +229,14 @@ void journal_pin(struct broker *p, const char *producer, const char *consumer, b
                 op->pair_set = jpair_new(producer, consumer, "aquactl");
                 op = op_with(op, op->pair_set);
         }
-        op_push(p, op);
+        op_push(pool, op);
 }
 
-void broker_ops_clear(struct broker *p)
+void broker_ops_clear(struct broker *pool)
 {
-        for (size_t i = 0; i < p->n_ops; i++)
-                aquaj__jop__free_unpacked(p->ops[i], NULL);
-        p->n_ops = 0;
+        for (size_t i = 0; i < pool->n_ops; i++)
+                aquaj__jop__free_unpacked(pool->ops[i], NULL);
+        pool->n_ops = 0;
 }
 
 /* Compaction that fails is retried after a back-off, not on every commit. */
@@ -245,95 +245,96 @@ void broker_ops_clear(struct broker *p)
 /* Operations queued while the journal cannot be written, before one snapshot replaces them. */
 #define MAX_QUEUED_OPS 65536
 
-static void compact(struct broker *p)
+static void compact(struct broker *pool)
 {
         Aquaj__JournalRecord *snap = NULL;
         uint64_t now = now_mono_ns();
         int r;
 
-        if (!journal_wants_compaction(p->journal, p->compact_threshold) ||
-            now < p->compact_retry_ns)
+        if (!journal_wants_compaction(pool->journal, pool->compact_threshold) ||
+            now < pool->compact_retry_ns)
                 return;
-        r = broker_snapshot(p, &snap);
+        r = broker_snapshot(pool, &snap);
         if (r >= 0)
-                r = journal_compact(p->journal, snap);
+                r = journal_compact(pool->journal, snap);
         if (snap)
                 aquaj__journal_record__free_unpacked(snap, NULL);
         if (r < 0) {
                 /* The log itself is intact: only its size grows. */
-                p->stats.compaction_failures++;
-                p->compact_backoff_ns = p->compact_backoff_ns
-                                            ? MIN(p->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
-                                            : COMPACT_BACKOFF_MIN_NS;
-                p->compact_retry_ns = now + p->compact_backoff_ns;
-                if (!p->compact_error)
+                pool->stats.compaction_failures++;
+                pool->compact_backoff_ns =
+                    pool->compact_backoff_ns
+                        ? MIN(pool->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
+                        : COMPACT_BACKOFF_MIN_NS;
+                pool->compact_retry_ns = now + pool->compact_backoff_ns;
+                if (!pool->compact_error)
                         log_warning_errno(r,
                                           "Failed to compact the journal: %m; retrying with "
                                           "back-off (at most every %" PRIu64 " s)",
                                           COMPACT_BACKOFF_MAX_NS / NSEC_PER_SEC);
-                p->compact_error = r;
+                pool->compact_error = r;
                 return;
         }
-        if (p->compact_error)
+        if (pool->compact_error)
                 log_notice("Compacted the journal again");
-        p->compact_error = 0;
-        p->compact_backoff_ns = 0;
-        p->compact_retry_ns = 0;
+        pool->compact_error = 0;
+        pool->compact_backoff_ns = 0;
+        pool->compact_retry_ns = 0;
 }
 
 /* Too many operations waiting for a writable journal: one snapshot says all they say. */
-static void fold_queued_ops(struct broker *p)
+static void fold_queued_ops(struct broker *pool)
 {
         Aquaj__JournalRecord *snap = NULL;
 
-        if (p->n_ops < MAX_QUEUED_OPS || broker_snapshot(p, &snap) < 0)
+        if (pool->n_ops < MAX_QUEUED_OPS || broker_snapshot(pool, &snap) < 0)
                 return;
-        broker_ops_clear(p);
-        p->ops[p->n_ops++] = snap->ops[0];
+        broker_ops_clear(pool);
+        pool->ops[pool->n_ops++] = snap->ops[0];
         snap->n_ops = 0;
         aquaj__journal_record__free_unpacked(snap, NULL);
 }
 
-int broker_commit(struct broker *p)
+int broker_commit(struct broker *pool)
 {
         Aquaj__JournalRecord rec = AQUAJ__JOURNAL_RECORD__INIT;
         int r;
 
-        if (!p->journal) {
-                broker_ops_clear(p);
+        if (!pool->journal) {
+                broker_ops_clear(pool);
                 return 0;
         }
-        if (p->n_ops == 0 && !p->journal_error)
+        if (pool->n_ops == 0 && !pool->journal_error)
                 return 0;
-        rec.n_ops = p->n_ops;
-        rec.ops = p->ops;
-        r = journal_append(p->journal, &rec);
+        rec.n_ops = pool->n_ops;
+        rec.ops = pool->ops;
+        r = journal_append(pool->journal, &rec);
         if (r < 0) {
-                p->stats.journal_errors++;
-                if (!p->journal_error)
+                pool->stats.journal_errors++;
+                if (!pool->journal_error)
                         log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
                                            "grants until it can be written");
-                p->journal_error = r;
-                fold_queued_ops(p);
+                pool->journal_error = r;
+                fold_queued_ops(pool);
                 return r;
         }
-        p->stats.journal_commits++;
-        if (p->journal_error)
+        pool->stats.journal_commits++;
+        if (pool->journal_error)
                 log_notice("The journal can be written again");
-        p->journal_error = 0;
-        broker_ops_clear(p);
-        compact(p);
+        pool->journal_error = 0;
+        broker_ops_clear(pool);
+        compact(pool);
         return 0;
 }
 
-const char *broker_degraded(const struct broker *p, char *buf, size_t size)
+const char *broker_degraded(const struct broker *pool, char *buf, size_t size)
 {
-        if (p->journal_error)
+        if (pool->journal_error)
                 snprintf(buf, size, "the journal cannot be written: %s",
-                         strerror(-p->journal_error));
-        else if (p->compact_error)
+                         strerror(-pool->journal_error));
+        else if (pool->compact_error)
                 snprintf(buf, size, "the journal cannot be compacted: %s",
-                         strerror(-p->compact_error));
+                         strerror(-pool->compact_error));
         else
                 return NULL;
         return buf;
@@ -341,13 +342,13 @@ const char *broker_degraded(const struct broker *p, char *buf, size_t size)
 
 /* ------------------------------------------------------------------------------ replay */
 
-static struct gpu *restored_gpu(struct broker *p, const char *uuid, enum gpu_role role)
+static struct gpu *restored_gpu(struct broker *pool, const char *uuid, enum gpu_role role)
 {
         struct gpu *g;
 
         if (!uuid || !uuid[0])
                 return NULL;
-        g = gpu_ensure(p, uuid);
+        g = gpu_ensure(pool, uuid);
         if (!g)
                 return NULL;
         if (!g->owner)
@@ -357,17 +358,17 @@ static struct gpu *restored_gpu(struct broker *p, const char *uuid, enum gpu_rol
         return g;
 }
 
-static int apply_lease(struct broker *p, const Aquaj__JLease *j)
+static int apply_lease(struct broker *pool, const Aquaj__JLease *j)
 {
-        struct lease *l = broker_find_lease(p, j->id);
+        struct lease *l = broker_find_lease(pool, j->id);
         struct gpu *consumer, *producer;
 
         if (!l) {
-                consumer = restored_gpu(p, j->consumer, GPU_ROLE_CONSUMER);
-                producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
+                consumer = restored_gpu(pool, j->consumer, GPU_ROLE_CONSUMER);
+                producer = restored_gpu(pool, j->producer, GPU_ROLE_PRODUCER);
                 if (!consumer || !producer || j->id == 0)
                         return -EBADMSG;
-                l = lease_new(p, j->id, consumer, producer);
+                l = lease_new(pool, j->id, consumer, producer);
                 if (!l)
                         return -ENOMEM;
         }
@@ -377,29 +378,29 @@ static int apply_lease(struct broker *p, const Aquaj__JLease *j)
         return 0;
 }
 
-static int apply_chunk(struct broker *p, const Aquaj__JChunk *j)
+static int apply_chunk(struct broker *pool, const Aquaj__JChunk *j)
 {
-        struct chunk *c = broker_find_chunk(p, j->id);
-        struct lease *l = j->lease_id ? broker_find_lease(p, j->lease_id) : NULL;
+        struct chunk *c = broker_find_chunk(pool, j->id);
+        struct lease *l = j->lease_id ? broker_find_lease(pool, j->lease_id) : NULL;
         uint64_t now_ms = now_real_ns() / NSEC_PER_MSEC;
 
         if (!c) {
-                struct gpu *producer = restored_gpu(p, j->producer, GPU_ROLE_PRODUCER);
+                struct gpu *producer = restored_gpu(pool, j->producer, GPU_ROLE_PRODUCER);
                 if (!producer || j->id == 0)
                         return -EBADMSG;
-                c = chunk_new(p, producer, j->id, j->size, j->client_ref, -1);
+                c = chunk_new(pool, producer, j->id, j->size, j->client_ref, -1);
                 if (!c)
                         return -ENOMEM;
         }
         if (c->lease != l) {
-                chunk_release(p, c);
+                chunk_release(pool, c);
                 if (l)
-                        chunk_lease(p, c, l);
+                        chunk_lease(pool, c, l);
         }
         c->orphan = j->orphan;
         bool quarantined = j->quarantined && !l;
         if (c->quarantined != quarantined)
-                p->n_quarantined += quarantined ? 1 : (size_t)-1;
+                pool->n_quarantined += quarantined ? 1 : (size_t)-1;
         c->quarantined = quarantined;
         c->quarantine_back = c->quarantined && j->quarantine_back;
         c->quarantine = (struct proc_id){0};
@@ -429,13 +430,13 @@ static int apply_chunk(struct broker *p, const Aquaj__JChunk *j)
         return 0;
 }
 
-static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
+static int apply_gpu(struct broker *pool, const Aquaj__JGpu *j)
 {
-        struct gpu *g = restored_gpu(p, j->uuid, GPU_ROLE_UNSPECIFIED);
+        struct gpu *g = restored_gpu(pool, j->uuid, GPU_ROLE_UNSPECIFIED);
 
         if (!g)
                 return -EBADMSG;
-        p->dram_granted = p->dram_granted - g->dram_bytes + j->dram_bytes;
+        pool->dram_granted = pool->dram_granted - g->dram_bytes + j->dram_bytes;
         g->dram_bytes = j->dram_bytes;
         g->barred = j->barred;
         g->draining = j->draining;
@@ -471,7 +472,7 @@ static int apply_gpu(struct broker *p, const Aquaj__JGpu *j)
         return 0;
 }
 
-static int apply_op(struct broker *p, const Aquaj__JOp *op)
+static int apply_op(struct broker *pool, const Aquaj__JOp *op)
 {
         struct chunk *c;
         struct lease *l;
@@ -481,46 +482,46 @@ static int apply_op(struct broker *p, const Aquaj__JOp *op)
         case AQUAJ__JOP__OP_SNAPSHOT: {
                 const Aquaj__JSnapshot *s = op->snapshot;
                 /* A snapshot replaces all state; config pins are set again after replay. */
-                broker_clear(p);
-                pins_clear(p, false);
+                broker_clear(pool);
+                pins_clear(pool, false);
                 for (size_t i = 0; i < s->n_leases; i++)
-                        if ((r = apply_lease(p, s->leases[i])) < 0)
+                        if ((r = apply_lease(pool, s->leases[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_chunks; i++)
-                        if ((r = apply_chunk(p, s->chunks[i])) < 0)
+                        if ((r = apply_chunk(pool, s->chunks[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_gpus; i++)
-                        if ((r = apply_gpu(p, s->gpus[i])) < 0)
+                        if ((r = apply_gpu(pool, s->gpus[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_pairs; i++)
-                        if ((r = broker_pins_add(p, s->pairs[i]->producer, s->pairs[i]->consumer,
+                        if ((r = broker_pins_add(pool, s->pairs[i]->producer, s->pairs[i]->consumer,
                                                  "aquactl")) < 0)
                                 return r;
-                p->next_chunk_id = MAX(p->next_chunk_id, s->next_chunk_id);
-                p->next_lease_id = MAX(p->next_lease_id, s->next_lease_id);
+                pool->next_chunk_id = MAX(pool->next_chunk_id, s->next_chunk_id);
+                pool->next_lease_id = MAX(pool->next_lease_id, s->next_lease_id);
                 return 0;
         }
         case AQUAJ__JOP__OP_CHUNK_SET:
-                return apply_chunk(p, op->chunk_set);
+                return apply_chunk(pool, op->chunk_set);
         case AQUAJ__JOP__OP_CHUNK_DEL:
-                c = broker_find_chunk(p, op->chunk_del);
+                c = broker_find_chunk(pool, op->chunk_del);
                 if (c)
-                        chunk_destroy(p, c);
+                        chunk_destroy(pool, c);
                 return 0;
         case AQUAJ__JOP__OP_LEASE_SET:
-                return apply_lease(p, op->lease_set);
+                return apply_lease(pool, op->lease_set);
         case AQUAJ__JOP__OP_LEASE_DEL:
-                l = broker_find_lease(p, op->lease_del);
+                l = broker_find_lease(pool, op->lease_del);
                 if (l)
-                        lease_destroy(p, l);
+                        lease_destroy(pool, l);
                 return 0;
         case AQUAJ__JOP__OP_GPU_SET:
-                return apply_gpu(p, op->gpu_set);
+                return apply_gpu(pool, op->gpu_set);
         case AQUAJ__JOP__OP_PAIR_SET:
-                return broker_pins_add(p, op->pair_set->producer, op->pair_set->consumer,
+                return broker_pins_add(pool, op->pair_set->producer, op->pair_set->consumer,
                                        "aquactl");
         case AQUAJ__JOP__OP_PAIR_DEL:
-                broker_pins_remove(p, op->pair_del);
+                broker_pins_remove(pool, op->pair_del);
                 return 0;
         default:
                 /* An operation a newer aquad wrote: skipping it is safer than refusing to start. */
@@ -530,46 +531,46 @@ static int apply_op(struct broker *p, const Aquaj__JOp *op)
 
 int broker_apply(const Aquaj__JournalRecord *rec, void *userdata)
 {
-        struct broker *p = userdata;
+        struct broker *pool = userdata;
         int r = 0;
 
-        p->replaying = true;
+        pool->replaying = true;
         for (size_t i = 0; i < rec->n_ops && r >= 0; i++)
-                r = apply_op(p, rec->ops[i]);
-        p->replaying = false;
+                r = apply_op(pool, rec->ops[i]);
+        pool->replaying = false;
         return r;
 }
 
-void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold)
+void broker_attach_journal(struct broker *pool, struct journal *j, uint64_t compact_threshold)
 {
         bool any = false;
 
-        p->journal = j;
-        p->compact_threshold = compact_threshold;
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+        pool->journal = j;
+        pool->compact_threshold = compact_threshold;
+        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 if (g->restored)
                         any = true;
         }
-        for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next) {
+        for (struct list_node *n = pool->leases.next; n != &pool->leases; n = n->next) {
                 struct lease *l = list_entry(n, struct lease, broker_node);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next)
-                        broker_note_deadline(p,
+                        broker_note_deadline(pool,
                                              list_entry(k, struct chunk, lease_node)->deadline_ns);
         }
-        if (p->n_quarantined) {
-                p->quarantine_check_ns = now_mono_ns();
-                broker_note_deadline(p, p->quarantine_check_ns);
+        if (pool->n_quarantined) {
+                pool->quarantine_check_ns = now_mono_ns();
+                broker_note_deadline(pool, pool->quarantine_check_ns);
         }
         if (any) {
-                p->reconcile_deadline_ns = now_mono_ns() + p->settings.reconcile_timeout_ns;
-                broker_note_deadline(p, p->reconcile_deadline_ns);
+                pool->reconcile_deadline_ns = now_mono_ns() + pool->settings.reconcile_timeout_ns;
+                broker_note_deadline(pool, pool->reconcile_deadline_ns);
         }
 }
 
 /* ------------------------------------------------------------------------------ snapshot */
 
-int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
+int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret)
 {
         Aquaj__JournalRecord *rec;
         Aquaj__JSnapshot *s;
@@ -597,19 +598,19 @@ int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
         rec->n_ops = 1;
         op = NULL;
 
-        s->next_chunk_id = p->next_chunk_id;
-        s->next_lease_id = p->next_lease_id;
-        s->chunks = calloc(p->n_chunks ? p->n_chunks : 1, sizeof(*s->chunks));
-        s->leases = calloc(p->n_leases ? p->n_leases : 1, sizeof(*s->leases));
-        s->gpus = calloc(p->n_gpus ? p->n_gpus : 1, sizeof(*s->gpus));
-        s->pairs = calloc(p->n_pins ? p->n_pins : 1, sizeof(*s->pairs));
+        s->next_chunk_id = pool->next_chunk_id;
+        s->next_lease_id = pool->next_lease_id;
+        s->chunks = calloc(pool->n_chunks ? pool->n_chunks : 1, sizeof(*s->chunks));
+        s->leases = calloc(pool->n_leases ? pool->n_leases : 1, sizeof(*s->leases));
+        s->gpus = calloc(pool->n_gpus ? pool->n_gpus : 1, sizeof(*s->gpus));
+        s->pairs = calloc(pool->n_pins ? pool->n_pins : 1, sizeof(*s->pairs));
         if (!s->chunks || !s->leases || !s->gpus || !s->pairs)
                 goto oom;
-        for (struct list_node *n = p->leases.next; n != &p->leases; n = n->next)
+        for (struct list_node *n = pool->leases.next; n != &pool->leases; n = n->next)
                 if (!(s->leases[s->n_leases++] =
                           jlease_new(list_entry(n, struct lease, broker_node))))
                         goto oom;
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next)
                         if (!(s->chunks[s->n_chunks++] =
@@ -617,17 +618,17 @@ int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret)
                                 goto oom;
                 if ((g->dram_bytes || g->barred || g->draining || g->process.pid ||
                      g->custody.held) &&
-                    n_gpus < p->n_gpus) {
+                    n_gpus < pool->n_gpus) {
                         if (!(s->gpus[s->n_gpus++] = jgpu_new(g)))
                                 goto oom;
                         n_gpus++;
                 }
         }
-        for (size_t i = 0; i < p->n_pins; i++) {
-                if (strcmp(p->pins[i].source, "aquactl") != 0)
+        for (size_t i = 0; i < pool->n_pins; i++) {
+                if (strcmp(pool->pins[i].source, "aquactl") != 0)
                         continue;
                 if (!(s->pairs[s->n_pairs++] =
-                          jpair_new(p->pins[i].producer, p->pins[i].consumer, "aquactl")))
+                          jpair_new(pool->pins[i].producer, pool->pins[i].consumer, "aquactl")))
                         goto oom;
         }
         *ret = rec;

@@ -59,20 +59,20 @@ const char *gpu_role_to_string(enum gpu_role r)
         return r < _GPU_ROLE_MAX ? names[r] : "invalid";
 }
 
-void broker_note_deadline(struct broker *p, uint64_t deadline_ns)
+void broker_note_deadline(struct broker *pool, uint64_t deadline_ns)
 {
-        if (deadline_ns && (!p->next_deadline_ns || deadline_ns < p->next_deadline_ns))
-                p->next_deadline_ns = deadline_ns;
+        if (deadline_ns && (!pool->next_deadline_ns || deadline_ns < pool->next_deadline_ns))
+                pool->next_deadline_ns = deadline_ns;
 }
 
 /* ------------------------------------------------------------------------------ notices */
 
-void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+void notice_queue(struct broker *pool, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text)
 {
         struct notice *m;
 
-        if (!to || !to->owner || p->replaying)
+        if (!to || !to->owner || pool->replaying)
                 return;
         m = calloc(1, sizeof(*m));
         if (!m)
@@ -90,7 +90,7 @@ void notice_queue(struct broker *p, enum notice_kind kind, struct gpu *to, uint6
         }
         if (text && !(m->text = strdup(text)))
                 goto oom;
-        list_append(&p->notices, &m->node);
+        list_append(&pool->notices, &m->node);
         return;
 oom:
         notice_free(m);
@@ -108,11 +108,11 @@ struct notice *notice_free(struct notice *n)
         return NULL;
 }
 
-void broker_take_notices(struct broker *p, struct list_node *into)
+void broker_take_notices(struct broker *pool, struct list_node *into)
 {
         struct list_node *pos, *tmp;
 
-        list_for_each(pos, tmp, &p->notices)
+        list_for_each(pos, tmp, &pool->notices)
         {
                 list_unlink(pos);
                 list_append(into, pos);
@@ -140,14 +140,14 @@ bool gpu_is(const struct gpu *g, const char *key)
         return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
 }
 
-int broker_lookup_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
+int broker_lookup_gpu(struct broker *pool, const char *key, const char *what, struct gpu **ret,
                       char *err)
 {
         struct gpu *found = NULL;
         char names[160] = "";
         size_t n = 0, len = 0;
 
-        for (struct list_node *x = key && key[0] ? p->gpus.next : &p->gpus; x != &p->gpus;
+        for (struct list_node *x = key && key[0] ? pool->gpus.next : &pool->gpus; x != &pool->gpus;
              x = x->next) {
                 struct gpu *g = list_entry(x, struct gpu, node);
                 if (strcmp(g->uuid, key) == 0) {
@@ -175,14 +175,14 @@ int broker_lookup_gpu(struct broker *p, const char *key, const char *what, struc
         return 0;
 }
 
-struct gpu *broker_find_gpu(struct broker *p, const char *key)
+struct gpu *broker_find_gpu(struct broker *pool, const char *key)
 {
         struct list_node *pos, *tmp;
         struct gpu *other = NULL;
 
         if (!key || !key[0])
                 return NULL;
-        list_for_each(pos, tmp, &p->gpus)
+        list_for_each(pos, tmp, &pool->gpus)
         {
                 struct gpu *g = list_entry(pos, struct gpu, node);
                 if (strcmp(g->uuid, key) == 0)
@@ -195,19 +195,19 @@ struct gpu *broker_find_gpu(struct broker *p, const char *key)
         return other;
 }
 
-struct chunk *broker_find_chunk(struct broker *p, uint64_t id)
+struct chunk *broker_find_chunk(struct broker *pool, uint64_t id)
 {
-        return tree_find(&p->chunks_by_id, id);
+        return tree_find(&pool->chunks_by_id, id);
 }
 
-struct lease *broker_find_lease(struct broker *p, uint64_t id)
+struct lease *broker_find_lease(struct broker *pool, uint64_t id)
 {
-        return tree_find(&p->leases_by_id, id);
+        return tree_find(&pool->leases_by_id, id);
 }
 
-struct gpu *gpu_find(struct broker *p, const char *uuid)
+struct gpu *gpu_find(struct broker *pool, const char *uuid)
 {
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 if (strcmp(g->uuid, uuid) == 0)
                         return g;
@@ -215,9 +215,9 @@ struct gpu *gpu_find(struct broker *p, const char *uuid)
         return NULL;
 }
 
-struct gpu *gpu_ensure(struct broker *p, const char *uuid)
+struct gpu *gpu_ensure(struct broker *pool, const char *uuid)
 {
-        struct gpu *g = gpu_find(p, uuid);
+        struct gpu *g = gpu_find(pool, uuid);
 
         if (g)
                 return g;
@@ -236,8 +236,8 @@ struct gpu *gpu_ensure(struct broker *p, const char *uuid)
         list_init(&g->chunks);
         list_init(&g->free_chunks);
         list_init(&g->leases);
-        list_append(&p->gpus, &g->node);
-        p->n_gpus++;
+        list_append(&pool->gpus, &g->node);
+        pool->n_gpus++;
         return g;
 }
 
@@ -250,10 +250,10 @@ static void gpu_free_links(struct gpu *g)
         g->n_links = 0;
 }
 
-static void gpu_destroy(struct broker *p, struct gpu *g)
+static void gpu_destroy(struct broker *pool, struct gpu *g)
 {
         list_unlink(&g->node);
-        p->n_gpus--;
+        pool->n_gpus--;
         gpu_free_links(g);
         free(g->client_name);
         free(g->host);
@@ -263,37 +263,37 @@ static void gpu_destroy(struct broker *p, struct gpu *g)
         free(g);
 }
 
-static bool pinned(const struct broker *p, const struct gpu *g)
+static bool pinned(const struct broker *pool, const struct gpu *g)
 {
-        for (size_t i = 0; i < p->n_pins; i++)
-                if (gpu_is(g, p->pins[i].producer) || gpu_is(g, p->pins[i].consumer))
+        for (size_t i = 0; i < pool->n_pins; i++)
+                if (gpu_is(g, pool->pins[i].producer) || gpu_is(g, pool->pins[i].consumer))
                         return true;
         return false;
 }
 
-void gpu_gc(struct broker *p, struct gpu *g)
+void gpu_gc(struct broker *pool, struct gpu *g)
 {
         struct list_node *pos, *tmp;
 
         if (!g || g->owner || g->restored || !list_empty(&g->chunks) || !list_empty(&g->leases) ||
-            g->dram_bytes || g->barred || g->draining || g->paired || pinned(p, g))
+            g->dram_bytes || g->barred || g->draining || g->paired || pinned(pool, g))
                 return;
-        list_for_each(pos, tmp, &p->notices)
+        list_for_each(pos, tmp, &pool->notices)
         {
                 if (list_entry(pos, struct notice, node)->gpu == g)
                         return;
         }
         /* A lease names its producer even with none of its chunks left (all came back
          * unusable): the consumer's Return still reaches it. */
-        list_for_each(pos, tmp, &p->leases)
+        list_for_each(pos, tmp, &pool->leases)
         {
                 if (list_entry(pos, struct lease, broker_node)->producer == g)
                         return;
         }
-        gpu_destroy(p, g);
+        gpu_destroy(pool, g);
 }
 
-void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char *source,
+void gpu_set_pair(struct broker *pool, struct gpu *g, struct gpu *mate, const char *source,
                   double bandwidth)
 {
         if (g->paired == mate)
@@ -301,7 +301,7 @@ void gpu_set_pair(struct broker *p, struct gpu *g, struct gpu *mate, const char 
         g->paired = mate;
         g->pair_source = mate ? source : NULL;
         g->pair_bandwidth = mate ? bandwidth : 0;
-        notice_queue(p, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
+        notice_queue(pool, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
 }
 
 bool chunk_has_handle(const struct chunk *c)
@@ -329,7 +329,7 @@ void chunk_set_free_listed(struct chunk *c)
                 list_append(&c->producer->free_chunks, &c->free_node);
 }
 
-struct chunk *chunk_new(struct broker *p, struct gpu *producer, uint64_t id, uint64_t size,
+struct chunk *chunk_new(struct broker *pool, struct gpu *producer, uint64_t id, uint64_t size,
                         uint64_t client_ref, int fd)
 {
         struct chunk *c = calloc(1, sizeof(*c));
@@ -345,21 +345,21 @@ struct chunk *chunk_new(struct broker *p, struct gpu *producer, uint64_t id, uin
         list_init(&c->producer_node);
         list_init(&c->free_node);
         list_init(&c->lease_node);
-        if (!tsearch(c, &p->chunks_by_id, cmp_id)) {
+        if (!tsearch(c, &pool->chunks_by_id, cmp_id)) {
                 free(c);
                 return NULL;
         }
         list_append(&producer->chunks, &c->producer_node);
         producer->offered_bytes += size;
-        p->pool_bytes += size;
-        p->n_chunks++;
-        if (id >= p->next_chunk_id)
-                p->next_chunk_id = id + 1;
+        pool->pool_bytes += size;
+        pool->n_chunks++;
+        if (id >= pool->next_chunk_id)
+                pool->next_chunk_id = id + 1;
         chunk_set_free_listed(c);
         return c;
 }
 
-static void chunk_unlink_lease(struct broker *p, struct chunk *c)
+static void chunk_unlink_lease(struct broker *pool, struct chunk *c)
 {
         struct lease *l = c->lease;
 
@@ -370,7 +370,7 @@ static void chunk_unlink_lease(struct broker *p, struct chunk *c)
         l->bytes -= c->size;
         l->consumer->borrowed_bytes -= c->size;
         c->producer->lent_bytes -= c->size;
-        p->lent_bytes -= c->size;
+        pool->lent_bytes -= c->size;
         c->lease = NULL;
         c->deadline_ns = 0;
         c->deadline_ms = 0;
@@ -378,27 +378,27 @@ static void chunk_unlink_lease(struct broker *p, struct chunk *c)
         lease_update_state(l);
 }
 
-void chunk_destroy(struct broker *p, struct chunk *c)
+void chunk_destroy(struct broker *pool, struct chunk *c)
 {
-        chunk_unlink_lease(p, c);
+        chunk_unlink_lease(pool, c);
         list_unlink(&c->free_node);
         list_unlink(&c->producer_node);
-        tdelete(c, &p->chunks_by_id, cmp_id);
+        tdelete(c, &pool->chunks_by_id, cmp_id);
         c->producer->offered_bytes -= c->size;
-        p->pool_bytes -= c->size;
-        p->n_chunks--;
-        p->n_quarantined -= c->quarantined;
+        pool->pool_bytes -= c->size;
+        pool->n_chunks--;
+        pool->n_quarantined -= c->quarantined;
         chunk_drop_handle(c);
         free(c);
 }
 
-void chunk_drop(struct broker *p, struct chunk *c)
+void chunk_drop(struct broker *pool, struct chunk *c)
 {
-        journal_del(p, true, c->id);
-        chunk_destroy(p, c);
+        journal_del(pool, true, c->id);
+        chunk_destroy(pool, c);
 }
 
-void chunk_lease(struct broker *p, struct chunk *c, struct lease *l)
+void chunk_lease(struct broker *pool, struct chunk *c, struct lease *l)
 {
         list_unlink(&c->free_node);
         c->state = CHUNK_LEASED;
@@ -408,12 +408,12 @@ void chunk_lease(struct broker *p, struct chunk *c, struct lease *l)
         l->bytes += c->size;
         l->consumer->borrowed_bytes += c->size;
         c->producer->lent_bytes += c->size;
-        p->lent_bytes += c->size;
+        pool->lent_bytes += c->size;
 }
 
-void chunk_release(struct broker *p, struct chunk *c)
+void chunk_release(struct broker *pool, struct chunk *c)
 {
-        chunk_unlink_lease(p, c);
+        chunk_unlink_lease(pool, c);
         c->state = CHUNK_FREE;
         chunk_set_free_listed(c);
 }
@@ -448,7 +448,8 @@ void lease_update_state(struct lease *l)
         }
 }
 
-struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, struct gpu *producer)
+struct lease *lease_new(struct broker *pool, uint64_t id, struct gpu *consumer,
+                        struct gpu *producer)
 {
         struct lease *l = calloc(1, sizeof(*l));
 
@@ -463,192 +464,194 @@ struct lease *lease_new(struct broker *p, uint64_t id, struct gpu *consumer, str
         list_init(&l->chunks);
         list_init(&l->consumer_node);
         list_init(&l->broker_node);
-        if (!tsearch(l, &p->leases_by_id, cmp_id)) {
+        if (!tsearch(l, &pool->leases_by_id, cmp_id)) {
                 free(l);
                 return NULL;
         }
         list_append(&consumer->leases, &l->consumer_node);
-        list_append(&p->leases, &l->broker_node);
-        p->n_leases++;
-        if (id >= p->next_lease_id)
-                p->next_lease_id = id + 1;
+        list_append(&pool->leases, &l->broker_node);
+        pool->n_leases++;
+        if (id >= pool->next_lease_id)
+                pool->next_lease_id = id + 1;
         return l;
 }
 
-void lease_destroy(struct broker *p, struct lease *l)
+void lease_destroy(struct broker *pool, struct lease *l)
 {
         while (!list_empty(&l->chunks))
-                chunk_release(p, list_entry(l->chunks.next, struct chunk, lease_node));
-        tdelete(l, &p->leases_by_id, cmp_id);
+                chunk_release(pool, list_entry(l->chunks.next, struct chunk, lease_node));
+        tdelete(l, &pool->leases_by_id, cmp_id);
         list_unlink(&l->consumer_node);
         list_unlink(&l->broker_node);
-        p->n_leases--;
+        pool->n_leases--;
         free(l->reason);
         free(l);
 }
 
-void lease_free(struct broker *p, struct lease *l)
+void lease_free(struct broker *pool, struct lease *l)
 {
         if (!l)
                 return;
-        journal_del(p, false, l->id);
-        lease_destroy(p, l);
+        journal_del(pool, false, l->id);
+        lease_destroy(pool, l);
 }
 
 /* ------------------------------------------------------------------------------ lifecycle */
 
 int broker_new(const struct broker_settings *settings, struct broker **ret)
 {
-        struct broker *p = calloc(1, sizeof(*p));
+        struct broker *pool = calloc(1, sizeof(*pool));
         int r;
 
-        if (!p)
+        if (!pool)
                 return -ENOMEM;
         r = custody_init();
         if (r < 0) {
-                free(p);
+                free(pool);
                 return r;
         }
-        p->settings = *settings;
-        list_init(&p->gpus);
-        list_init(&p->leases);
-        list_init(&p->notices);
-        p->next_chunk_id = p->next_lease_id = 1;
-        r = events_init(&p->events, EVENTS_DEFAULT_SIZE);
+        pool->settings = *settings;
+        list_init(&pool->gpus);
+        list_init(&pool->leases);
+        list_init(&pool->notices);
+        pool->next_chunk_id = pool->next_lease_id = 1;
+        r = events_init(&pool->events, EVENTS_DEFAULT_SIZE);
         if (r < 0) {
-                free(p);
+                free(pool);
                 return r;
         }
-        *ret = p;
+        *ret = pool;
         return 0;
 }
 
-void pins_clear(struct broker *p, bool config_only)
+void pins_clear(struct broker *pool, bool config_only)
 {
         size_t k = 0;
 
-        for (size_t i = 0; i < p->n_pins; i++) {
-                if (!config_only || strcmp(p->pins[i].source, "config") != 0) {
-                        p->pins[k++] = p->pins[i];
+        for (size_t i = 0; i < pool->n_pins; i++) {
+                if (!config_only || strcmp(pool->pins[i].source, "config") != 0) {
+                        pool->pins[k++] = pool->pins[i];
                         continue;
                 }
-                free(p->pins[i].producer);
-                free(p->pins[i].consumer);
+                free(pool->pins[i].producer);
+                free(pool->pins[i].consumer);
         }
         if (!config_only) {
                 for (size_t i = 0; i < k; i++) {
-                        free(p->pins[i].producer);
-                        free(p->pins[i].consumer);
+                        free(pool->pins[i].producer);
+                        free(pool->pins[i].consumer);
                 }
                 k = 0;
         }
-        p->n_pins = k;
+        pool->n_pins = k;
 }
 
 /* Forget all state (a snapshot replaces it, or the pool goes away). */
-void broker_clear(struct broker *p)
+void broker_clear(struct broker *pool)
 {
-        while (!list_empty(&p->leases))
-                lease_destroy(p, list_entry(p->leases.next, struct lease, broker_node));
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
+        while (!list_empty(&pool->leases))
+                lease_destroy(pool, list_entry(pool->leases.next, struct lease, broker_node));
+        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 while (!list_empty(&g->chunks))
-                        chunk_destroy(p, list_entry(g->chunks.next, struct chunk, producer_node));
-                p->dram_granted -= g->dram_bytes;
+                        chunk_destroy(pool,
+                                      list_entry(g->chunks.next, struct chunk, producer_node));
+                pool->dram_granted -= g->dram_bytes;
                 g->dram_bytes = 0;
                 g->barred = g->draining = false;
         }
 }
 
-struct broker *broker_free(struct broker *p)
+struct broker *broker_free(struct broker *pool)
 {
         struct list_node *pos, *tmp;
 
-        if (!p)
+        if (!pool)
                 return NULL;
-        broker_clear(p);
-        list_for_each(pos, tmp, &p->notices)
+        broker_clear(pool);
+        list_for_each(pos, tmp, &pool->notices)
         {
                 notice_free(list_entry(pos, struct notice, node));
         }
-        list_for_each(pos, tmp, &p->gpus)
+        list_for_each(pos, tmp, &pool->gpus)
         {
-                gpu_destroy(p, list_entry(pos, struct gpu, node));
+                gpu_destroy(pool, list_entry(pos, struct gpu, node));
         }
-        broker_ops_clear(p);
-        free(p->ops);
-        pins_clear(p, false);
-        free(p->pins);
-        events_deinit(&p->events);
-        journal_free(p->journal);
-        free(p);
+        broker_ops_clear(pool);
+        free(pool->ops);
+        pins_clear(pool, false);
+        free(pool->pins);
+        events_deinit(&pool->events);
+        journal_free(pool->journal);
+        free(pool);
         return NULL;
 }
 
-static int pin_add(struct broker *p, const char *producer, const char *consumer, const char *source)
+static int pin_add(struct broker *pool, const char *producer, const char *consumer,
+                   const char *source)
 {
-        struct broker_pin *pins = reallocarray(p->pins, p->n_pins + 1, sizeof(*pins));
+        struct broker_pin *pins = reallocarray(pool->pins, pool->n_pins + 1, sizeof(*pins));
 
         if (!pins)
                 return -ENOMEM;
-        p->pins = pins;
-        pins[p->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source};
-        if (!pins[p->n_pins].producer || !pins[p->n_pins].consumer) {
-                free(pins[p->n_pins].producer);
-                free(pins[p->n_pins].consumer);
+        pool->pins = pins;
+        pins[pool->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source};
+        if (!pins[pool->n_pins].producer || !pins[pool->n_pins].consumer) {
+                free(pins[pool->n_pins].producer);
+                free(pins[pool->n_pins].consumer);
                 return -ENOMEM;
         }
-        p->n_pins++;
+        pool->n_pins++;
         return 0;
 }
 
 /* Remove every pin that names uuid on either side; returns how many. */
-size_t broker_pins_remove(struct broker *p, const char *uuid)
+size_t broker_pins_remove(struct broker *pool, const char *uuid)
 {
         size_t k = 0, removed = 0;
 
-        for (size_t i = 0; i < p->n_pins; i++) {
-                if (strcmp(p->pins[i].producer, uuid) == 0 ||
-                    strcmp(p->pins[i].consumer, uuid) == 0) {
-                        free(p->pins[i].producer);
-                        free(p->pins[i].consumer);
+        for (size_t i = 0; i < pool->n_pins; i++) {
+                if (strcmp(pool->pins[i].producer, uuid) == 0 ||
+                    strcmp(pool->pins[i].consumer, uuid) == 0) {
+                        free(pool->pins[i].producer);
+                        free(pool->pins[i].consumer);
                         removed++;
                         continue;
                 }
-                p->pins[k++] = p->pins[i];
+                pool->pins[k++] = pool->pins[i];
         }
-        p->n_pins = k;
+        pool->n_pins = k;
         return removed;
 }
 
-int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+int broker_pins_add(struct broker *pool, const char *producer, const char *consumer,
                     const char *source)
 {
         if (producer[0])
-                broker_pins_remove(p, producer);
+                broker_pins_remove(pool, producer);
         if (consumer[0])
-                broker_pins_remove(p, consumer);
-        return pin_add(p, producer, consumer, source);
+                broker_pins_remove(pool, consumer);
+        return pin_add(pool, producer, consumer, source);
 }
 
-int broker_set_config_pins(struct broker *p, const char *const *producers,
+int broker_set_config_pins(struct broker *pool, const char *const *producers,
                            const char *const *consumers, size_t n)
 {
         int r;
 
-        pins_clear(p, true);
+        pins_clear(pool, true);
         for (size_t i = 0; i < n; i++) {
                 /* An operator's pin on either GPU wins over the config. */
                 bool taken = false;
-                for (size_t k = 0; k < p->n_pins; k++)
-                        if (strcmp(p->pins[k].producer, producers[i]) == 0 ||
-                            strcmp(p->pins[k].consumer, consumers[i]) == 0 ||
-                            strcmp(p->pins[k].producer, consumers[i]) == 0 ||
-                            strcmp(p->pins[k].consumer, producers[i]) == 0)
+                for (size_t k = 0; k < pool->n_pins; k++)
+                        if (strcmp(pool->pins[k].producer, producers[i]) == 0 ||
+                            strcmp(pool->pins[k].consumer, consumers[i]) == 0 ||
+                            strcmp(pool->pins[k].producer, consumers[i]) == 0 ||
+                            strcmp(pool->pins[k].consumer, producers[i]) == 0)
                                 taken = true;
                 if (taken)
                         continue;
-                r = pin_add(p, producers[i], consumers[i], "config");
+                r = pin_add(pool, producers[i], consumers[i], "config");
                 if (r < 0)
                         return r;
         }

@@ -134,9 +134,9 @@ struct gpu {
         uint64_t borrowed_bytes;      /* consumer */
         uint64_t dram_bytes;          /* consumer: DRAM budget granted */
 
-        bool barred;     /* missed a reclaim deadline: no new leases */
-        bool draining;   /* operator drain: no new offers or grants, until undrained; it outlives
-                          * the producer's client and is journaled */
+        bool barred;   /* missed a reclaim deadline: no new leases */
+        bool draining; /* operator drain: no new offers or grants, until undrained; it outlives
+                        * the producer's client and is journaled */
         bool drain_refusal_logged; /* an offer refused by this drain was logged */
         bool restored;   /* known from the journal, its client has not re-registered yet */
         bool held_alive; /* restored past the reconcile window: its process may still map */
@@ -291,54 +291,54 @@ struct broker {
 /* ----------------------------------------------------------- broker.c: objects and persistence */
 
 int broker_new(const struct broker_settings *settings, struct broker **ret);
-struct broker *broker_free(struct broker *p);
+struct broker *broker_free(struct broker *pool);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct broker *, broker_free);
 
 /* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
-int broker_set_config_pins(struct broker *p, const char *const *producers,
+int broker_set_config_pins(struct broker *pool, const char *const *producers,
                            const char *const *consumers, size_t n);
 
 /* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
-int broker_pins_add(struct broker *p, const char *producer, const char *consumer,
+int broker_pins_add(struct broker *pool, const char *producer, const char *consumer,
                     const char *source);
-size_t broker_pins_remove(struct broker *p, const char *uuid);
+size_t broker_pins_remove(struct broker *pool, const char *uuid);
 
 /* Replay a journal record into an empty pool (the journal_open() callback). */
 int broker_apply(const Aquaj__JournalRecord *rec, void *userdata);
 /* After replay: take ownership of j, start the reconcile window for restored state. */
-void broker_attach_journal(struct broker *p, struct journal *j, uint64_t compact_threshold);
+void broker_attach_journal(struct broker *pool, struct journal *j, uint64_t compact_threshold);
 /*
  * Write the queued journal operations (one record, fsync'd); compact when the log has grown.
  * On failure the operations stay queued and go out with the next commit that succeeds, and
- * p->journal_error says aquad is degraded; with none queued, an empty record probes the file.
+ * pool->journal_error says aquad is degraded; with none queued, an empty record probes the file.
  */
-int broker_commit(struct broker *p);
+int broker_commit(struct broker *pool);
 /* Why aquad is degraded, in a sentence, or NULL when it is not. */
-const char *broker_degraded(const struct broker *p, char *buf, size_t size);
+const char *broker_degraded(const struct broker *pool, char *buf, size_t size);
 /* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
-int broker_snapshot(struct broker *p, Aquaj__JournalRecord **ret);
+int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret);
 
 /* Take the queued notices (append them to `into`, an initialized list head). */
-void broker_take_notices(struct broker *p, struct list_node *into);
+void broker_take_notices(struct broker *pool, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
 /* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
  * and plans may), alone or as HOST:ORDINAL. */
 bool gpu_is(const struct gpu *g, const char *key);
-struct gpu *broker_find_gpu(struct broker *p, const char *uuid_or_ordinal);
+struct gpu *broker_find_gpu(struct broker *pool, const char *uuid_or_ordinal);
 /* The one GPU key names (uuid, device uuid, ordinal or HOST:ORDINAL) for an operator's request
  * what: BROKER_E_UNKNOWN_GPU for none, BROKER_E_INVALID listing the candidates for several. */
-int broker_lookup_gpu(struct broker *p, const char *key, const char *what, struct gpu **ret,
+int broker_lookup_gpu(struct broker *pool, const char *key, const char *what, struct gpu **ret,
                       char *err);
-struct chunk *broker_find_chunk(struct broker *p, uint64_t id);
-struct lease *broker_find_lease(struct broker *p, uint64_t id);
+struct chunk *broker_find_chunk(struct broker *pool, uint64_t id);
+struct lease *broker_find_lease(struct broker *pool, uint64_t id);
 
 /* snprintf into a BROKER_ERR_MAX buffer and return code: here a positive enum broker_error; the
  * transport uses it for its own (wire) codes too. */
 int broker_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
 
 /* broker-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
-int broker_check(struct broker *p, char *err);
+int broker_check(struct broker *pool, char *err);
 
 const char *chunk_state_to_string(enum chunk_state s);
 const char *gpu_role_to_string(enum gpu_role r);
@@ -399,10 +399,10 @@ struct broker_welcome {
  * secret it was given, is refused BUSY, naming the holder, for as long as the holder may still
  * map its memory; a newcomer never inherits what another held.
  */
-int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+int broker_register(struct broker *pool, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
-void broker_gpu_gone(struct broker *p, struct gpu *g);
+void broker_gpu_gone(struct broker *pool, struct gpu *g);
 /*
  * g's client can no longer be heard, but nothing proves its process gone (a remote client silent
  * past remote.grace, or one whose new connection registers g again): g keeps what it holds as
@@ -410,21 +410,22 @@ void broker_gpu_gone(struct broker *p, struct gpu *g);
  * their chunks granted to nobody, until it re-registers them, or an operator releases it; a
  * producer's handles are dropped until it re-registers and passes them again.
  */
-void broker_gpu_detach(struct broker *p, struct gpu *g);
+void broker_gpu_detach(struct broker *pool, struct gpu *g);
 /*
  * Operator: g's client did not come back after a restart (or cannot be heard). Refused BUSY while
  * its process runs or nothing tells whether it does; with force, a live local holder's chunks are
  * quarantined until its process is gone, and an unknown one (remote, or pid unknown) is taken to
  * be gone on the operator's word. ret_quarantined (may be NULL) gets how many chunks were.
  */
-int broker_release(struct broker *p, struct gpu *g, bool force, size_t *ret_quarantined, char *err);
+int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_quarantined,
+                   char *err);
 /* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
-int broker_repair(struct broker *p);
+int broker_recompute_pairs(struct broker *pool);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
-int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err);
-int broker_unpin(struct broker *p, const char *gpu, char *err);
+int broker_pin(struct broker *pool, const char *producer, const char *consumer, char *err);
+int broker_unpin(struct broker *pool, const char *gpu, char *err);
 
 /* ------------------------------------------------------ lease.c: the lease state machine */
 
@@ -432,7 +433,7 @@ int broker_unpin(struct broker *p, const char *gpu, char *err);
  * Producer: put chunks into the pool; fds are taken on success. A fabric producer passes fabrics
  * (n handles of BROKER_FABRIC_HANDLE_SIZE bytes, copied) and fds NULL. ret_ids gets n daemon ids.
  */
-int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
                  uint64_t *ret_ids, char *err);
 
@@ -443,22 +444,22 @@ struct broker_grant {
 };
 
 /* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
-int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
                   bool allow_dram, struct broker_grant *ret, char *err);
 /* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
-void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g);
+void broker_undo_grant(struct broker *pool, struct gpu *consumer, const struct broker_grant *g);
 /* Take back an offer whose record could not be journaled: its chunks leave the pool. */
-void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n);
+void broker_undo_offer(struct broker *pool, const uint64_t *ids, size_t n);
 
 /*
  * Consumer: chunks of lease_id it could not import leave the pool (the producer hears of them in
  * a Reclaimed notice); the lease stays, empty or not, for broker_return() to finish. Returns 0 or
  * a positive error code (ids not in the lease are skipped).
  */
-int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+int broker_return_unusable(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                            const uint64_t *chunk_ids, size_t n, char *err);
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
-int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
                   char *err);
 
@@ -476,24 +477,24 @@ void broker_reclaim_clear(struct broker_reclaim *r);
  * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
  * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
  */
-int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bool all,
                    bool leased_only, const char *reason, struct broker_reclaim *ret, char *err);
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
-int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err);
-int broker_undrain(struct broker *p, struct gpu *producer, char *err);
+int broker_drain(struct broker *pool, struct gpu *producer, struct broker_reclaim *ret, char *err);
+int broker_undrain(struct broker *pool, struct gpu *producer, char *err);
 
 /* ------------------------------------------------- admin.c: operators' requests (aquactl) */
 
 /* The GPU is named by uuid or ordinal; BROKER_E_UNKNOWN_GPU when there is none. Reclaim and
  * drain take a producer (BROKER_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
  * leased memory back, leaving free chunks in the pool. */
-int broker_admin_reclaim(struct broker *p, const char *gpu, uint64_t bytes,
+int broker_admin_reclaim(struct broker *pool, const char *gpu, uint64_t bytes,
                          struct broker_reclaim *ret, char *err);
-int broker_admin_drain(struct broker *p, const char *gpu, struct broker_reclaim *ret, char *err);
+int broker_admin_drain(struct broker *pool, const char *gpu, struct broker_reclaim *ret, char *err);
 /* End a drain: the GPU may offer again. BROKER_E_INVALID when it is not draining. */
-int broker_admin_undrain(struct broker *p, const char *gpu, char *err);
-int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *ret_quarantined,
+int broker_admin_undrain(struct broker *pool, const char *gpu, char *err);
+int broker_admin_release(struct broker *pool, const char *gpu, bool force, size_t *ret_quarantined,
                          char *err);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
@@ -503,12 +504,12 @@ int broker_admin_release(struct broker *p, const char *gpu, bool force, size_t *
  * pool, the producer is told with Reclaimed). Only chunks of this producer that it was asked to
  * scrub count; ret_done gets how many did.
  */
-int broker_scrub_done(struct broker *p, struct gpu *producer, const uint64_t *ids, size_t n,
+int broker_scrub_done(struct broker *pool, struct gpu *producer, const uint64_t *ids, size_t n,
                       const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
 
 /* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
-void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+void broker_reclaim_delivered(struct broker *pool, uint64_t lease_id, const uint64_t *ids, size_t n,
                               uint64_t deadline_ms);
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
-void broker_tick(struct broker *p, uint64_t now_ns);
+void broker_tick(struct broker *pool, uint64_t now_ns);

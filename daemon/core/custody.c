@@ -86,13 +86,13 @@ bool gpu_holds_state(const struct gpu *g)
         return false;
 }
 
-enum proc_liveness custody_liveness(const struct broker *p, const struct gpu *g)
+enum proc_liveness custody_liveness(const struct broker *pool, const struct gpu *g)
 {
         /* No process table across hosts: a remote holder is never provably gone. */
         if (g->custody.held && g->custody.who.remote)
                 return PROC_UNKNOWN;
-        return p->settings.liveness ? p->settings.liveness(&g->process)
-                                    : proc_liveness(&g->process);
+        return pool->settings.liveness ? pool->settings.liveness(&g->process)
+                                       : proc_liveness(&g->process);
 }
 
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size)
@@ -114,63 +114,63 @@ const char *gpu_holder(const struct gpu *g, char *buf, size_t size)
 
 /* ------------------------------------------------------------------------- quarantine */
 
-void chunk_quarantine(struct broker *p, struct chunk *c, const struct proc_id *holder)
+void chunk_quarantine(struct broker *pool, struct chunk *c, const struct proc_id *holder)
 {
         bool back = c->state == CHUNK_RECLAIMING || c->producer->draining;
 
         if (c->orphan) {
                 /* Its producer is gone and aquad holds no handle: nobody can get it again. */
-                chunk_drop(p, c);
+                chunk_drop(pool, c);
                 return;
         }
         c->quarantined = true;
         c->quarantine = *holder;
         c->quarantine_back = back;
-        p->n_quarantined++;
-        chunk_release(p, c);
-        journal_chunk(p, c);
-        if (!p->quarantine_check_ns)
-                p->quarantine_check_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
-        broker_note_deadline(p, p->quarantine_check_ns);
+        pool->n_quarantined++;
+        chunk_release(pool, c);
+        journal_chunk(pool, c);
+        if (!pool->quarantine_check_ns)
+                pool->quarantine_check_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
+        broker_note_deadline(pool, pool->quarantine_check_ns);
 }
 
 /* The process that may map c is gone: c goes back to its producer if it asked, else is scrubbed. */
-static void quarantine_end(struct broker *p, struct chunk *c)
+static void quarantine_end(struct broker *pool, struct chunk *c)
 {
         struct gpu *producer = c->producer;
         uint64_t id = c->id;
 
         c->quarantined = false;
-        p->n_quarantined--;
-        events_add(&p->events, "quarantine",
+        pool->n_quarantined--;
+        events_add(&pool->events, "quarantine",
                    "chunk %" PRIu64 " of %s out of quarantine: pid %d gone", c->id, producer->uuid,
                    (int)c->quarantine.pid);
         c->quarantine = (struct proc_id){0};
         if (c->quarantine_back) {
                 c->quarantine_back = false;
-                chunk_drop(p, c);
-                notice_queue(p, NOTICE_RECLAIMED, producer, 0, &id, 1, 0, NULL);
+                chunk_drop(pool, c);
+                notice_queue(pool, NOTICE_RECLAIMED, producer, 0, &id, 1, 0, NULL);
                 return;
         }
-        chunk_dirty(p, c, NULL);
+        chunk_dirty(pool, c, NULL);
         chunk_set_free_listed(c);
-        journal_chunk(p, c);
-        scrub_check(p, producer);
+        journal_chunk(pool, c);
+        scrub_check(pool, producer);
 }
 
-void quarantine_tick(struct broker *p, uint64_t now_ns)
+void quarantine_tick(struct broker *pool, uint64_t now_ns)
 {
         struct list_node *gp, *gtmp, *cp, *ctmp;
 
-        if (!p->n_quarantined) {
-                p->quarantine_check_ns = 0;
+        if (!pool->n_quarantined) {
+                pool->quarantine_check_ns = 0;
                 return;
         }
-        if (now_ns < p->quarantine_check_ns) {
-                broker_note_deadline(p, p->quarantine_check_ns);
+        if (now_ns < pool->quarantine_check_ns) {
+                broker_note_deadline(pool, pool->quarantine_check_ns);
                 return;
         }
-        list_for_each(gp, gtmp, &p->gpus)
+        list_for_each(gp, gtmp, &pool->gpus)
         {
                 struct gpu *g = list_entry(gp, struct gpu, node);
                 list_for_each(cp, ctmp, &g->chunks)
@@ -180,12 +180,12 @@ void quarantine_tick(struct broker *p, uint64_t now_ns)
 
                         if (!c->quarantined)
                                 continue;
-                        l = p->settings.liveness ? p->settings.liveness(&c->quarantine)
-                                                 : proc_liveness(&c->quarantine);
+                        l = pool->settings.liveness ? pool->settings.liveness(&c->quarantine)
+                                                    : proc_liveness(&c->quarantine);
                         if (l == PROC_GONE)
-                                quarantine_end(p, c);
+                                quarantine_end(pool, c);
                 }
         }
-        p->quarantine_check_ns = p->n_quarantined ? now_ns + BROKER_LIVENESS_RECHECK_NS : 0;
-        broker_note_deadline(p, p->quarantine_check_ns);
+        pool->quarantine_check_ns = pool->n_quarantined ? now_ns + BROKER_LIVENESS_RECHECK_NS : 0;
+        broker_note_deadline(pool, pool->quarantine_check_ns);
 }

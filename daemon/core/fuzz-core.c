@@ -286,7 +286,7 @@ static void admin(struct fuzz *f, size_t k, uint8_t b)
                 (void)broker_unpin(f->broker, names[k], err);
                 break;
         default:
-                (void)broker_repair(f->broker);
+                (void)broker_recompute_pairs(f->broker);
                 break;
         }
         broker_reclaim_clear(&r);

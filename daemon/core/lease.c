@@ -20,7 +20,7 @@ static const char *fmt_size(char *buf, uint64_t bytes)
         return format_size(buf, 32, bytes);
 }
 
-int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
+int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
                  uint64_t *ret_ids, char *err)
 {
@@ -33,7 +33,7 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
                         log_notice("Refused an offer for GPU %s: an operator drained it; "
                                    "'aquactl undrain %s' ends the drain",
                                    producer->uuid, producer->uuid);
-                        events_add(&p->events, "drain", "offer for drained GPU %s refused",
+                        events_add(&pool->events, "drain", "offer for drained GPU %s refused",
                                    producer->uuid);
                 }
                 return broker_fail(err, E(DRAINING),
@@ -43,10 +43,10 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
         }
         if (n == 0)
                 return broker_fail(err, E(INVALID), "offer: no chunks");
-        if (p->n_chunks + n > p->settings.max_chunks)
+        if (pool->n_chunks + n > pool->settings.max_chunks)
                 return broker_fail(err, E(LIMIT),
                                    "offer: %zu more chunks would exceed the pool limit of %" PRIu64,
-                                   n, p->settings.max_chunks);
+                                   n, pool->settings.max_chunks);
         for (size_t i = 0; i < n; i++) {
                 if (sizes[i] == 0)
                         return broker_fail(err, E(INVALID), "offer: chunk %zu has size 0", i);
@@ -57,7 +57,7 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
                                            i, sizes[i], producer->granularity);
         }
         for (; made < n; made++) {
-                struct chunk *c = chunk_new(p, producer, p->next_chunk_id, sizes[made],
+                struct chunk *c = chunk_new(pool, producer, pool->next_chunk_id, sizes[made],
                                             client_refs[made], fds ? fds[made] : -1);
                 if (!c)
                         goto oom;
@@ -74,23 +74,23 @@ int broker_offer(struct broker *p, struct gpu *producer, const uint64_t *sizes,
                 }
         }
         for (size_t i = 0; i < n; i++) {
-                journal_chunk(p, broker_find_chunk(p, ret_ids[i]));
+                journal_chunk(pool, broker_find_chunk(pool, ret_ids[i]));
                 if (fds)
                         fds[i] = -1;
         }
-        p->stats.chunks_offered += n;
+        pool->stats.chunks_offered += n;
         return 0;
 oom:
         /* Undo without closing: the caller still owns the descriptors on failure. */
         while (made-- > 0) {
-                struct chunk *c = broker_find_chunk(p, ret_ids[made]);
+                struct chunk *c = broker_find_chunk(pool, ret_ids[made]);
                 c->fd = -1;
-                chunk_drop(p, c);
+                chunk_drop(pool, c);
         }
         return -ENOMEM;
 }
 
-int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
                   bool allow_dram, struct broker_grant *ret, char *err)
 {
         struct gpu *producer = consumer->paired;
@@ -98,7 +98,7 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
         struct lease *l = NULL;
         uint64_t got = 0, dram = 0, avail;
         size_t n = 0;
-        bool lease_limit = p->n_leases >= p->settings.max_leases;
+        bool lease_limit = pool->n_leases >= pool->settings.max_leases;
         char a[32], b[32], c[32];
 
         if (bytes == 0)
@@ -117,7 +117,7 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
                         struct chunk *ch = list_entry(pos, struct chunk, free_node);
-                        if (got >= bytes || n >= p->settings.max_grant_chunks)
+                        if (got >= bytes || n >= pool->settings.max_grant_chunks)
                                 break;
                         if (!chunk_grantable_to(ch, consumer))
                                 continue;
@@ -125,8 +125,8 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
                         n++;
                 }
         if (got < bytes && allow_dram) {
-                avail = p->settings.dram_budget > p->dram_granted
-                            ? p->settings.dram_budget - p->dram_granted
+                avail = pool->settings.dram_budget > pool->dram_granted
+                            ? pool->settings.dram_budget - pool->dram_granted
                             : 0;
                 dram = MIN(bytes - got, avail);
         }
@@ -134,7 +134,7 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
                 if (lease_limit && !dram)
                         return broker_fail(err, E(LIMIT),
                                            "borrow: the limit of %" PRIu64 " leases is reached",
-                                           p->settings.max_leases);
+                                           pool->settings.max_leases);
                 return broker_fail(err, E(NO_MEMORY),
                                    "borrow: %s from %s and %s of DRAM budget available, less than "
                                    "the %s asked for",
@@ -144,10 +144,10 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
         }
 
         if (n > 0) {
-                l = lease_new(p, p->next_lease_id, consumer, producer);
+                l = lease_new(pool, pool->next_lease_id, consumer, producer);
                 if (!l)
                         return -ENOMEM;
-                journal_lease(p, l);
+                journal_lease(pool, l);
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
                         struct chunk *ch = list_entry(pos, struct chunk, free_node);
@@ -155,51 +155,51 @@ int broker_borrow(struct broker *p, struct gpu *consumer, uint64_t bytes, uint64
                                 break;
                         if (!chunk_grantable_to(ch, consumer))
                                 continue;
-                        chunk_lease(p, ch, l);
-                        journal_chunk(p, ch);
+                        chunk_lease(pool, ch, l);
+                        journal_chunk(pool, ch);
                         n--;
                 }
-                p->stats.leases_granted++;
-                events_add(&p->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
+                pool->stats.leases_granted++;
+                events_add(&pool->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
                            fmt_size(a, l->bytes), producer->uuid, consumer->uuid);
         }
         if (dram) {
                 consumer->dram_bytes += dram;
-                p->dram_granted += dram;
-                journal_gpu(p, consumer);
+                pool->dram_granted += dram;
+                journal_gpu(pool, consumer);
         }
         *ret = (struct broker_grant){.lease = l, .dram_bytes = dram, .partial = got + dram < bytes};
         return 0;
 }
 
-void broker_undo_grant(struct broker *p, struct gpu *consumer, const struct broker_grant *g)
+void broker_undo_grant(struct broker *pool, struct gpu *consumer, const struct broker_grant *g)
 {
         if (g->lease) {
                 struct lease *l = g->lease;
                 while (!list_empty(&l->chunks)) {
                         struct chunk *c = list_entry(l->chunks.next, struct chunk, lease_node);
-                        chunk_release(p, c);
-                        journal_chunk(p, c);
+                        chunk_release(pool, c);
+                        journal_chunk(pool, c);
                 }
-                events_add(&p->events, "lease", "lease %" PRIu64 " taken back: not delivered",
+                events_add(&pool->events, "lease", "lease %" PRIu64 " taken back: not delivered",
                            l->id);
-                lease_free(p, l);
+                lease_free(pool, l);
         }
         if (g->dram_bytes) {
                 consumer->dram_bytes -= MIN(g->dram_bytes, consumer->dram_bytes);
-                p->dram_granted -= MIN(g->dram_bytes, p->dram_granted);
-                journal_gpu(p, consumer);
+                pool->dram_granted -= MIN(g->dram_bytes, pool->dram_granted);
+                journal_gpu(pool, consumer);
         }
 }
 
-void broker_undo_offer(struct broker *p, const uint64_t *ids, size_t n)
+void broker_undo_offer(struct broker *pool, const uint64_t *ids, size_t n)
 {
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = broker_find_chunk(p, ids[i]);
+                struct chunk *c = broker_find_chunk(pool, ids[i]);
                 if (c && c->state == CHUNK_FREE)
-                        chunk_drop(p, c);
+                        chunk_drop(pool, c);
         }
-        p->stats.chunks_offered -= MIN(n, p->stats.chunks_offered);
+        pool->stats.chunks_offered -= MIN(n, pool->stats.chunks_offered);
 }
 
 static void reclaimed_add(struct reclaimed *r, uint64_t id)
@@ -217,10 +217,10 @@ static void reclaimed_add(struct reclaimed *r, uint64_t id)
         r->ids[r->n++] = id;
 }
 
-void reclaimed_flush(struct broker *p, struct reclaimed *r)
+void reclaimed_flush(struct broker *pool, struct reclaimed *r)
 {
         if (r->n > 0 && r->producer)
-                notice_queue(p, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
+                notice_queue(pool, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
         free(r->ids);
         *r = (struct reclaimed){0};
 }
@@ -229,42 +229,42 @@ void reclaimed_flush(struct broker *p, struct reclaimed *r)
  * A consumer no longer maps c (it returned it or died). Where it goes depends on why it was
  * leased: orphans are dropped, reclaimed chunks go back to their producer, others to the pool.
  */
-void chunk_unmapped(struct broker *p, struct chunk *c, struct reclaimed *back)
+void chunk_unmapped(struct broker *pool, struct chunk *c, struct reclaimed *back)
 {
         if (c->orphan) {
-                chunk_drop(p, c);
+                chunk_drop(pool, c);
         } else if (c->state == CHUNK_RECLAIMING || c->producer->draining) {
-                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && p->on_reclaimed)
-                        p->on_reclaimed(p->on_reclaimed_userdata,
-                                        now_mono_ns() - c->reclaim_start_ns);
+                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && pool->on_reclaimed)
+                        pool->on_reclaimed(pool->on_reclaimed_userdata,
+                                           now_mono_ns() - c->reclaim_start_ns);
                 if (back->producer == c->producer)
                         reclaimed_add(back, c->id);
-                chunk_drop(p, c);
+                chunk_drop(pool, c);
         } else {
                 struct gpu *consumer = c->lease->consumer;
 
-                chunk_release(p, c);
-                chunk_dirty(p, c, consumer);
-                journal_chunk(p, c);
+                chunk_release(pool, c);
+                chunk_dirty(pool, c, consumer);
+                journal_chunk(pool, c);
         }
 }
 
 /* A chunk its consumer returns: one asked back by a reclaim is counted on the consumer. */
-static void returned_by(struct broker *p, struct gpu *consumer, struct chunk *c,
+static void returned_by(struct broker *pool, struct gpu *consumer, struct chunk *c,
                         struct reclaimed *back)
 {
         if (c->state == CHUNK_RECLAIMING) {
                 consumer->reclaim_returned_chunks++;
                 consumer->reclaim_returned_bytes += c->size;
         }
-        chunk_unmapped(p, c, back);
+        chunk_unmapped(pool, c, back);
 }
 
 /* The lease lease_id of consumer, or a positive error code (what names it in err). */
-static int consumer_lease(struct broker *p, struct gpu *consumer, uint64_t lease_id, char *err,
+static int consumer_lease(struct broker *pool, struct gpu *consumer, uint64_t lease_id, char *err,
                           struct lease **ret)
 {
-        struct lease *l = broker_find_lease(p, lease_id);
+        struct lease *l = broker_find_lease(pool, lease_id);
 
         if (!l || l->consumer != consumer)
                 return broker_fail(err, E(UNKNOWN_LEASE),
@@ -274,20 +274,20 @@ static int consumer_lease(struct broker *p, struct gpu *consumer, uint64_t lease
         return 0;
 }
 
-int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+int broker_return_unusable(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                            const uint64_t *chunk_ids, size_t n, char *err)
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
         int r;
 
-        r = consumer_lease(p, consumer, lease_id, err, &l);
+        r = consumer_lease(pool, consumer, lease_id, err, &l);
         if (r != 0)
                 return r;
         back.producer = l->producer;
         for (size_t i = 0; i < n; i++) {
                 /* Looked up each time: a duplicate id was already dropped. */
-                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+                struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
 
                 if (!c || c->lease != l)
                         continue;
@@ -295,21 +295,22 @@ int broker_return_unusable(struct broker *p, struct gpu *consumer, uint64_t leas
                  * producer learns so as of any chunk it does not get back as it lent it. */
                 if (!c->orphan)
                         reclaimed_add(&back, c->id);
-                chunk_drop(p, c);
+                chunk_drop(pool, c);
         }
         if (back.n > 0) {
                 log_warning("GPU %s could not import %zu chunks of GPU %s (lease %" PRIu64
                             "); they leave the pool",
                             consumer->uuid, back.n, l->producer->uuid, l->id);
-                events_add(&p->events, "unusable", "%s could not import %zu chunks of %s; dropped",
-                           consumer->uuid, back.n, l->producer->uuid);
-                p->stats.chunks_unusable += back.n;
+                events_add(&pool->events, "unusable",
+                           "%s could not import %zu chunks of %s; dropped", consumer->uuid, back.n,
+                           l->producer->uuid);
+                pool->stats.chunks_unusable += back.n;
         }
-        reclaimed_flush(p, &back);
+        reclaimed_flush(pool, &back);
         return 0;
 }
 
-int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
+int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
                   char *err)
 {
@@ -321,7 +322,7 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
         if (lease_id == 0 && dram_bytes == 0)
                 return broker_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
         if (lease_id) {
-                int r = consumer_lease(p, consumer, lease_id, err, &l);
+                int r = consumer_lease(pool, consumer, lease_id, err, &l);
                 if (r != 0)
                         return r;
         } else if (n > 0)
@@ -332,7 +333,7 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
         if (n > 0) {
                 size_t in_lease = 0;
                 for (size_t i = 0; i < n; i++) {
-                        struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+                        struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
                         in_lease += c && c->lease == l;
                 }
                 if (in_lease == 0)
@@ -349,7 +350,7 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
                 back.producer = l->producer;
                 if (n == 0) {
                         while (!list_empty(&l->chunks)) {
-                                returned_by(p, consumer,
+                                returned_by(pool, consumer,
                                             list_entry(l->chunks.next, struct chunk, lease_node),
                                             &back);
                                 returned++;
@@ -357,27 +358,27 @@ int broker_return(struct broker *p, struct gpu *consumer, uint64_t lease_id,
                 } else
                         for (size_t i = 0; i < n; i++) {
                                 /* Looked up again: a duplicate id was already handled. */
-                                struct chunk *c = broker_find_chunk(p, chunk_ids[i]);
+                                struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
                                 if (!c || c->lease != l)
                                         continue;
-                                returned_by(p, consumer, c, &back);
+                                returned_by(pool, consumer, c, &back);
                                 returned++;
                         }
                 struct gpu *producer = l->producer;
                 if (l->n_chunks == 0) {
-                        events_add(&p->events, "lease", "lease %" PRIu64 " returned by %s", l->id,
-                                   consumer->uuid);
-                        lease_free(p, l);
+                        events_add(&pool->events, "lease", "lease %" PRIu64 " returned by %s",
+                                   l->id, consumer->uuid);
+                        lease_free(pool, l);
                 }
-                reclaimed_flush(p, &back);
+                reclaimed_flush(pool, &back);
                 /* Paired with another consumer meanwhile: that one must not see this data. */
                 if (producer->paired != consumer)
-                        scrub_check(p, producer);
+                        scrub_check(pool, producer);
         }
         if (dram_bytes) {
                 consumer->dram_bytes -= dram_bytes;
-                p->dram_granted -= MIN(dram_bytes, p->dram_granted);
-                journal_gpu(p, consumer);
+                pool->dram_granted -= MIN(dram_bytes, pool->dram_granted);
+                journal_gpu(pool, consumer);
         }
         if (ret_returned)
                 *ret_returned = returned;
@@ -403,18 +404,19 @@ static int ids_push(uint64_t **ids, size_t *n, uint64_t id)
 }
 
 /* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
-int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *got,
+int reclaim_lease(struct broker *pool, struct lease *l, uint64_t want, uint64_t *got,
                   const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret)
 {
         struct list_node *pos, *tmp;
         size_t first = ret->n_pending;
-        uint64_t deadline_ms = deadline_ns ? p->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        uint64_t deadline_ms = deadline_ns ? pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
         int r;
 
         list_for_each(pos, tmp, &l->chunks)
         {
                 struct chunk *c = list_entry(pos, struct chunk, lease_node);
-                if (*got >= want || (deadline_ns && ret->n_pending >= p->settings.max_grant_chunks))
+                if (*got >= want ||
+                    (deadline_ns && ret->n_pending >= pool->settings.max_grant_chunks))
                         break;
                 if (c->state != CHUNK_LEASED || (c->orphan && deadline_ns))
                         continue;
@@ -428,7 +430,7 @@ int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *go
                 c->deadline_ms = 0;
                 c->deadline_pending = deadline_ns != 0;
                 *got += c->size;
-                journal_chunk(p, c);
+                journal_chunk(pool, c);
         }
         if (ret->n_pending == first)
                 return 0;
@@ -436,19 +438,19 @@ int reclaim_lease(struct broker *p, struct lease *l, uint64_t want, uint64_t *go
         l->reason = strdup(reason);
         l->overdue = false;
         lease_update_state(l);
-        journal_lease(p, l);
-        notice_queue(p, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
+        journal_lease(pool, l);
+        notice_queue(pool, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
                      ret->n_pending - first, deadline_ms, reason);
         return 0;
 }
 
-int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool all,
+int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bool all,
                    bool leased_only, const char *reason, struct broker_reclaim *ret, char *err)
 {
         _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
         struct list_node *pos, *tmp;
         uint64_t want = all ? UINT64_MAX : bytes, got = 0;
-        uint64_t deadline_ns = now_mono_ns() + p->settings.reclaim_deadline_ns;
+        uint64_t deadline_ns = now_mono_ns() + pool->settings.reclaim_deadline_ns;
         int r;
 
         if (want == 0)
@@ -457,7 +459,7 @@ int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool 
                 list_for_each(pos, tmp, &producer->chunks)
                 {
                         struct chunk *c = list_entry(pos, struct chunk, producer_node);
-                        if (got >= want || res.n_free >= p->settings.max_grant_chunks)
+                        if (got >= want || res.n_free >= pool->settings.max_grant_chunks)
                                 break;
                         if (c->state != CHUNK_FREE || c->orphan)
                                 continue;
@@ -470,29 +472,29 @@ int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool 
                                         return r;
                                 c->quarantine_back = true;
                                 got += c->size;
-                                journal_chunk(p, c);
+                                journal_chunk(pool, c);
                                 continue;
                         }
                         r = ids_push(&res.free_ids, &res.n_free, c->id);
                         if (r < 0)
                                 return r;
                         got += c->size;
-                        chunk_drop(p, c);
+                        chunk_drop(pool, c);
                 }
-        list_for_each(pos, tmp, &p->leases)
+        list_for_each(pos, tmp, &pool->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
-                if (got >= want || res.n_pending >= p->settings.max_grant_chunks)
+                if (got >= want || res.n_pending >= pool->settings.max_grant_chunks)
                         break;
                 if (l->producer != producer)
                         continue;
-                r = reclaim_lease(p, l, want, &got, reason, deadline_ns, &res);
+                r = reclaim_lease(pool, l, want, &got, reason, deadline_ns, &res);
                 if (r < 0)
                         return r;
         }
-        res.deadline_ms = res.n_pending ? p->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        res.deadline_ms = res.n_pending ? pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
         if (res.n_free || res.n_pending)
-                events_add(&p->events, "reclaim",
+                events_add(&pool->events, "reclaim",
                            "%s: %zu chunks free at once, %zu asked back from consumers (%s)",
                            producer->uuid, res.n_free, res.n_pending, reason);
         *ret = res;
@@ -500,7 +502,7 @@ int broker_reclaim(struct broker *p, struct gpu *producer, uint64_t bytes, bool 
         return 0;
 }
 
-int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *ret, char *err)
+int broker_drain(struct broker *pool, struct gpu *producer, struct broker_reclaim *ret, char *err)
 {
         int r;
 
@@ -510,53 +512,53 @@ int broker_drain(struct broker *p, struct gpu *producer, struct broker_reclaim *
         if (!producer->draining) {
                 producer->draining = true;
                 producer->drain_refusal_logged = false;
-                journal_gpu(p, producer);
+                journal_gpu(pool, producer);
                 /* Nothing of it is grantable any more. */
                 for (struct list_node *n = producer->chunks.next; n != &producer->chunks;
                      n = n->next)
                         chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
         }
-        r = broker_reclaim(p, producer, 0, true, false, "drain", ret, err);
+        r = broker_reclaim(pool, producer, 0, true, false, "drain", ret, err);
         if (r != 0)
                 return r;
         /* The producer did not ask: tell it what is free already. */
-        notice_queue(p, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
+        notice_queue(pool, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
         return 0;
 }
 
-int broker_undrain(struct broker *p, struct gpu *producer, char *err)
+int broker_undrain(struct broker *pool, struct gpu *producer, char *err)
 {
         if (!producer->draining)
                 return broker_fail(err, E(INVALID), "undrain: GPU %s is not draining",
                                    producer->uuid);
         producer->draining = false;
-        journal_gpu(p, producer);
+        journal_gpu(pool, producer);
         /* What it still has in the pool is grantable again. */
         for (struct list_node *n = producer->chunks.next; n != &producer->chunks; n = n->next)
                 chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
-        events_add(&p->events, "drain", "drain of GPU %s ended", producer->uuid);
+        events_add(&pool->events, "drain", "drain of GPU %s ended", producer->uuid);
         log_notice("The drain of GPU %s ended: it may offer again", producer->uuid);
         /* Not collected here even without a client: callers may still hold it. Its next
          * registration, or aquad's restart, finds it as any known GPU. */
         return 0;
 }
 
-void broker_reclaim_delivered(struct broker *p, uint64_t lease_id, const uint64_t *ids, size_t n,
+void broker_reclaim_delivered(struct broker *pool, uint64_t lease_id, const uint64_t *ids, size_t n,
                               uint64_t deadline_ms)
 {
-        struct lease *l = broker_find_lease(p, lease_id);
+        struct lease *l = broker_find_lease(pool, lease_id);
         uint64_t now = now_mono_ns(), wall = now_real_ns() / NSEC_PER_MSEC;
 
         if (!l || !deadline_ms)
                 return;
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = broker_find_chunk(p, ids[i]);
+                struct chunk *c = broker_find_chunk(pool, ids[i]);
                 if (!c || c->lease != l || c->state != CHUNK_RECLAIMING || !c->deadline_pending)
                         continue;
                 c->deadline_pending = false;
                 c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
                 c->deadline_ms = wall + deadline_ms;
-                journal_chunk(p, c);
-                broker_note_deadline(p, c->deadline_ns);
+                journal_chunk(pool, c);
+                broker_note_deadline(pool, c->deadline_ns);
         }
 }

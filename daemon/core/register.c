@@ -60,7 +60,7 @@ static int set_links(struct gpu *g, const struct broker_link *links, size_t n)
  * back; unknown ones are handed back to it (Reclaimed); journaled ones it no longer has are
  * dropped, or, if a consumer maps them, treated as if their producer were gone.
  */
-static int reconcile_producer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+static int reconcile_producer(struct broker *pool, struct gpu *g, const struct broker_hello *h,
                               struct broker_welcome *w)
 {
         _cleanup_free_ uint64_t *unknown = NULL;
@@ -73,7 +73,7 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                 return -ENOMEM;
         for (size_t i = 0; i < h->n_held; i++) {
                 const struct broker_held *hc = &h->held[i];
-                struct chunk *c = broker_find_chunk(p, hc->chunk_id);
+                struct chunk *c = broker_find_chunk(pool, hc->chunk_id);
 
                 if (c && c->producer == g && !c->orphan && c->size == hc->size &&
                     !chunk_has_handle(c) &&
@@ -100,7 +100,7 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                 if (chunk_has_handle(c) || c->orphan)
                         continue;
                 if (c->state == CHUNK_FREE) {
-                        chunk_drop(p, c);
+                        chunk_drop(pool, c);
                         continue;
                 }
                 log_warning("Producer %s no longer lists chunk %" PRIu64 " that lease %" PRIu64
@@ -108,16 +108,16 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                             g->uuid, c->id, c->lease->id);
                 c->orphan = true;
                 c->state = CHUNK_LEASED;
-                journal_chunk(p, c);
+                journal_chunk(pool, c);
         }
         if (n_unknown) {
                 log_warning("Producer %s holds %zu chunks this daemon does not know; handing them "
                             "back",
                             g->uuid, n_unknown);
-                notice_queue(p, NOTICE_RECLAIMED, g, 0, unknown, n_unknown, 0, NULL);
+                notice_queue(pool, NOTICE_RECLAIMED, g, 0, unknown, n_unknown, 0, NULL);
         }
         /* Orphaned leases: ask their consumers to move off, as when a producer dies. */
-        list_for_each(pos, tmp, &p->leases)
+        list_for_each(pos, tmp, &pool->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
                 _cleanup_free_ uint64_t *ids = NULL;
@@ -135,11 +135,11 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
                         ids = a;
                         ids[n++] = c->id;
                         c->state = CHUNK_RECLAIMING;
-                        journal_chunk(p, c);
+                        journal_chunk(pool, c);
                 }
                 if (n) {
                         lease_update_state(l);
-                        notice_queue(p, NOTICE_RECLAIM, l->consumer, l->id, ids, n, 0,
+                        notice_queue(pool, NOTICE_RECLAIM, l->consumer, l->id, ids, n, 0,
                                      "producer gone");
                 }
         }
@@ -150,7 +150,7 @@ static int reconcile_producer(struct broker *p, struct gpu *g, const struct brok
  * Reclaims asked while the consumer was away (or that it may have lost track of across the
  * restart) are asked again, with the time that is left.
  */
-static int renotice(struct broker *p, struct gpu *g)
+static int renotice(struct broker *pool, struct gpu *g)
 {
         uint64_t now = now_mono_ns();
 
@@ -168,7 +168,7 @@ static int renotice(struct broker *p, struct gpu *g)
                                 continue;
                         ids[k++] = c->id;
                         /* Never delivered: the whole deadline, from the coming delivery. */
-                        uint64_t d = c->deadline_pending ? now + p->settings.reclaim_deadline_ns
+                        uint64_t d = c->deadline_pending ? now + pool->settings.reclaim_deadline_ns
                                                          : c->deadline_ns;
                         if (d && (!deadline || d < deadline))
                                 deadline = d;
@@ -176,7 +176,7 @@ static int renotice(struct broker *p, struct gpu *g)
                 if (k == 0)
                         continue;
                 /* A passed deadline is sent as 1 ms: "now", not "no deadline". */
-                notice_queue(p, NOTICE_RECLAIM, g, l->id, ids, k,
+                notice_queue(pool, NOTICE_RECLAIM, g, l->id, ids, k,
                              !deadline        ? 0
                              : deadline > now ? (deadline - now) / NSEC_PER_MSEC
                                               : 1,
@@ -190,7 +190,7 @@ static int renotice(struct broker *p, struct gpu *g)
  * chunks of them it no longer lists go back to the pool); leases the daemon does not know, or
  * knows for another GPU, are lost: the consumer keeps the mappings it has and moves off them.
  */
-static int reconcile_consumer(struct broker *p, struct gpu *g, const struct broker_hello *h,
+static int reconcile_consumer(struct broker *pool, struct gpu *g, const struct broker_hello *h,
                               struct broker_welcome *w)
 {
         struct list_node *pos, *tmp;
@@ -202,7 +202,7 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
         }
         for (size_t i = 0; i < h->n_held; i++) {
                 const struct broker_held *hc = &h->held[i];
-                struct lease *l = hc->lease_id ? broker_find_lease(p, hc->lease_id) : NULL;
+                struct lease *l = hc->lease_id ? broker_find_lease(pool, hc->lease_id) : NULL;
 
                 if (!hc->lease_id)
                         continue;
@@ -226,15 +226,15 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
                 if (!l->confirmed && lease_was_returned(l)) {
                         /* Every chunk of it was being taken back: it finished while aquad was
                          * away, which is a completed reclaim, not a loss. */
-                        events_add(&p->events, "lease",
+                        events_add(&pool->events, "lease",
                                    "lease %" PRIu64 " returned by %s while aquad was away", l->id,
                                    g->uuid);
                 } else if (!l->confirmed) {
                         log_notice("Consumer %s did not re-register lease %" PRIu64
                                    "; its chunks go back to the pool",
                                    g->uuid, l->id);
-                        p->stats.leases_lost++;
-                        events_add(&p->events, "lease",
+                        pool->stats.leases_lost++;
+                        events_add(&pool->events, "lease",
                                    "lease %" PRIu64 " lost: %s did not re-register it", l->id,
                                    g->uuid);
                 }
@@ -254,19 +254,19 @@ static int reconcile_consumer(struct broker *p, struct gpu *g, const struct brok
                                  * gets them back as unknown). */
                                 if (!c->orphan)
                                         back[n_back++] = c->id;
-                                chunk_drop(p, c);
+                                chunk_drop(pool, c);
                         } else {
-                                chunk_release(p, c);
-                                chunk_dirty(p, c, g);
-                                journal_chunk(p, c);
+                                chunk_release(pool, c);
+                                chunk_dirty(pool, c, g);
+                                journal_chunk(pool, c);
                         }
                 }
                 if (n_back)
-                        notice_queue(p, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
+                        notice_queue(pool, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
                 if (l->n_chunks == 0)
-                        lease_free(p, l);
+                        lease_free(pool, l);
         }
-        return renotice(p, g);
+        return renotice(pool, g);
 }
 
 enum admission {
@@ -282,7 +282,7 @@ enum admission {
  * nothing or its process is provably gone (what it held is then released as at its death, to be
  * scrubbed before anyone gets it), never while the holder may still map its memory.
  */
-static int admit(struct broker *p, const struct gpu *g, const struct broker_hello *h,
+static int admit(struct broker *pool, const struct gpu *g, const struct broker_hello *h,
                  enum admission *ret, char *err)
 {
         char who[192];
@@ -298,13 +298,13 @@ static int admit(struct broker *p, const struct gpu *g, const struct broker_hell
                 return 0;
         }
         if (g->owner) {
-                p->stats.custody_refused++;
+                pool->stats.custody_refused++;
                 return broker_fail(err, E(BUSY), "hello: GPU %s is already registered by %s",
                                    g->uuid, gpu_holder(g, who, sizeof(who)));
         }
-        if (gpu_holds_state(g) && custody_liveness(p, g) != PROC_GONE) {
-                p->stats.custody_refused++;
-                events_add(&p->events, "custody", "%s refused to %s: held by %s", g->uuid,
+        if (gpu_holds_state(g) && custody_liveness(pool, g) != PROC_GONE) {
+                pool->stats.custody_refused++;
+                events_add(&pool->events, "custody", "%s refused to %s: held by %s", g->uuid,
                            h->client_name && h->client_name[0] ? h->client_name : "a client",
                            gpu_holder(g, who, sizeof(who)));
                 return broker_fail(err, E(BUSY),
@@ -319,7 +319,7 @@ static int admit(struct broker *p, const struct gpu *g, const struct broker_hell
         return 0;
 }
 
-int broker_register(struct broker *p, const struct broker_hello *h, struct client *owner,
+int broker_register(struct broker *pool, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err)
 {
         struct broker_welcome w = {0};
@@ -341,7 +341,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                                    h->role);
         if (h->n_held && !producer && !consumer)
                 return broker_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
-        if (p->settings.colocate && (producer || consumer)) {
+        if (pool->settings.colocate && (producer || consumer)) {
                 /* One device, a registration per role: the two may lend to each other. */
                 snprintf(name, sizeof(name), "%s/%s", h->uuid, producer ? "producer" : "consumer");
                 if (strchr(h->uuid, '/') || strlen(name) >= sizeof(name) - 1)
@@ -351,8 +351,8 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                 snprintf(name, sizeof(name), "%s", h->uuid);
         if (!h->who)
                 return broker_fail(err, E(INVALID), "hello: no identity");
-        g = gpu_find(p, name);
-        r = admit(p, g, h, &how, err);
+        g = gpu_find(pool, name);
+        r = admit(pool, g, h, &how, err);
         if (r != 0)
                 return r;
         if (how == ADMIT_HOLDER) {
@@ -366,7 +366,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                         return broker_fail(err, E(INVALID),
                                            "hello: GPU %s still borrows as a consumer", g->uuid);
         }
-        if (producer && h->n_held + p->n_chunks > p->settings.max_chunks + chunks)
+        if (producer && h->n_held + pool->n_chunks > pool->settings.max_chunks + chunks)
                 return broker_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
                                    h->n_held);
 
@@ -377,16 +377,16 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                            "the old connection ends",
                            g->uuid, gpu_holder(g, who, sizeof(who)));
                 w.replaced = g->owner;
-                broker_gpu_detach(p, g);
+                broker_gpu_detach(pool, g);
         } else if (how == ADMIT_RELEASED) {
                 if (gpu_holds_state(g))
                         log_notice("GPU %s: its holder %s is gone; what it held is released "
                                    "before another client registers it",
                                    g->uuid, gpu_holder(g, who, sizeof(who)));
-                broker_gpu_gone(p, g);
-                g = gpu_find(p, name);
+                broker_gpu_gone(pool, g);
+                g = gpu_find(pool, name);
         }
-        if (!g && !(g = gpu_ensure(p, name)))
+        if (!g && !(g = gpu_ensure(pool, name)))
                 return -ENOMEM;
         r = set_links(g, h->links, h->n_links);
         if (r < 0)
@@ -403,7 +403,7 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
         g->pid = h->pid;
         g->fabric = h->fabric;
         g->owner = owner;
-        g->serial = ++p->next_serial;
+        g->serial = ++pool->next_serial;
         g->held_alive = false;
         g->detached_until_ns = 0;
         /* Journaled: after a restart, whose process may still map what this GPU holds, and who
@@ -413,24 +413,24 @@ int broker_register(struct broker *p, const struct broker_hello *h, struct clien
                 custody_issue(g, h->who, w.secret);
                 w.new_secret = true;
         }
-        journal_gpu(p, g);
+        journal_gpu(pool, g);
 
         if (producer)
-                r = reconcile_producer(p, g, h, &w);
+                r = reconcile_producer(pool, g, h, &w);
         else if (consumer)
-                r = reconcile_consumer(p, g, h, &w);
+                r = reconcile_consumer(pool, g, h, &w);
         if (r < 0)
                 goto fail;
         g->restored = false;
         for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
                 chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
-        events_add(&p->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
+        events_add(&pool->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
                    g->client_name ? g->client_name : "?", (int)g->pid,
                    producer   ? "producer"
                    : consumer ? "consumer"
                               : "neutral",
                    h->n_held ? ", re-registering what it holds" : "");
-        r = broker_repair(p);
+        r = broker_recompute_pairs(pool);
         if (r < 0)
                 goto fail;
         w.gpu = g;
@@ -453,12 +453,12 @@ static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
 }
 
 /* What a GPU reported for its k-th link, or the operator's topology file where it reported none. */
-static double link_bandwidth(const struct broker *p, const struct gpu *g, size_t k)
+static double link_bandwidth(const struct broker *pool, const struct gpu *g, size_t k)
 {
-        if (g->links[k].bandwidth > 0 || !p->settings.links)
+        if (g->links[k].bandwidth > 0 || !pool->settings.links)
                 return g->links[k].bandwidth;
         /* A GPU reports links to the devices its own driver sees: on its own host. */
-        return (double)topology_link_by_host(p->settings.links, g->host, g->device, g->host,
+        return (double)topology_link_by_host(pool->settings.links, g->host, g->device, g->host,
                                              g->links[k].uuid) /
                1e9;
 }
@@ -469,7 +469,7 @@ static bool cross_host(const struct gpu *a, const struct gpu *b)
         return a->host && b->host && strcmp(a->host, b->host) != 0;
 }
 
-int broker_repair(struct broker *p)
+int broker_recompute_pairs(struct broker *pool)
 {
         _cleanup_free_ struct gpu **gpus = NULL;
         _cleanup_free_ enum pairing_role *roles = NULL;
@@ -481,26 +481,26 @@ int broker_repair(struct broker *p)
         size_t n = 0, n_links = 0, n_pinned = 0, n_current = 0, n_out = 0, max_links = 0;
         int r;
 
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next)
+        for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next)
                 max_links += list_entry(x, struct gpu, node)->n_links;
-        gpus = calloc(p->n_gpus + 1, sizeof(*gpus));
-        roles = calloc(p->n_gpus + 1, sizeof(*roles));
-        mate = calloc(p->n_gpus + 1, sizeof(*mate));
-        source = calloc(p->n_gpus + 1, sizeof(*source));
-        bw = calloc(p->n_gpus + 1, sizeof(*bw));
+        gpus = calloc(pool->n_gpus + 1, sizeof(*gpus));
+        roles = calloc(pool->n_gpus + 1, sizeof(*roles));
+        mate = calloc(pool->n_gpus + 1, sizeof(*mate));
+        source = calloc(pool->n_gpus + 1, sizeof(*source));
+        bw = calloc(pool->n_gpus + 1, sizeof(*bw));
         /*
          * A reported link may name a device's two registrations; a device's two are linked;
          * with a topology file, any two GPUs on different hosts may be (no client reports those).
          */
-        links = calloc(2 * max_links + p->n_gpus + 1 +
-                           (p->settings.links ? p->n_gpus * (p->n_gpus + 1) / 2 : 0),
+        links = calloc(2 * max_links + pool->n_gpus + 1 +
+                           (pool->settings.links ? pool->n_gpus * (pool->n_gpus + 1) / 2 : 0),
                        sizeof(*links));
-        pinned = calloc(p->n_pins + 1, sizeof(*pinned));
-        current = calloc(p->n_gpus + 1, sizeof(*current));
+        pinned = calloc(pool->n_pins + 1, sizeof(*pinned));
+        current = calloc(pool->n_gpus + 1, sizeof(*current));
         if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
                 return -ENOMEM;
 
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next)
+        for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next)
                 gpus[n++] = list_entry(x, struct gpu, node);
         for (size_t i = 0; i < n; i++) {
                 struct gpu *g = gpus[i];
@@ -510,11 +510,11 @@ int broker_repair(struct broker *p)
                            : g->role == GPU_ROLE_CONSUMER ? PAIRING_CONSUMER
                                                           : PAIRING_OTHER;
         }
-        for (size_t k = 0; k < p->n_pins; k++) {
-                size_t a = index_of(gpus, n, p->pins[k].producer);
-                size_t b = index_of(gpus, n, p->pins[k].consumer);
+        for (size_t k = 0; k < pool->n_pins; k++) {
+                size_t a = index_of(gpus, n, pool->pins[k].producer);
+                size_t b = index_of(gpus, n, pool->pins[k].consumer);
                 /* A pin with one side empty keeps that GPU unpaired. */
-                if (!p->pins[k].consumer[0] && a != SIZE_MAX) {
+                if (!pool->pins[k].consumer[0] && a != SIZE_MAX) {
                         roles[a] = PAIRING_OTHER;
                         continue;
                 }
@@ -525,9 +525,9 @@ int broker_repair(struct broker *p)
                 roles[a] = PAIRING_PRODUCER;
                 roles[b] = PAIRING_CONSUMER;
                 pinned[n_pinned++] = (struct pairing_pair){a, b};
-                source[a] = source[b] = p->pins[k].source;
+                source[a] = source[b] = pool->pins[k].source;
         }
-        for (size_t i = 0; p->settings.auto_pairing && i < n; i++) {
+        for (size_t i = 0; pool->settings.auto_pairing && i < n; i++) {
                 if (!gpus[i]->owner)
                         continue;
                 /* A device may have a registration per role: link to each of them. */
@@ -537,7 +537,7 @@ int broker_repair(struct broker *p)
                                     !gpu_is(gpus[j], gpus[i]->links[k].uuid))
                                         continue;
                                 links[n_links++] =
-                                    (struct pairing_link){i, j, link_bandwidth(p, gpus[i], k),
+                                    (struct pairing_link){i, j, link_bandwidth(pool, gpus[i], k),
                                                           cross_host(gpus[i], gpus[j])};
                         }
                 for (size_t j = i + 1; j < n; j++) {
@@ -551,11 +551,11 @@ int broker_repair(struct broker *p)
                                 links[n_links++] = (struct pairing_link){i, j, HUGE_VAL, false};
                                 continue;
                         }
-                        if (!p->settings.links || !cross_host(gpus[i], gpus[j]))
+                        if (!pool->settings.links || !cross_host(gpus[i], gpus[j]))
                                 continue;
                         bytes =
-                            topology_link_by_host(p->settings.links, gpus[i]->host, gpus[i]->device,
-                                                  gpus[j]->host, gpus[j]->device);
+                            topology_link_by_host(pool->settings.links, gpus[i]->host,
+                                                  gpus[i]->device, gpus[j]->host, gpus[j]->device);
                         if (bytes > 0)
                                 links[n_links++] =
                                     (struct pairing_link){i, j, (double)bytes / 1e9, true};
@@ -585,9 +585,9 @@ int broker_repair(struct broker *p)
         }
         for (size_t i = 0; i < n; i++) {
                 struct gpu *before = gpus[i]->paired;
-                gpu_set_pair(p, gpus[i], mate[i], source[i], bw[i]);
+                gpu_set_pair(pool, gpus[i], mate[i], source[i], bw[i]);
                 if (before != mate[i])
-                        events_add(&p->events, "pair", "%s %s %s", gpus[i]->uuid,
+                        events_add(&pool->events, "pair", "%s %s %s", gpus[i]->uuid,
                                    mate[i] ? "paired with" : "unpaired",
                                    mate[i] ? mate[i]->uuid : "");
                 else if (mate[i]) {
@@ -597,43 +597,43 @@ int broker_repair(struct broker *p)
         }
         /* A producer's consumer may have changed or gone: what the last one left is scrubbed. */
         for (size_t i = 0; i < n; i++)
-                scrub_check(p, gpus[i]);
+                scrub_check(pool, gpus[i]);
         return 0;
 }
 
-int broker_pin(struct broker *p, const char *producer, const char *consumer, char *err)
+int broker_pin(struct broker *pool, const char *producer, const char *consumer, char *err)
 {
         struct gpu *a = NULL, *b = NULL;
         int r;
 
-        r = broker_lookup_gpu(p, producer, "pair", &a, err);
+        r = broker_lookup_gpu(pool, producer, "pair", &a, err);
         if (r == 0)
-                r = broker_lookup_gpu(p, consumer, "pair", &b, err);
+                r = broker_lookup_gpu(pool, consumer, "pair", &b, err);
         if (r != 0)
                 return r;
         if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
                 return broker_fail(err, E(WRONG_ROLE),
                                    "pair: %s must be a producer and %s a consumer", a->uuid,
                                    b->uuid);
-        r = broker_pins_add(p, a->uuid, b->uuid, "aquactl");
+        r = broker_pins_add(pool, a->uuid, b->uuid, "aquactl");
         if (r < 0)
                 return r;
-        journal_pin(p, a->uuid, b->uuid, false);
-        return broker_repair(p);
+        journal_pin(pool, a->uuid, b->uuid, false);
+        return broker_recompute_pairs(pool);
 }
 
-int broker_unpin(struct broker *p, const char *gpu, char *err)
+int broker_unpin(struct broker *pool, const char *gpu, char *err)
 {
         struct gpu *g = NULL;
         int r;
 
-        r = broker_lookup_gpu(p, gpu, "unpair", &g, err);
+        r = broker_lookup_gpu(pool, gpu, "unpair", &g, err);
         if (r != 0)
                 return r;
         /* Pinned to nobody: automatic pairing leaves it alone too. */
-        r = broker_pins_add(p, g->uuid, "", "aquactl");
+        r = broker_pins_add(pool, g->uuid, "", "aquactl");
         if (r < 0)
                 return r;
-        journal_pin(p, g->uuid, "", false);
-        return broker_repair(p);
+        journal_pin(pool, g->uuid, "", false);
+        return broker_recompute_pairs(pool);
 }

@@ -559,11 +559,12 @@ Test(lease, a_drain_outlives_its_producers_restart_and_aquads_until_undrained)
         broker_reclaim_clear(&r);
         drain_notices();
         broker_gpu_gone(pool, producer);
-        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL,
-                         NULL);
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         cr_assert(producer->draining, "a new client of the GPU ended the drain");
         fds[0] = memfd_create("chunk", MFD_CLOEXEC);
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err), E(DRAINING));
+        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err),
+                     E(DRAINING));
         cr_assert(strstr(err, "drained by an operator") && strstr(err, "aquactl undrain"), "%s",
                   err);
         close(fds[0]);
@@ -572,10 +573,10 @@ Test(lease, a_drain_outlives_its_producers_restart_and_aquads_until_undrained)
         pool = broker_free(pool); /* the daemon dies */
         pool = restart();
         cr_assert(broker_find_gpu(pool, "GPU-P")->draining, "the restart ended the drain");
-        consumer = hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL,
-                         NULL);
-        producer = hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL,
-                         NULL);
+        consumer =
+            hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL, NULL);
+        producer =
+            hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         cr_assert(producer->draining);
 
         cr_assert_eq(broker_admin_undrain(pool, "GPU-P", err), 0, "%s", err);

@@ -8,7 +8,7 @@
 #include "time-util.h"
 #include "translate.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 /* Arrays an AdminReply points into; strings point into the pool, valid until the reply is sent. */
 struct reply_mem {
@@ -236,8 +236,8 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         ptrs = m.ptrs = calloc(MAX(n, 1), sizeof(void *));
         if (!ptrs) {
                 reply_mem_free(&m);
-                server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id, E(INTERNAL),
-                                   "admin-query: out of memory");
+                server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id,
+                                   ECODE(INTERNAL), "admin-query: out of memory");
                 return;
         }
         ar.truncated = n < total;
@@ -296,7 +296,7 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         }
         if (!client_is_admin(s, c)) {
                 server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id,
-                                   E(PERMISSION),
+                                   ECODE(PERMISSION),
                                    "%s: uid %u gid %u is not in the admin allow list",
                                    wire_body_name(e), c->cred.uid, c->cred.gid);
                 return;
@@ -338,7 +338,7 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 char why[BROKER_ERR_MAX - 64], kept[sizeof(text) - 64];
 
                 if (server_reload(s, why, sizeof(why), kept, sizeof(kept)) < 0)
-                        code = broker_fail(err, E(INVALID),
+                        code = broker_fail(err, ECODE(INVALID),
                                            "reload: %s is refused, the running configuration is "
                                            "kept: %s",
                                            s->config_path, why);
@@ -347,13 +347,13 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                 break;
         }
         default:
-                code =
-                    broker_fail(err, E(INVALID), "%s is not an admin request", wire_body_name(e));
+                code = broker_fail(err, ECODE(INVALID), "%s is not an admin request",
+                                   wire_body_name(e));
                 break;
         }
         if (code != 0) {
                 server_queue_error(s, c->routing_id, c->routing_id_len, e->request_id,
-                                   code < 0 ? E(INTERNAL) : code, "%s",
+                                   code < 0 ? ECODE(INTERNAL) : code, "%s",
                                    code < 0 ? "out of memory" : err);
                 return;
         }

@@ -11,7 +11,7 @@
 #include "server.h"
 #include "time-util.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 /* How many descriptors a waiting request needs. */
 size_t pending_fds_needed(const Aqua__Envelope *e)
@@ -80,7 +80,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 s->stats.fds_refused += n_fds;
                 side_close_fds(fds, n_fds);
                 if (p->env && c->routing_id_len)
-                        client_queue_error(s, c, p->request_id, E(LIMIT), wire_body_name(p->env),
+                        client_queue_error(s, c, p->request_id, ECODE(LIMIT),
+                                           wire_body_name(p->env),
                                            "more descriptors than aquad may hold now");
                 else
                         log_debug("Client %" PRIu64 ": descriptors refused over its budget", c->id);
@@ -93,7 +94,7 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                          need);
                 side_close_fds(fds, n_fds);
                 if (p->env && c->routing_id_len)
-                        client_queue_error(s, c, p->request_id, E(SIDE_CHANNEL),
+                        client_queue_error(s, c, p->request_id, ECODE(SIDE_CHANNEL),
                                            wire_body_name(p->env), msg);
                 else
                         log_notice("Client %" PRIu64 ": %s", c->id, msg);
@@ -127,7 +128,7 @@ void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns)
                         snprintf(msg, sizeof(msg),
                                  "%zu of %zu descriptors arrived on the side channel in time",
                                  p->n_fds, pending_fds_needed(p->env));
-                        client_queue_error(s, c, p->request_id, E(SIDE_CHANNEL),
+                        client_queue_error(s, c, p->request_id, ECODE(SIDE_CHANNEL),
                                            wire_body_name(p->env), msg);
                 } else
                         log_notice("Client %" PRIu64 ": descriptors for request %" PRIu64

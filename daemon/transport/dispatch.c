@@ -17,7 +17,7 @@
 #include "time-util.h"
 #include "translate.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 const char *dispatch_role_name(Aqua__Role r)
 {
@@ -40,7 +40,7 @@ static int reply_failure(struct server *s, struct client *c, uint64_t request_id
                          const char *what, const char *err)
 {
         if (code < 0)
-                return client_queue_error(s, c, request_id, E(INTERNAL), what, "out of memory");
+                return client_queue_error(s, c, request_id, ECODE(INTERNAL), what, "out of memory");
         return client_queue_error(s, c, request_id, code, NULL, err);
 }
 
@@ -63,7 +63,7 @@ static bool refused_degraded(struct server *s, struct client *c, uint64_t reques
 
         if (!s->broker->journal_error)
                 return false;
-        client_queue_error(s, c, request_id, E(JOURNAL), what,
+        client_queue_error(s, c, request_id, ECODE(JOURNAL), what,
                            broker_degraded(s->broker, why, sizeof(why))
                                ?: "the journal cannot be written");
         return true;
@@ -105,7 +105,7 @@ bool dispatch_take_credit(struct server *s, struct client *c, uint64_t request_i
                 return true;
         }
         s->stats.throttled++;
-        server_queue_error(s, c->routing_id, c->routing_id_len, request_id, E(THROTTLED),
+        server_queue_error(s, c->routing_id, c->routing_id_len, request_id, ECODE(THROTTLED),
                            "over %" PRId64 " requests per second (bursts of %" PRId64
                            "); retry in %.0f ms",
                            l->request_rate, l->request_burst,
@@ -130,7 +130,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         int code = 0;
 
         if (!sizes || !refs || !ids || (c->remote && !fabrics) || !k) {
-                client_queue_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+                client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "offer", "out of memory");
                 return;
         }
         for (size_t i = 0; i < n && code == 0; i++) {
@@ -164,7 +164,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
         k->n = n;
         if (server_queue_custody(s, c, &r, k) < 0) {
                 broker_undo_offer(s->broker, ids, n);
-                client_queue_error(s, c, e->request_id, E(INTERNAL), "offer", "out of memory");
+                client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "offer", "out of memory");
                 return;
         }
         /* The turn has them now. */
@@ -199,7 +199,7 @@ static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
         size_t need = e->offer->n_chunks;
 
         if (need == 0) {
-                client_queue_error(s, c, e->request_id, E(INVALID), "offer", "no chunks");
+                client_queue_error(s, c, e->request_id, ECODE(INVALID), "offer", "no chunks");
                 goto done;
         }
         /* Fabric handles came in the message: nothing to wait for. */
@@ -208,19 +208,19 @@ static void handle_offer(struct server *s, struct client *c, Aqua__Envelope *e)
                 goto done;
         }
         if (p && p->env) {
-                client_queue_error(s, c, e->request_id, E(INVALID), "offer",
+                client_queue_error(s, c, e->request_id, ECODE(INVALID), "offer",
                                    "a request with this id is already waiting for descriptors");
                 goto done;
         }
         if (p && p->n_fds > need) {
                 char msg[96];
                 snprintf(msg, sizeof(msg), "%zu descriptors for %zu chunks", p->n_fds, need);
-                client_queue_error(s, c, e->request_id, E(SIDE_CHANNEL), "offer", msg);
+                client_queue_error(s, c, e->request_id, ECODE(SIDE_CHANNEL), "offer", msg);
                 client_free_pending(c, p);
                 goto done;
         }
         if (!p && !(p = pending_add(s, c, e->request_id))) {
-                client_queue_error(s, c, e->request_id, E(THROTTLED), "offer",
+                client_queue_error(s, c, e->request_id, ECODE(THROTTLED), "offer",
                                    "too many requests waiting for descriptors");
                 goto done;
         }
@@ -248,7 +248,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         int code;
 
         if (!k) {
-                client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow", "out of memory");
+                client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "borrow", "out of memory");
                 return;
         }
         code = translate_outcome(
@@ -266,7 +266,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
                 ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
                 if (!chunks || !ptrs) {
                         broker_undo_grant(s->broker, c->gpu, &pg);
-                        client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow",
+                        client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "borrow",
                                            "out of memory");
                         return;
                 }
@@ -296,7 +296,7 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         k->grant = pg;
         if (server_queue_custody(s, c, &r, k) < 0) {
                 broker_undo_grant(s->broker, c->gpu, &pg);
-                client_queue_error(s, c, e->request_id, E(INTERNAL), "borrow", "out of memory");
+                client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "borrow", "out of memory");
                 return;
         }
         k = NULL;
@@ -427,8 +427,8 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
 
         r = wire_decode(data, size, &s->limits, &e, err, sizeof(err));
         if (r != 0) {
-                server_queue_error(s, rid, rlen, 0, r < 0 ? E(INTERNAL) : wire_error_code(r), "%s",
-                                   r < 0 ? "out of memory decoding" : err);
+                server_queue_error(s, rid, rlen, 0, r < 0 ? ECODE(INTERNAL) : wire_error_code(r),
+                                   "%s", r < 0 ? "out of memory decoding" : err);
                 return;
         }
         /* Only what cannot touch them may join a turn that holds custody changes (turn.c):
@@ -458,7 +458,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         }
         c = server_find_by_routing(s, rid, rlen);
         if (!c || !c->registered) {
-                server_queue_error(s, rid, rlen, e->request_id, E(NOT_REGISTERED),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(NOT_REGISTERED),
                                    "%s before a successful Hello", wire_body_name(e));
                 goto done;
         }
@@ -466,7 +466,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
          * same CURVE identity sends it. */
         if (c->remote &&
             (!s->request_remote || !s->request_key || strcmp(s->request_key, c->remote_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: this routing id belongs to another client",
                                    wire_body_name(e));
                 goto done;
@@ -476,7 +476,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         if (!dispatch_take_credit(s, c, e->request_id))
                 goto done;
         if (!role_allows(c, e->body_case, &need)) {
-                server_queue_error(s, rid, rlen, e->request_id, E(WRONG_ROLE),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(WRONG_ROLE),
                                    "%s: needs a %s, this client registered as %s",
                                    wire_body_name(e), need, dispatch_role_name(c->role));
                 goto done;
@@ -517,7 +517,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 admin_handle(s, c, e);
                 break;
         default:
-                server_queue_error(s, rid, rlen, e->request_id, E(INVALID),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID),
                                    "%s is not a request a client sends", wire_body_name(e));
                 break;
         }

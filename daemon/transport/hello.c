@@ -13,7 +13,7 @@
 #include "time-util.h"
 #include "translate.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 /*
  * A fabric handle's length where one may come: exactly BROKER_FABRIC_HANDLE_SIZE from a client
@@ -23,12 +23,12 @@
 int dispatch_fabric_check(size_t len, bool fabric, const char *what, size_t i, char *err)
 {
         if (fabric && len != BROKER_FABRIC_HANDLE_SIZE)
-                return broker_fail(err, E(INVALID),
+                return broker_fail(err, ECODE(INVALID),
                                    "%s %zu: a fabric handle of %zu bytes; a CUmemFabricHandle has "
                                    "%d",
                                    what, i, len, BROKER_FABRIC_HANDLE_SIZE);
         if (!fabric && len)
-                return broker_fail(err, E(INVALID),
+                return broker_fail(err, ECODE(INVALID),
                                    "%s %zu: a fabric handle from a client that passes "
                                    "descriptors on the side channel",
                                    what, i);
@@ -140,7 +140,7 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                 who.process = c->process;
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
         if (code == 0 && h->custody_secret.len && h->custody_secret.len != BROKER_SECRET_LEN)
-                code = broker_fail(err, E(INVALID),
+                code = broker_fail(err, ECODE(INVALID),
                                    "hello: a custody secret of %zu bytes; Welcome gives %d",
                                    h->custody_secret.len, BROKER_SECRET_LEN);
         /* A remote producer passes its handles again; a consumer holds what it maps. */
@@ -149,17 +149,17 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                                              c->remote && h->role == AQUA__ROLE__ROLE_PRODUCER,
                                              "hello: held chunk", i, err);
         if (code == 0 && h->held_total && h->held_total != n_all)
-                code = broker_fail(err, E(INVALID),
+                code = broker_fail(err, ECODE(INVALID),
                                    "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
                                    h->held_total, n_all);
         if (code == 0 && fds && n_fds != n_all)
-                code = broker_fail(err, E(SIDE_CHANNEL),
+                code = broker_fail(err, ECODE(SIDE_CHANNEL),
                                    "hello: %zu descriptors for %zu held chunks", n_fds, n_all);
         ph.held = all;
         ph.n_held = n_all;
         /* A role the pool has no name for; the core checks the uuid first, and so here. */
         if (code == 0 && ph.role == _GPU_ROLE_MAX && h->gpu_uuid && h->gpu_uuid[0])
-                code = broker_fail(err, E(INVALID),
+                code = broker_fail(err, ECODE(INVALID),
                                    "hello: role %d is not producer, consumer or neutral", h->role);
         if (code == 0)
                 code = translate_outcome(broker_register(s->broker, &ph, c, &pw, err));
@@ -168,7 +168,7 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
         side_close_fds(fds, n_fds); /* those the pool did not take */
         if (code < 0) {
                 log_error_errno(code, "Failed to register GPU %s: %m", h->gpu_uuid);
-                client_queue_error(s, c, e->request_id, E(INTERNAL), "hello", strerror(-code));
+                client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "hello", strerror(-code));
                 return;
         }
         if (code > 0) {
@@ -214,7 +214,7 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
         struct side_cred peer;
 
         if (!c) {
-                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: unknown token; connect the side channel at %s and send "
                                    "the token it gives",
                                    wire_body_name(e), s->config->side_socket);
@@ -224,7 +224,7 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
                 s->stats.hijacks++;
                 log_notice("%s from pid %d with the token of pid %d's side channel; refused",
                            wire_body_name(e), (int)peer.pid, (int)c->cred.pid);
-                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: the token belongs to another process's side channel",
                                    wire_body_name(e));
                 return NULL;
@@ -245,7 +245,7 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
         struct client *c;
 
         if (h->role != AQUA__ROLE__ROLE_ADMIN && !h->fabric_handles) {
-                server_queue_error(s, rid, rlen, e->request_id, E(SIDE_CHANNEL),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(SIDE_CHANNEL),
                                    "hello: as %s over tcp://: a client on another host may only "
                                    "register as admin (the control path) unless it passes fabric "
                                    "handles (Hello.fabric_handles); descriptors need the local "
@@ -257,7 +257,7 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
         c = server_find_by_routing(s, rid, rlen);
         if (c && (!c->remote || c->registered || !s->request_key ||
                   strcmp(c->remote_key, s->request_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
                                    "hello: this routing id belongs to another client");
                 return;
         }
@@ -291,7 +291,7 @@ void dispatch_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelo
         if (c && c->registered) {
                 if (!dispatch_take_credit(s, c, e->request_id))
                         goto done;
-                server_queue_error(s, rid, rlen, e->request_id, E(INVALID),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID),
                                    "hello: already registered as client %" PRIu64, c->id);
                 goto done;
         }
@@ -329,14 +329,14 @@ void dispatch_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelo
                 goto done;
         }
         if (p && (p->env || p->n_fds > need)) {
-                client_queue_error(s, c, e->request_id, E(SIDE_CHANNEL), "hello",
+                client_queue_error(s, c, e->request_id, ECODE(SIDE_CHANNEL), "hello",
                                    p->env ? "request id already waiting"
                                           : "more descriptors than held chunks");
                 client_free_pending(c, p);
                 goto done;
         }
         if (!p && !(p = pending_add(s, c, e->request_id))) {
-                client_queue_error(s, c, e->request_id, E(THROTTLED), "hello",
+                client_queue_error(s, c, e->request_id, ECODE(THROTTLED), "hello",
                                    "too many requests waiting for descriptors");
                 goto done;
         }
@@ -358,7 +358,7 @@ static struct client *remote_part_owner(struct server *s, const void *rid, size_
 
         if (c && (!c->remote || c->registered || !s->request_key ||
                   strcmp(c->remote_key, s->request_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, E(PERMISSION),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
                                    "hello_held: this routing id belongs to another client");
                 return NULL;
         }
@@ -398,7 +398,7 @@ void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const A
         if (!dispatch_take_credit(s, c, e->request_id))
                 return;
         if (c->n_held + hh->n_held > max || s->n_held_parts + hh->n_held > 2 * max) {
-                server_queue_error(s, rid, rlen, e->request_id, E(LIMIT),
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(LIMIT),
                                    c->n_held + hh->n_held > max
                                        ? "hello_held: more than the pool's %" PRIu64 " chunks"
                                        : "hello_held: clients re-registering now hold more than "
@@ -411,13 +411,13 @@ void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const A
                 if (dispatch_fabric_check(hh->held[i]->fabric_handle.len,
                                           c->remote && hh->held[i]->fabric_handle.len,
                                           "hello_held: held chunk", i, err) != 0) {
-                        server_queue_error(s, rid, rlen, e->request_id, E(INVALID), "%s", err);
+                        server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID), "%s", err);
                         client_free_held(s, c);
                         return;
                 }
         a = reallocarray(c->held, c->n_held + hh->n_held + 1, sizeof(*a));
         if (!a) {
-                server_queue_error(s, rid, rlen, e->request_id, E(INTERNAL), "out of memory");
+                server_queue_error(s, rid, rlen, e->request_id, ECODE(INTERNAL), "out of memory");
                 return;
         }
         c->held = a;

@@ -36,7 +36,7 @@ int server_reload(struct server *s, char *err, size_t err_len, char *kept_out, s
         config_free(s->config);
         s->config = n;
         server_apply_settings(s);
-        if (server_apply_pins(s) < 0 || broker_repair(s->broker) < 0)
+        if (server_apply_pins(s) < 0 || broker_recompute_pairs(s->broker) < 0)
                 log_error("Out of memory applying the pairs of the new configuration");
         log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
         events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",

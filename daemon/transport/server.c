@@ -508,7 +508,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         if (r >= 0 && s->config->metrics)
                 r = metrics_new(s->broker, s->config->metrics, show_metrics, s, &s->metrics);
         if (r >= 0)
-                r = broker_repair(s->broker);
+                r = broker_recompute_pairs(s->broker);
         if (r < 0) {
                 s->config = NULL;
                 return r;

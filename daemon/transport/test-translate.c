@@ -5,7 +5,7 @@
 
 #include "translate.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 Test(translate, every_core_outcome_has_its_own_wire_code)
 {
@@ -15,19 +15,19 @@ Test(translate, every_core_outcome_has_its_own_wire_code)
                 int code = translate_outcome(r);
 
                 cr_assert(code > 0 && code < 64, "outcome %d", r);
-                cr_assert_neq(code, E(INTERNAL), "outcome %d", r);
+                cr_assert_neq(code, ECODE(INTERNAL), "outcome %d", r);
                 cr_assert_not(seen[code], "outcome %d shares wire code %d", r, code);
                 seen[code] = true;
         }
-        cr_assert_eq(translate_outcome(BROKER_E_NO_MEMORY), E(NO_MEMORY));
-        cr_assert_eq(translate_outcome(BROKER_E_BUSY), E(BUSY));
+        cr_assert_eq(translate_outcome(BROKER_E_NO_MEMORY), ECODE(NO_MEMORY));
+        cr_assert_eq(translate_outcome(BROKER_E_BUSY), ECODE(BUSY));
 }
 
 Test(translate, success_and_errnos_pass_through_and_unknown_outcomes_are_internal)
 {
         cr_assert_eq(translate_outcome(0), 0);
         cr_assert_eq(translate_outcome(-ENOMEM), -ENOMEM);
-        cr_assert_eq(translate_outcome(_BROKER_E_MAX), E(INTERNAL));
+        cr_assert_eq(translate_outcome(_BROKER_E_MAX), ECODE(INTERNAL));
 }
 
 Test(translate, gpu_roles_go_both_ways_and_admins_are_no_gpu_role)

@@ -3,26 +3,26 @@
 
 #include "util.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 int translate_outcome(int r)
 {
         static const Aqua__ErrorCode wire[_BROKER_E_MAX] = {
-            [BROKER_E_INVALID] = E(INVALID),
-            [BROKER_E_UNKNOWN_GPU] = E(UNKNOWN_GPU),
-            [BROKER_E_UNKNOWN_LEASE] = E(UNKNOWN_LEASE),
-            [BROKER_E_UNKNOWN_CHUNK] = E(UNKNOWN_CHUNK),
-            [BROKER_E_LIMIT] = E(LIMIT),
-            [BROKER_E_WRONG_ROLE] = E(WRONG_ROLE),
-            [BROKER_E_NO_MEMORY] = E(NO_MEMORY),
-            [BROKER_E_BARRED] = E(BARRED),
-            [BROKER_E_BUSY] = E(BUSY),
-            [BROKER_E_DRAINING] = E(DRAINING),
+            [BROKER_E_INVALID] = ECODE(INVALID),
+            [BROKER_E_UNKNOWN_GPU] = ECODE(UNKNOWN_GPU),
+            [BROKER_E_UNKNOWN_LEASE] = ECODE(UNKNOWN_LEASE),
+            [BROKER_E_UNKNOWN_CHUNK] = ECODE(UNKNOWN_CHUNK),
+            [BROKER_E_LIMIT] = ECODE(LIMIT),
+            [BROKER_E_WRONG_ROLE] = ECODE(WRONG_ROLE),
+            [BROKER_E_NO_MEMORY] = ECODE(NO_MEMORY),
+            [BROKER_E_BARRED] = ECODE(BARRED),
+            [BROKER_E_BUSY] = ECODE(BUSY),
+            [BROKER_E_DRAINING] = ECODE(DRAINING),
         };
 
         if (r <= 0)
                 return r;
-        return r < _BROKER_E_MAX && wire[r] ? (int)wire[r] : (int)E(INTERNAL);
+        return r < _BROKER_E_MAX && wire[r] ? (int)wire[r] : (int)ECODE(INTERNAL);
 }
 
 Aqua__Role translate_role_to_wire(enum gpu_role r)

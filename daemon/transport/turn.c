@@ -24,7 +24,7 @@
 #include "server.h"
 #include "time-util.h"
 
-#define E(name) AQUA__ERROR_CODE__ERROR_CODE_##name
+#define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
 /* Degraded aquad tries its journal this often, whatever the traffic. */
 #define JOURNAL_PROBE_NS NSEC_PER_SEC
@@ -211,7 +211,7 @@ static void refuse_turn(struct server *s)
 
         while (!list_empty(&s->turn_custody))
                 custody_refuse(s, list_entry(s->turn_custody.prev, struct turn_change, node),
-                               E(JOURNAL), msg);
+                               ECODE(JOURNAL), msg);
 }
 
 /* ------------------------------------------------------------------------------ sending */
@@ -289,7 +289,8 @@ static void send_queued(struct server *s, struct queued *q)
                         snprintf(msg, sizeof(msg),
                                  "could not pass the descriptors of lease %" PRIu64 ": %s",
                                  k->grant.lease->id, strerror(-r));
-                        custody_refuse(s, k, r == -EAGAIN ? E(THROTTLED) : E(SIDE_CHANNEL), msg);
+                        custody_refuse(s, k, r == -EAGAIN ? ECODE(THROTTLED) : ECODE(SIDE_CHANNEL),
+                                       msg);
                         k = NULL;
                 }
         }
