@@ -416,8 +416,7 @@ static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, c
         return c->role == want;
 }
 
-void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const void *data,
-                       size_t size)
+void dispatch_envelope(struct server *s, const struct origin *o, const void *data, size_t size)
 {
         Aqua__Envelope *e = NULL;
         struct client *c;
@@ -427,8 +426,9 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
 
         r = wire_decode(data, size, &s->limits, &e, err, sizeof(err));
         if (r != 0) {
-                server_queue_error(s, rid, rlen, 0, r < 0 ? ECODE(INTERNAL) : wire_error_code(r),
-                                   "%s", r < 0 ? "out of memory decoding" : err);
+                server_queue_error(s, o->rid, o->rlen, 0,
+                                   r < 0 ? ECODE(INTERNAL) : wire_error_code(r), "%s",
+                                   r < 0 ? "out of memory decoding" : err);
                 return;
         }
         /* Only what cannot touch them may join a turn that holds custody changes (turn.c):
@@ -449,24 +449,23 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 break;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
-                dispatch_hello(s, rid, rlen, e);
+                dispatch_hello(s, o, e);
                 return;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO_HELD) {
-                dispatch_hello_held(s, rid, rlen, e);
+                dispatch_hello_held(s, o, e);
                 goto done;
         }
-        c = server_find_by_routing(s, rid, rlen);
+        c = server_find_by_routing(s, o->rid, o->rlen);
         if (!c || !c->registered) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(NOT_REGISTERED),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(NOT_REGISTERED),
                                    "%s before a successful Hello", wire_body_name(e));
                 goto done;
         }
         /* A routing id is the peer's to choose: a remote client's is only its own while the
          * same CURVE identity sends it. */
-        if (c->remote &&
-            (!s->request_remote || !s->request_key || strcmp(s->request_key, c->remote_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
+        if (c->remote && (!o->remote || !o->key || strcmp(o->key, c->remote_key) != 0)) {
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: this routing id belongs to another client",
                                    wire_body_name(e));
                 goto done;
@@ -476,7 +475,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
         if (!dispatch_take_credit(s, c, e->request_id))
                 goto done;
         if (!role_allows(c, e->body_case, &need)) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(WRONG_ROLE),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(WRONG_ROLE),
                                    "%s: needs a %s, this client registered as %s",
                                    wire_body_name(e), need, dispatch_role_name(c->role));
                 goto done;
@@ -517,7 +516,7 @@ void dispatch_envelope(struct server *s, const void *rid, size_t rlen, const voi
                 admin_handle(s, c, e);
                 break;
         default:
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID),
                                    "%s is not a request a client sends", wire_body_name(e));
                 break;
         }

@@ -17,8 +17,8 @@ bool dispatch_take_credit(struct server *s, struct client *c, uint64_t request_i
 /* hello.c */
 /* A fabric handle's length where one may come (0, or an outcome with err filled). */
 int dispatch_fabric_check(size_t len, bool fabric, const char *what, size_t i, char *err);
-void dispatch_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e);
-void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const Aqua__Envelope *e);
+void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e);
+void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__Envelope *e);
 void dispatch_goodbye(struct server *s, struct client *c, const Aqua__Envelope *e);
 /* A Hello whose held chunks' descriptors have all arrived (fds: those, or NULL). */
 void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,

@@ -225,13 +225,25 @@ static void drop_remote(void)
 
 static void remote_envelope(size_t who, unsigned flags, const uint8_t *data, size_t len)
 {
-        srv->request_remote = true;
-        srv->request_key =
-            flags & FUZZ_TCP_KNOWN ? FUZZ_TCP_KEY : "mallorymallorymallorymallorymallorymallo";
-        srv->request_addr = "10.0.0.9";
-        dispatch_envelope(srv, fuzz_tcp_routing_id(who), FUZZ_ROUTING_LEN, data, len);
-        srv->request_remote = false;
-        srv->request_key = srv->request_addr = NULL;
+        struct origin o = {
+            .rid = fuzz_tcp_routing_id(who),
+            .rlen = FUZZ_ROUTING_LEN,
+            .fd = -1,
+            .remote = true,
+            .key =
+                flags & FUZZ_TCP_KNOWN ? FUZZ_TCP_KEY : "mallorymallorymallorymallorymallorymallo",
+            .addr = "10.0.0.9",
+        };
+
+        dispatch_envelope(srv, &o, data, len);
+}
+
+/* An Envelope from who over ipc://, where ZeroMQ tells no connection. */
+static void local_envelope(size_t who, const void *data, size_t len)
+{
+        struct origin o = {.rid = fuzz_routing_id(who), .rlen = FUZZ_ROUTING_LEN, .fd = -1};
+
+        dispatch_envelope(srv, &o, data, len);
 }
 
 /* A fresh pool and journal, and the producer, consumer and admin registered again. */
@@ -258,8 +270,7 @@ static void reset(void)
         }
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
                 if (i != FUZZ_STRANGER)
-                        dispatch_envelope(srv, fuzz_routing_id(i), FUZZ_ROUTING_LEN, hello[i],
-                                          hello_len[i]);
+                        local_envelope(i, hello[i], hello_len[i]);
 }
 
 /* The client's process ends: what server.c does on EOF, but the client connects again. */
@@ -353,8 +364,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         if ((h >> 4) & FUZZ_TCP)
                                 remote_envelope(who, h >> 4, data, len);
                         else
-                                dispatch_envelope(srv, fuzz_routing_id(who), FUZZ_ROUTING_LEN, data,
-                                                  len);
+                                local_envelope(who, data, len);
                         break;
                 case FUZZ_OP_SIDE_FRAME:
                         side_frame(fake[who], data, len, h >> 4);

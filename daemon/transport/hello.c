@@ -207,24 +207,24 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
  * channel's process; it is not enough when the kernel can say that the message comes from
  * another (pid 0: it cannot say).
  */
-static struct client *token_owner(struct server *s, const void *rid, size_t rlen,
-                                  const Aqua__Envelope *e, const ProtobufCBinaryData *token)
+static struct client *token_owner(struct server *s, const struct origin *o, const Aqua__Envelope *e,
+                                  const ProtobufCBinaryData *token)
 {
         struct client *c = server_find_by_token(s, token->data, token->len);
         struct side_cred peer;
 
         if (!c) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: unknown token; connect the side channel at %s and send "
                                    "the token it gives",
                                    wire_body_name(e), s->config->side_socket);
                 return NULL;
         }
-        if (server_request_peer(s, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
+        if (origin_peer(o, &peer) == 0 && peer.pid > 0 && peer.pid != c->cred.pid) {
                 s->stats.hijacks++;
                 log_notice("%s from pid %d with the token of pid %d's side channel; refused",
                            wire_body_name(e), (int)peer.pid, (int)c->cred.pid);
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(PERMISSION),
                                    "%s: the token belongs to another process's side channel",
                                    wire_body_name(e));
                 return NULL;
@@ -239,13 +239,13 @@ static struct client *token_owner(struct server *s, const void *rid, size_t rlen
  * (Hello.fabric_handles), as a producer or consumer: descriptors only the local side channel
  * carries. Its process is one aquad cannot watch, so what it holds outlives its silence.
  */
-static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
+static void handle_remote_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
         struct client *c;
 
         if (h->role != AQUA__ROLE__ROLE_ADMIN && !h->fabric_handles) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(SIDE_CHANNEL),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(SIDE_CHANNEL),
                                    "hello: as %s over tcp://: a client on another host may only "
                                    "register as admin (the control path) unless it passes fabric "
                                    "handles (Hello.fabric_handles); descriptors need the local "
@@ -254,15 +254,14 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
                 return;
         }
         /* Its HelloHeld parts came first on this connection: the same client. */
-        c = server_find_by_routing(s, rid, rlen);
-        if (c && (!c->remote || c->registered || !s->request_key ||
-                  strcmp(c->remote_key, s->request_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
+        c = server_find_by_routing(s, o->rid, o->rlen);
+        if (c && (!c->remote || c->registered || !o->key || strcmp(c->remote_key, o->key) != 0)) {
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(PERMISSION),
                                    "hello: this routing id belongs to another client");
                 return;
         }
         if (!c)
-                c = server_add_remote(s, rid, rlen, e->request_id);
+                c = server_add_remote(s, o, e->request_id);
         if (!c)
                 return;
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
@@ -281,29 +280,29 @@ static void handle_remote_hello(struct server *s, const void *rid, size_t rlen, 
                 server_drop_client(s, c);
 }
 
-void dispatch_hello(struct server *s, const void *rid, size_t rlen, Aqua__Envelope *e)
+void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
-        struct client *c = server_find_by_routing(s, rid, rlen);
+        struct client *c = server_find_by_routing(s, o->rid, o->rlen);
         struct pending *p;
         size_t need;
 
         if (c && c->registered) {
                 if (!dispatch_take_credit(s, c, e->request_id))
                         goto done;
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID),
                                    "hello: already registered as client %" PRIu64, c->id);
                 goto done;
         }
-        if (s->request_remote && h->token.len == 0) {
-                handle_remote_hello(s, rid, rlen, e);
+        if (o->remote && h->token.len == 0) {
+                handle_remote_hello(s, o, e);
                 goto done;
         }
-        c = token_owner(s, rid, rlen, e, &h->token);
+        c = token_owner(s, o, e, &h->token);
         if (!c)
                 goto done;
-        memcpy(c->routing_id, rid, rlen);
-        c->routing_id_len = rlen;
+        memcpy(c->routing_id, o->rid, o->rlen);
+        c->routing_id_len = o->rlen;
 
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
                 c->registered = true;
@@ -351,20 +350,19 @@ done:
  * routing id made with an earlier part (under the same CURVE key), or a new one that must say
  * Hello within request-timeout. NULL after an error was sent.
  */
-static struct client *remote_part_owner(struct server *s, const void *rid, size_t rlen,
+static struct client *remote_part_owner(struct server *s, const struct origin *o,
                                         const Aqua__Envelope *e)
 {
-        struct client *c = server_find_by_routing(s, rid, rlen);
+        struct client *c = server_find_by_routing(s, o->rid, o->rlen);
 
-        if (c && (!c->remote || c->registered || !s->request_key ||
-                  strcmp(c->remote_key, s->request_key) != 0)) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(PERMISSION),
+        if (c && (!c->remote || c->registered || !o->key || strcmp(c->remote_key, o->key) != 0)) {
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(PERMISSION),
                                    "hello_held: this routing id belongs to another client");
                 return NULL;
         }
         if (c)
                 return c;
-        c = server_add_remote(s, rid, rlen, e->request_id);
+        c = server_add_remote(s, o, e->request_id);
         if (c)
                 c->hello_deadline_ns = now_mono_ns() + s->config->request_timeout_ns;
         return c;
@@ -377,7 +375,7 @@ static struct client *remote_part_owner(struct server *s, const void *rid, size_
  * producer and its consumers list the same chunks), and at its request rate. No reply unless
  * refused.
  */
-void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const Aqua__Envelope *e)
+void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__Envelope *e)
 {
         const Aqua__HelloHeld *hh = e->hello_held;
         uint64_t max = s->broker->settings.max_chunks;
@@ -385,20 +383,20 @@ void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const A
         struct held_part *a;
         char err[BROKER_ERR_MAX];
 
-        if (s->request_remote && hh->token.len == 0)
-                c = remote_part_owner(s, rid, rlen, e);
+        if (o->remote && hh->token.len == 0)
+                c = remote_part_owner(s, o, e);
         else
-                c = token_owner(s, rid, rlen, e, &hh->token);
+                c = token_owner(s, o, e, &hh->token);
         if (!c)
                 return;
         if (!c->routing_id_len) {
-                memcpy(c->routing_id, rid, rlen);
-                c->routing_id_len = rlen;
+                memcpy(c->routing_id, o->rid, o->rlen);
+                c->routing_id_len = o->rlen;
         }
         if (!dispatch_take_credit(s, c, e->request_id))
                 return;
         if (c->n_held + hh->n_held > max || s->n_held_parts + hh->n_held > 2 * max) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(LIMIT),
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(LIMIT),
                                    c->n_held + hh->n_held > max
                                        ? "hello_held: more than the pool's %" PRIu64 " chunks"
                                        : "hello_held: clients re-registering now hold more than "
@@ -411,13 +409,15 @@ void dispatch_hello_held(struct server *s, const void *rid, size_t rlen, const A
                 if (dispatch_fabric_check(hh->held[i]->fabric_handle.len,
                                           c->remote && hh->held[i]->fabric_handle.len,
                                           "hello_held: held chunk", i, err) != 0) {
-                        server_queue_error(s, rid, rlen, e->request_id, ECODE(INVALID), "%s", err);
+                        server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID), "%s",
+                                           err);
                         client_free_held(s, c);
                         return;
                 }
         a = reallocarray(c->held, c->n_held + hh->n_held + 1, sizeof(*a));
         if (!a) {
-                server_queue_error(s, rid, rlen, e->request_id, ECODE(INTERNAL), "out of memory");
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INTERNAL),
+                                   "out of memory");
                 return;
         }
         c->held = a;

@@ -204,46 +204,45 @@ void server_handle_monitor(struct server *s)
         }
 }
 
-struct client *server_add_remote(struct server *s, const void *rid, size_t rlen,
-                                 uint64_t request_id)
+struct client *server_add_remote(struct server *s, const struct origin *o, uint64_t request_id)
 {
         const struct config_remote_client *rc = NULL;
         struct client *c;
 
-        rc = config_remote_find_text(s->config, s->request_key);
+        rc = config_remote_find_text(s->config, o->key);
         if (!rc) {
                 /* Plain tcp (plain-tcp: true), or a key a reload has removed since. */
-                server_queue_error(s, rid, rlen, request_id,
+                server_queue_error(s, o->rid, o->rlen, request_id,
                                    AQUA__ERROR_CODE__ERROR_CODE_PERMISSION,
                                    "hello: no token and no CURVE identity in remote.clients: over "
                                    "plain tcp a client needs the local side channel's token");
                 return NULL;
         }
         if ((int64_t)s->n_clients >= s->config->limits.clients) {
-                server_queue_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_LIMIT,
+                server_queue_error(s, o->rid, o->rlen, request_id,
+                                   AQUA__ERROR_CODE__ERROR_CODE_LIMIT,
                                    "hello: the limit of %" PRId64 " clients is reached",
                                    s->config->limits.clients);
                 return NULL;
         }
         c = calloc(1, sizeof(*c));
         if (!c) {
-                server_queue_error(s, rid, rlen, request_id, AQUA__ERROR_CODE__ERROR_CODE_INTERNAL,
-                                   "hello: out of memory");
+                server_queue_error(s, o->rid, o->rlen, request_id,
+                                   AQUA__ERROR_CODE__ERROR_CODE_INTERNAL, "hello: out of memory");
                 return NULL;
         }
         c->side_fd = -1;
         c->remote = true;
         c->cred = (struct side_cred){.pid = 0, .uid = rc->uid, .gid = (gid_t)-1};
         snprintf(c->remote_user, sizeof(c->remote_user), "%s", rc->user);
-        snprintf(c->remote_key, sizeof(c->remote_key), "%s", s->request_key);
-        snprintf(c->remote_addr, sizeof(c->remote_addr), "%s",
-                 s->request_addr ? s->request_addr : "?");
+        snprintf(c->remote_key, sizeof(c->remote_key), "%s", o->key);
+        snprintf(c->remote_addr, sizeof(c->remote_addr), "%s", o->addr ? o->addr : "?");
         list_init(&c->pending);
         list_init(&c->outbox);
         c->id = s->next_client_id++;
         c->accepted_ns = c->last_seen_ns = now_mono_ns();
-        memcpy(c->routing_id, rid, rlen);
-        c->routing_id_len = rlen;
+        memcpy(c->routing_id, o->rid, o->rlen);
+        c->routing_id_len = o->rlen;
         list_append(&s->clients, &c->node);
         s->n_clients++;
         return c;

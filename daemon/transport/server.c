@@ -60,12 +60,12 @@ struct client *server_find_by_token(struct server *s, const void *token, size_t 
         return NULL;
 }
 
-int server_request_peer(const struct server *s, struct side_cred *ret)
+int origin_peer(const struct origin *o, struct side_cred *ret)
 {
-        if (s->request_fd < 0)
+        if (o->fd < 0)
                 return -ENOENT;
         /* Fails for TCP, where the kernel knows no peer process. */
-        return side_peer_cred(s->request_fd, ret);
+        return side_peer_cred(o->fd, ret);
 }
 
 bool client_is_admin(const struct server *s, const struct client *c)
@@ -426,21 +426,17 @@ static void read_router(struct server *s)
                         /* Which connection it came on: a Hello is checked against it. */
                         struct sockaddr_storage sa;
                         socklen_t salen = sizeof(sa);
+                        struct origin o = {.rid = zmq_msg_data(&id), .rlen = zmq_msg_size(&id)};
 
-                        s->request_fd = zmq_msg_get(&body, ZMQ_SRCFD);
-                        s->request_remote =
-                            s->request_fd >= 0 &&
-                            getsockname(s->request_fd, (struct sockaddr *)&sa, &salen) == 0 &&
-                            (sa.ss_family == AF_INET || sa.ss_family == AF_INET6);
-                        s->request_key = zmq_msg_gets(&body, "User-Id");
-                        s->request_addr = zmq_msg_gets(&body, "Peer-Address");
-                        if (s->request_key && !s->request_key[0])
-                                s->request_key = NULL;
-                        dispatch_envelope(s, zmq_msg_data(&id), zmq_msg_size(&id),
-                                          zmq_msg_data(&body), zmq_msg_size(&body));
-                        s->request_fd = -1;
-                        s->request_remote = false;
-                        s->request_key = s->request_addr = NULL;
+                        o.fd = zmq_msg_get(&body, ZMQ_SRCFD);
+                        o.remote = o.fd >= 0 &&
+                                   getsockname(o.fd, (struct sockaddr *)&sa, &salen) == 0 &&
+                                   (sa.ss_family == AF_INET || sa.ss_family == AF_INET6);
+                        o.key = zmq_msg_gets(&body, "User-Id");
+                        o.addr = zmq_msg_gets(&body, "Peer-Address");
+                        if (o.key && !o.key[0])
+                                o.key = NULL;
+                        dispatch_envelope(s, &o, zmq_msg_data(&body), zmq_msg_size(&body));
                 }
                 zmq_msg_close(&body);
                 zmq_msg_close(&id);
@@ -471,7 +467,7 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         s = calloc(1, sizeof(*s));
         if (!s)
                 return -ENOMEM;
-        s->side_fd = s->signal_fd = s->request_fd = s->side_lock_fd = s->ipc_lock_fd = -1;
+        s->side_fd = s->signal_fd = s->side_lock_fd = s->ipc_lock_fd = -1;
         list_init(&s->clients);
         list_init(&s->turn_out);
         list_init(&s->turn_custody);

@@ -82,6 +82,16 @@ struct client {
 typedef int (*server_sink_fn)(struct server *s, const void *routing_id, size_t routing_len,
                               const void *buf, size_t len);
 
+/* Where a request came from: its routing id and what ZeroMQ tells of its connection. */
+struct origin {
+        const void *rid;
+        size_t rlen;
+        int fd;           /* the connection it came on; -1: unknown */
+        bool remote;      /* ... and it is a tcp:// connection */
+        const char *key;  /* its CURVE public key, Z85 (ZAP's User-Id); NULL: none */
+        const char *addr; /* its peer address; NULL: unknown */
+};
+
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
 typedef void (*server_ready_fn)(struct server *s, void *userdata);
 
@@ -123,10 +133,6 @@ struct server {
         bool stopping;
         bool verbose; /* -v: debug logging whatever the config says */
         int exit_status;
-        int request_fd;      /* the connection the request being dispatched came on; -1: unknown */
-        bool request_remote; /* ... and it is a tcp:// connection */
-        const char *request_key;  /* its CURVE public key, Z85 (ZAP's User-Id); NULL: none */
-        const char *request_addr; /* its peer address */
         uint64_t start_ns;
         server_ready_fn on_ready;
         void *ready_userdata;
@@ -249,9 +255,9 @@ struct client *server_find_by_token(struct server *s, const void *token, size_t 
 void client_free_pending(struct client *c, struct pending *p);
 /* Forget what c's HelloHeld parts said it holds (its Hello came, or it went). */
 void client_free_held(struct server *s, struct client *c);
-/* The process on the other end of the ZeroMQ connection the current request came on (ipc://
- * only); -ENOENT or another negative errno when that is not known. */
-int server_request_peer(const struct server *s, struct side_cred *ret);
+/* The process on the other end of the ZeroMQ connection a request came on (ipc:// only);
+ * -ENOENT or another negative errno when that is not known. */
+int origin_peer(const struct origin *o, struct side_cred *ret);
 bool client_is_admin(const struct server *s, const struct client *c);
 /* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
 bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
@@ -261,12 +267,10 @@ void server_drop_client(struct server *s, struct client *c);
 /* Forget a remote client that can no longer be heard; its GPU keeps what it holds. */
 void server_detach_gpu(struct server *s, struct client *c);
 /* A client that registered over tcp:// (dispatch.c); NULL after an error was sent. */
-struct client *server_add_remote(struct server *s, const void *routing_id, size_t len,
-                                 uint64_t request_id);
+struct client *server_add_remote(struct server *s, const struct origin *o, uint64_t request_id);
 
 /* dispatch.c */
-void dispatch_envelope(struct server *s, const void *routing_id, size_t routing_len,
-                       const void *data, size_t size);
+void dispatch_envelope(struct server *s, const struct origin *o, const void *data, size_t size);
 /* A request whose descriptors have all arrived (p is freed). */
 void dispatch_complete(struct server *s, struct client *c, struct pending *p);
 

@@ -60,9 +60,10 @@ static void send_env(size_t who, Aqua__Envelope *e)
 {
         void *buf;
         size_t len;
+        struct origin o = {.rid = fuzz_routing_id(who), .rlen = FUZZ_ROUTING_LEN, .fd = -1};
 
         cr_assert_eq(wire_encode(e, &buf, &len), 0);
-        dispatch_envelope(srv, fuzz_routing_id(who), FUZZ_ROUTING_LEN, buf, len);
+        dispatch_envelope(srv, &o, buf, len);
         free(buf);
 }
 
