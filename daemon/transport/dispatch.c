@@ -413,7 +413,7 @@ static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, c
                 return true;
         }
         *need = dispatch_role_name(want);
-        return c->role == want;
+        return client_role(c) == want;
 }
 
 void dispatch_envelope(struct server *s, const struct origin *o, const void *data, size_t size)
@@ -477,7 +477,7 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
         if (!role_allows(c, e->body_case, &need)) {
                 server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(WRONG_ROLE),
                                    "%s: needs a %s, this client registered as %s",
-                                   wire_body_name(e), need, dispatch_role_name(c->role));
+                                   wire_body_name(e), need, dispatch_role_name(client_role(c)));
                 goto done;
         }
         switch (e->body_case) {

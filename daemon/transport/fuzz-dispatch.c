@@ -266,7 +266,6 @@ static void reset(void)
                 fuzz_token(i, fake[i]->token);
                 fake[i]->registered = false;
                 fake[i]->routing_id_len = 0;
-                fake[i]->role = 0;
         }
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
                 if (i != FUZZ_STRANGER)
@@ -284,7 +283,6 @@ static void kill_client(struct client *c)
         c->gpu = NULL;
         c->registered = false;
         c->routing_id_len = 0;
-        c->role = 0;
         server_end_turn(srv);
 }
 

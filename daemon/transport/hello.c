@@ -176,7 +176,6 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                 return;
         }
         c->registered = true;
-        c->role = h->role;
         c->gpu = pw.gpu;
         if (pw.replaced) {
                 /* Its holder's earlier connection: forgotten, the GPU left as this Hello made it.
@@ -266,7 +265,6 @@ static void handle_remote_hello(struct server *s, const struct origin *o, Aqua__
                 return;
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
                 c->registered = true;
-                c->role = h->role;
                 log_info("Remote client %" PRIu64 " (%s at %s, uid %u) registered as admin%s%s",
                          c->id, c->remote_user, c->remote_addr, c->cred.uid,
                          h->client_name ? ": " : "", h->client_name ? h->client_name : "");
@@ -306,7 +304,6 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
 
         if (h->role == AQUA__ROLE__ROLE_ADMIN) {
                 c->registered = true;
-                c->role = h->role;
                 reply_welcome(s, c, e->request_id, NULL, NULL, 0, NULL);
                 goto done;
         }

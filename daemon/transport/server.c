@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "notify.h"
 #include "time-util.h"
+#include "translate.h"
 
 /* Work done per wakeup before looking at the other sources again: no source starves another. */
 #define BATCH 256
@@ -66,6 +67,14 @@ int origin_peer(const struct origin *o, struct side_cred *ret)
                 return -ENOENT;
         /* Fails for TCP, where the kernel knows no peer process. */
         return side_peer_cred(o->fd, ret);
+}
+
+Aqua__Role client_role(const struct client *c)
+{
+        if (!c->registered)
+                return AQUA__ROLE__ROLE_UNSPECIFIED;
+        /* Every registration but an admin's is a GPU's, whose role the core keeps. */
+        return c->gpu ? translate_role_to_wire(c->gpu->role) : AQUA__ROLE__ROLE_ADMIN;
 }
 
 bool client_is_admin(const struct server *s, const struct client *c)
@@ -452,7 +461,7 @@ static void show_metrics(void *userdata, struct metrics_view *v)
         v->stats = &s->stats;
         for (const struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                 const struct client *c = list_entry(x, struct client, node);
-                size_t i = c->registered ? (size_t)c->role : 0;
+                size_t i = (size_t)client_role(c);
 
                 v->clients_by_role[i < ARRAY_SIZE(v->clients_by_role) ? i : 0]++;
         }

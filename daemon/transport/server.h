@@ -60,7 +60,6 @@ struct client {
         char remote_key[BROKER_KEY_TEXT]; /* its identity: the CURVE public key, Z85 */
         char remote_addr[64];
         uint64_t last_seen_ns; /* remote: its last message, for remote.grace */
-        Aqua__Role role;
         struct gpu *gpu; /* producer, consumer or neutral */
         uint64_t hello_deadline_ns;
         uint64_t accepted_ns;
@@ -259,6 +258,8 @@ void client_free_held(struct server *s, struct client *c);
  * -ENOENT or another negative errno when that is not known. */
 int origin_peer(const struct origin *o, struct side_cred *ret);
 bool client_is_admin(const struct server *s, const struct client *c);
+/* The role c registered as: its GPU's (the core keeps it), admin, or UNSPECIFIED before Hello. */
+Aqua__Role client_role(const struct client *c);
 /* Whether c may make aquad hold n more descriptors (its budget, the process's headroom). */
 bool server_may_take_fds(struct server *s, const struct client *c, size_t n);
 
