@@ -101,6 +101,14 @@ struct gpu_link {
         double bandwidth;
 };
 
+/* What a GPU's client last reported of its engine (LoadReport); aquad only shows it. */
+struct broker_load {
+        double load; /* 0..1 */
+        uint64_t used_bytes, free_bytes;
+        uint64_t migrations, bytes_moved; /* since the client started */
+        uint64_t dram_bytes;              /* kept in DRAM fallback */
+};
+
 struct gpu {
         struct list_node node; /* broker.gpus */
         /* Its name in the pool: the device's uuid, or with colocated-lending "UUID/producer" or
@@ -144,8 +152,7 @@ struct gpu {
         /* Detached (a remote client unheard): it must register again by then; 0: a restart's. */
         uint64_t detached_until_ns;
 
-        double load;
-        uint64_t used_bytes, free_bytes, migrations, bytes_moved, dram_in_use;
+        struct broker_load reported; /* the client's last LoadReport */
         /* Consumer: chunks (and their bytes) it returned in answer to reclaims, counted here
          * from its Returns, whatever it reports; since aquad started. */
         uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
@@ -249,6 +256,8 @@ struct broker_stats {
         uint64_t custody_refused; /* Hellos for a GPU whose state another identity holds */
 };
 
+typedef void (*broker_reclaimed_fn)(void *userdata, uint64_t latency_ns);
+
 struct broker {
         struct broker_settings settings;
         struct list_node gpus;
@@ -283,8 +292,8 @@ struct broker {
         size_t n_ops, alloc_ops;
         struct list_node notices;
 
-        /* Told each time a reclaimed chunk is back from its consumer, with how long it took. */
-        void (*on_reclaimed)(void *userdata, uint64_t latency_ns);
+        /* Told each time a reclaimed chunk is back from its consumer (broker_observe_reclaims). */
+        broker_reclaimed_fn on_reclaimed;
         void *on_reclaimed_userdata;
 };
 
@@ -513,3 +522,87 @@ void broker_reclaim_delivered(struct broker *pool, uint64_t lease_id, const uint
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
 void broker_tick(struct broker *pool, uint64_t now_ns);
+
+/* ------------------------------------ view.c: the pool as the code outside the core sees it */
+
+/* The pool's counts and sums, for aquactl status and the metrics. */
+struct broker_totals {
+        size_t gpus, pairs, leases, chunks, chunks_quarantined;
+        uint64_t pool_bytes, lent_bytes, dram_budget, dram_granted;
+        bool degraded; /* the journal cannot be written or compacted */
+        uint64_t gpus_by_role[_GPU_ROLE_MAX];
+        uint64_t chunks_by_state[_CHUNK_STATE_MAX], chunk_bytes_by_state[_CHUNK_STATE_MAX];
+        uint64_t leases_by_state[_LEASE_STATE_MAX];
+        struct broker_stats stats;
+};
+void broker_totals(const struct broker *pool, struct broker_totals *ret);
+
+/*
+ * One GPU, lease or chunk as values. Strings point into the pool: valid until the next operation
+ * on it. Each broker_view_* fills at most max entries, in the pool's order, and returns how many;
+ * the totals say how many there are.
+ */
+struct broker_gpu_view {
+        const char *uuid;
+        uint32_t ordinal;
+        bool ordinal_known;
+        enum gpu_role role;
+        uint64_t capacity;
+        const struct client *owner; /* the connected client; NULL when none */
+        const char *client_name, *host; /* "" when not told */
+        pid_t pid;
+        const char *paired_with; /* "" when unpaired */
+        const char *pair_source; /* "config", "auto", "aquactl" */
+        double pair_bandwidth;
+        uint64_t offered_bytes, lent_bytes, borrowed_bytes, dram_bytes;
+        bool barred, draining, silent;
+        struct broker_load reported;
+        uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
+};
+size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max);
+
+struct broker_lease_view {
+        uint64_t id;
+        const char *producer_uuid, *consumer_uuid;
+        enum lease_state state;
+        uint64_t bytes;
+        size_t chunks;
+        uint64_t age_ms;
+        uint64_t deadline_ms; /* until the earliest reclaim deadline; 0: none running */
+        bool notice_pending;  /* reclaimed, its notice not yet delivered */
+        bool overdue;
+};
+size_t broker_view_leases(const struct broker *pool, uint64_t now_ns,
+                          struct broker_lease_view *out, size_t max);
+
+struct broker_chunk_view {
+        uint64_t id;
+        const char *producer_uuid;
+        uint64_t size;
+        const char *condition; /* leased, reclaiming, free, dirty, scrubbing, quarantined */
+        uint64_t lease_id;     /* 0: none */
+};
+size_t broker_view_chunks(const struct broker *pool, struct broker_chunk_view *out, size_t max);
+
+/* A grant's chunks, for its Grant message: broker_grant_size() of them. */
+struct broker_granted_chunk {
+        uint64_t id, size;
+        const char *producer_uuid;
+        const uint8_t *fabric; /* BROKER_FABRIC_HANDLE_SIZE bytes, or NULL */
+        int fd;                /* the daemon's handle to pass on; -1: none */
+};
+size_t broker_grant_size(const struct broker_grant *grant);
+uint64_t broker_grant_lease_id(const struct broker_grant *grant); /* 0: DRAM only */
+size_t broker_grant_chunks(const struct broker_grant *grant, struct broker_granted_chunk *out,
+                           size_t max);
+
+/* g's client reported its engine's load. */
+void broker_report_load(struct broker *pool, struct gpu *g, const struct broker_load *load);
+
+/* New settings (a reload); compact_threshold: the journal size that starts a compaction. */
+void broker_set_settings(struct broker *pool, const struct broker_settings *settings,
+                         uint64_t compact_threshold);
+
+/* Be told each reclaim latency (one observer; unobserving with another userdata does nothing). */
+void broker_observe_reclaims(struct broker *pool, broker_reclaimed_fn fn, void *userdata);
+void broker_unobserve_reclaims(struct broker *pool, void *userdata);

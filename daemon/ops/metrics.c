@@ -62,47 +62,25 @@ static void render_clients(struct prom_text *t, const struct metrics_view *v)
                  "role", roles, v->clients_by_role, ARRAY_SIZE(roles));
 }
 
-static void render_pool(struct prom_text *t, struct broker *p)
+static void render_pool(struct prom_text *t, const struct broker_totals *p)
 {
         static const char *const roles[] = {"producer", "consumer", "neutral"};
         static const char *const chunk_states[_CHUNK_STATE_MAX] = {"free", "leased", "reclaiming"};
         static const char *const lease_states[_LEASE_STATE_MAX] = {"granted", "reclaiming",
                                                                    "returned", "lost"};
-        uint64_t by_role[ARRAY_SIZE(roles)] = {0}, chunks[_CHUNK_STATE_MAX] = {0},
-                 chunk_bytes[_CHUNK_STATE_MAX] = {0}, leases[_LEASE_STATE_MAX] = {0};
 
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
-                struct gpu *g = list_entry(x, struct gpu, node);
-
-                if (g->role >= GPU_ROLE_PRODUCER && g->role <= GPU_ROLE_NEUTRAL)
-                        by_role[g->role - GPU_ROLE_PRODUCER]++;
-                for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
-                        struct chunk *c = list_entry(k, struct chunk, producer_node);
-
-                        if (c->state < _CHUNK_STATE_MAX) {
-                                chunks[c->state]++;
-                                chunk_bytes[c->state] += c->size;
-                        }
-                }
-        }
-        for (struct list_node *x = p->leases.next; x != &p->leases; x = x->next) {
-                struct lease *l = list_entry(x, struct lease, broker_node);
-
-                if (l->state < _LEASE_STATE_MAX)
-                        leases[l->state]++;
-        }
-        by_label(t, "aqua_gpus", "gauge", "GPUs aquad knows, by role.", "role", roles, by_role,
-                 ARRAY_SIZE(roles));
+        by_label(t, "aqua_gpus", "gauge", "GPUs aquad knows, by role.", "role", roles,
+                 &p->gpus_by_role[GPU_ROLE_PRODUCER], ARRAY_SIZE(roles));
         by_label(t, "aqua_chunks", "gauge", "Chunks in the lending pool, by state.", "state",
-                 chunk_states, chunks, _CHUNK_STATE_MAX);
+                 chunk_states, p->chunks_by_state, _CHUNK_STATE_MAX);
         by_label(t, "aqua_chunk_bytes", "gauge", "Bytes of the chunks in the pool, by state.",
-                 "state", chunk_states, chunk_bytes, _CHUNK_STATE_MAX);
-        by_label(t, "aqua_leases", "gauge", "Leases, by state.", "state", lease_states, leases,
-                 _LEASE_STATE_MAX);
+                 "state", chunk_states, p->chunk_bytes_by_state, _CHUNK_STATE_MAX);
+        by_label(t, "aqua_leases", "gauge", "Leases, by state.", "state", lease_states,
+                 p->leases_by_state, _LEASE_STATE_MAX);
         gauge(t, "aqua_pool_bytes", "Bytes producers have offered (leased or not).", p->pool_bytes);
         gauge(t, "aqua_lent_bytes", "Bytes leased out to consumers.", p->lent_bytes);
         gauge(t, "aqua_dram_budget_bytes", "Host memory consumers may pin as fallback.",
-              p->settings.dram_budget);
+              p->dram_budget);
         gauge(t, "aqua_dram_granted_bytes", "DRAM fallback budget granted to consumers.",
               p->dram_granted);
         counter(t, "aqua_chunks_offered_total", "Chunks producers have offered.",
@@ -122,7 +100,7 @@ static void render_pool(struct prom_text *t, struct broker *p)
                 p->stats.compaction_failures);
         gauge(t, "aqua_degraded",
               "1 while the journal cannot be written (offers and grants are refused) or compacted.",
-              p->journal_error || p->compact_error);
+              p->degraded);
         counter(t, "aqua_scrubs_requested_total",
                 "Chunks producers were asked to zero before another consumer gets them.",
                 p->stats.scrubs_requested);
@@ -137,7 +115,7 @@ static void render_pool(struct prom_text *t, struct broker *p)
                 p->stats.custody_refused);
         gauge(t, "aqua_chunks_quarantined",
               "Chunks an operator released from a holder whose process still runs.",
-              p->n_quarantined);
+              p->chunks_quarantined);
 }
 
 /* Per-GPU families: one pass per family keeps each family's samples together, as required. */
@@ -180,7 +158,7 @@ static const struct {
                     "1 when the consumer missed a reclaim deadline and gets no new leases."},
 };
 
-static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
+static uint64_t gpu_value(const struct broker_gpu_view *g, enum gpu_field f)
 {
         switch (f) {
         case GPU_OFFERED:
@@ -192,11 +170,11 @@ static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
         case GPU_DRAM:
                 return g->dram_bytes;
         case GPU_DRAM_IN_USE:
-                return g->dram_in_use;
+                return g->reported.dram_bytes;
         case GPU_MIGRATIONS:
-                return g->migrations;
+                return g->reported.migrations;
         case GPU_MOVED:
-                return g->bytes_moved;
+                return g->reported.bytes_moved;
         case GPU_RECLAIM_RETURNED:
                 return g->reclaim_returned_chunks;
         case GPU_RECLAIM_RETURNED_BYTES:
@@ -208,20 +186,20 @@ static uint64_t gpu_value(const struct gpu *g, enum gpu_field f)
         }
 }
 
-static void render_gpus(struct prom_text *t, struct broker *p)
+static void render_gpus(struct prom_text *t, const struct broker_gpu_view *v, size_t n)
 {
         char ordinal[16];
 
         prom_family(t, "aqua_gpu_info", "gauge",
                     "1 per GPU aquad knows; its labels name its role, client and pair.");
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
-                struct gpu *g = list_entry(x, struct gpu, node);
+        for (size_t i = 0; i < n; i++) {
+                const struct broker_gpu_view *g = &v[i];
                 const struct prom_label labels[] = {
                     {"gpu", ordinal},
                     {"uuid", g->uuid},
                     {"role", gpu_role_to_string(g->role)},
-                    {"client", g->client_name ? g->client_name : ""},
-                    {"paired_with", g->paired ? g->paired->uuid : ""},
+                    {"client", g->client_name},
+                    {"paired_with", g->paired_with},
                     {"connected", g->owner ? "true" : "false"},
                 };
 
@@ -230,18 +208,18 @@ static void render_gpus(struct prom_text *t, struct broker *p)
         }
 
         prom_family(t, "aqua_gpu_load", "gauge", "Engine load (0..1), as the client reports it.");
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
-                struct gpu *g = list_entry(x, struct gpu, node);
+        for (size_t i = 0; i < n; i++) {
+                const struct broker_gpu_view *g = &v[i];
                 const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
 
                 snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
-                prom_sample_double(t, "aqua_gpu_load", labels, 2, g->load);
+                prom_sample_double(t, "aqua_gpu_load", labels, 2, g->reported.load);
         }
 
         for (int f = 0; f < _GPU_FIELD_MAX; f++) {
                 prom_family(t, gpu_families[f].name, gpu_families[f].type, gpu_families[f].help);
-                for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
-                        struct gpu *g = list_entry(x, struct gpu, node);
+                for (size_t i = 0; i < n; i++) {
+                        const struct broker_gpu_view *g = &v[i];
                         const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
                         bool producer = g->role == GPU_ROLE_PRODUCER;
 
@@ -328,12 +306,20 @@ static int render(struct prom_text *t, void *userdata)
 {
         struct metrics *m = userdata;
         struct metrics_view v = {0};
+        struct broker_totals totals;
+        _cleanup_free_ struct broker_gpu_view *gpus = NULL;
+        size_t n;
 
+        broker_totals(m->broker, &totals);
+        gpus = calloc(MAX(totals.gpus, 1), sizeof(*gpus));
+        if (!gpus)
+                return -ENOMEM;
+        n = broker_view_gpus(m->broker, gpus, totals.gpus);
         m->view(m->view_userdata, &v);
         render_server(t, &v);
         render_clients(t, &v);
-        render_pool(t, m->broker);
-        render_gpus(t, m->broker);
+        render_pool(t, &totals);
+        render_gpus(t, gpus, n);
         prom_histogram_write(t, "aqua_reclaim_seconds",
                              "Time from a reclaim notice to the consumer's return, per chunk.",
                              &m->reclaim);
@@ -357,8 +343,7 @@ int metrics_new(struct broker *p, const char *address, metrics_view_fn view, voi
         r = prom_server_new(address, render, m, &m->http, err, sizeof(err));
         if (r < 0)
                 return log_error_errno(r, "Failed to serve metrics: %s", err);
-        p->on_reclaimed = observe_reclaim;
-        p->on_reclaimed_userdata = m;
+        broker_observe_reclaims(p, observe_reclaim, m);
         log_info("Serving metrics on http://%s/metrics", address);
         *ret = TAKE_PTR(m);
         return 0;
@@ -368,10 +353,8 @@ struct metrics *metrics_free(struct metrics *m)
 {
         if (!m)
                 return NULL;
-        if (m->broker && m->broker->on_reclaimed_userdata == m) {
-                m->broker->on_reclaimed = NULL;
-                m->broker->on_reclaimed_userdata = NULL;
-        }
+        if (m->broker)
+                broker_unobserve_reclaims(m->broker, m);
         prom_server_free(m->http);
         free(m);
         return NULL;

@@ -17,6 +17,7 @@ struct reply_mem {
         Aqua__LeaseInfo *leases;
         Aqua__ChunkInfo *chunks;
         Aqua__EventInfo *events;
+        void *view; /* the core's view the entries are made from */
         void **ptrs;
 };
 
@@ -27,153 +28,146 @@ static void reply_mem_free(struct reply_mem *m)
         free(m->leases);
         free(m->chunks);
         free(m->events);
+        free(m->view);
         free(m->ptrs);
 }
 
-static void fill_status(struct server *s, Aqua__StatusInfo *st)
+static void fill_status(struct server *s, const struct broker_totals *t, Aqua__StatusInfo *st)
 {
         static char degraded[192]; /* lives until the reply is sent: one loop, one reply */
-        struct broker *p = s->broker;
-        size_t pairs = 0;
 
-        for (struct list_node *n = p->gpus.next; n != &p->gpus; n = n->next) {
-                struct gpu *g = list_entry(n, struct gpu, node);
-                pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
-        }
         st->daemon_version = AQUA_PROTOCOL_VERSION;
         st->uptime_ms = (now_mono_ns() - s->start_ns) / NSEC_PER_MSEC;
         st->clients = (uint32_t)s->n_clients;
-        st->gpus = (uint32_t)p->n_gpus;
-        st->pairs = (uint32_t)pairs;
-        st->leases = (uint32_t)p->n_leases;
-        st->pool_bytes = p->pool_bytes;
-        st->lent_bytes = p->lent_bytes;
-        st->dram_budget = p->settings.dram_budget;
-        st->dram_granted = p->dram_granted;
-        st->deadline_misses = p->stats.deadline_misses;
-        st->leases_lost = p->stats.leases_lost;
-        st->compaction_failures = p->stats.compaction_failures;
-        st->degraded = (char *)(broker_degraded(p, degraded, sizeof(degraded)) ?: "");
+        st->gpus = (uint32_t)t->gpus;
+        st->pairs = (uint32_t)t->pairs;
+        st->leases = (uint32_t)t->leases;
+        st->pool_bytes = t->pool_bytes;
+        st->lent_bytes = t->lent_bytes;
+        st->dram_budget = t->dram_budget;
+        st->dram_granted = t->dram_granted;
+        st->deadline_misses = t->stats.deadline_misses;
+        st->leases_lost = t->stats.leases_lost;
+        st->compaction_failures = t->stats.compaction_failures;
+        st->degraded = (char *)(broker_degraded(s->broker, degraded, sizeof(degraded)) ?: "");
 }
 
-static size_t fill_gpus(struct broker *p, struct reply_mem *m, size_t max)
+/* The pool's GPUs as views (m->view): how many. */
+static size_t view_gpus(struct broker *p, const struct broker_totals *t, struct reply_mem *m)
 {
-        size_t n = 0;
+        struct broker_gpu_view *v = calloc(MAX(t->gpus, 1), sizeof(*v));
 
-        m->gpus = calloc(MAX(p->n_gpus, 1), sizeof(*m->gpus));
+        m->view = v;
+        return v ? broker_view_gpus(p, v, t->gpus) : 0;
+}
+
+static size_t fill_gpus(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
+                        size_t max)
+{
+        size_t n = MIN(view_gpus(p, t, m), max);
+        const struct broker_gpu_view *v = m->view;
+
+        m->gpus = calloc(MAX(n, 1), sizeof(*m->gpus));
         if (!m->gpus)
                 return 0;
-        for (struct list_node *x = p->gpus.next; x != &p->gpus && n < max; x = x->next, n++) {
-                struct gpu *g = list_entry(x, struct gpu, node);
-                struct client *c = g->owner;
-                Aqua__GpuInfo *i = &m->gpus[n];
+        for (size_t k = 0; k < n; k++) {
+                const struct client *c = v[k].owner;
+                Aqua__GpuInfo *i = &m->gpus[k];
 
                 aqua__gpu_info__init(i);
-                i->uuid = g->uuid;
-                i->ordinal = g->ordinal;
-                i->ordinal_unknown = !g->ordinal_known;
-                i->role = translate_role_to_wire(g->role);
-                i->capacity = g->capacity;
+                i->uuid = (char *)v[k].uuid;
+                i->ordinal = v[k].ordinal;
+                i->ordinal_unknown = !v[k].ordinal_known;
+                i->role = translate_role_to_wire(v[k].role);
+                i->capacity = v[k].capacity;
                 i->client_id = c ? c->id : 0;
-                i->client_name = g->client_name ? g->client_name : "";
-                i->host = g->host ? g->host : "";
-                i->pid = (uint32_t)g->pid;
-                i->load = g->load;
-                i->offered_bytes = g->offered_bytes;
-                i->lent_bytes = g->lent_bytes;
-                i->borrowed_bytes = g->borrowed_bytes;
-                i->dram_bytes = g->dram_bytes;
-                i->paired_with = g->paired ? g->paired->uuid : "";
-                i->barred = g->barred;
-                i->draining = g->draining;
-                i->silent = g->held_alive;
+                i->client_name = (char *)v[k].client_name;
+                i->host = (char *)v[k].host;
+                i->pid = (uint32_t)v[k].pid;
+                i->load = v[k].reported.load;
+                i->offered_bytes = v[k].offered_bytes;
+                i->lent_bytes = v[k].lent_bytes;
+                i->borrowed_bytes = v[k].borrowed_bytes;
+                i->dram_bytes = v[k].dram_bytes;
+                i->paired_with = (char *)v[k].paired_with;
+                i->barred = v[k].barred;
+                i->draining = v[k].draining;
+                i->silent = v[k].silent;
         }
         return n;
 }
 
-static size_t fill_pairs(struct broker *p, struct reply_mem *m, size_t max)
+/* Every pair (a producer's side of it); the caller cuts to its limit. */
+static size_t fill_pairs(struct broker *p, const struct broker_totals *t, struct reply_mem *m)
 {
-        size_t n = 0;
+        size_t total = view_gpus(p, t, m), n = 0;
+        const struct broker_gpu_view *v = m->view;
 
-        m->pairs = calloc(MAX(p->n_gpus, 1), sizeof(*m->pairs));
+        m->pairs = calloc(MAX(total, 1), sizeof(*m->pairs));
         if (!m->pairs)
                 return 0;
-        for (struct list_node *x = p->gpus.next; x != &p->gpus && n < max; x = x->next) {
-                struct gpu *g = list_entry(x, struct gpu, node);
+        for (size_t k = 0; k < total; k++) {
                 Aqua__PairInfo *i = &m->pairs[n];
 
-                if (!g->paired || g->role != GPU_ROLE_PRODUCER)
+                if (!v[k].paired_with[0] || v[k].role != GPU_ROLE_PRODUCER)
                         continue;
                 aqua__pair_info__init(i);
-                i->producer_uuid = g->uuid;
-                i->consumer_uuid = g->paired->uuid;
-                i->source = (char *)(g->pair_source ? g->pair_source : "auto");
-                i->bandwidth_gbps = g->pair_bandwidth;
+                i->producer_uuid = (char *)v[k].uuid;
+                i->consumer_uuid = (char *)v[k].paired_with;
+                i->source = (char *)v[k].pair_source;
+                i->bandwidth_gbps = v[k].pair_bandwidth;
                 n++;
         }
         return n;
 }
 
-static size_t fill_leases(struct broker *p, struct reply_mem *m, size_t max)
+static size_t fill_leases(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
+                          size_t max)
 {
-        uint64_t now = now_mono_ns();
-        size_t n = 0;
+        size_t want = MIN(t->leases, max), n;
+        struct broker_lease_view *v = m->view = calloc(MAX(want, 1), sizeof(*v));
 
-        m->leases = calloc(MAX(p->n_leases, 1), sizeof(*m->leases));
-        if (!m->leases)
+        m->leases = calloc(MAX(want, 1), sizeof(*m->leases));
+        if (!v || !m->leases)
                 return 0;
-        for (struct list_node *x = p->leases.next; x != &p->leases && n < max; x = x->next, n++) {
-                struct lease *l = list_entry(x, struct lease, broker_node);
-                Aqua__LeaseInfo *i = &m->leases[n];
-                uint64_t deadline = 0;
-                bool pending = false;
+        n = broker_view_leases(p, now_mono_ns(), v, want);
+        for (size_t k = 0; k < n; k++) {
+                Aqua__LeaseInfo *i = &m->leases[k];
 
-                for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
-                        struct chunk *c = list_entry(k, struct chunk, lease_node);
-                        if (c->deadline_ns && (!deadline || c->deadline_ns < deadline))
-                                deadline = c->deadline_ns;
-                        pending |= c->state == CHUNK_RECLAIMING && c->deadline_pending;
-                }
                 aqua__lease_info__init(i);
-                i->lease_id = l->id;
-                i->producer_uuid = l->producer->uuid;
-                i->consumer_uuid = l->consumer->uuid;
-                i->state = (char *)lease_state_to_string(l->state);
-                i->bytes = l->bytes;
-                i->chunks = (uint32_t)l->n_chunks;
-                i->age_ms = (now - l->created_ns) / NSEC_PER_MSEC;
-                i->deadline_ms = deadline > now ? (deadline - now) / NSEC_PER_MSEC : 0;
-                i->notice_pending = pending && !deadline;
-                i->overdue = l->overdue || (deadline && deadline <= now);
+                i->lease_id = v[k].id;
+                i->producer_uuid = (char *)v[k].producer_uuid;
+                i->consumer_uuid = (char *)v[k].consumer_uuid;
+                i->state = (char *)lease_state_to_string(v[k].state);
+                i->bytes = v[k].bytes;
+                i->chunks = (uint32_t)v[k].chunks;
+                i->age_ms = v[k].age_ms;
+                i->deadline_ms = v[k].deadline_ms;
+                i->notice_pending = v[k].notice_pending;
+                i->overdue = v[k].overdue;
         }
         return n;
 }
 
-static size_t fill_chunks(struct broker *p, struct reply_mem *m, size_t max)
+static size_t fill_chunks(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
+                          size_t max)
 {
-        size_t n = 0;
+        size_t want = MIN(t->chunks, max), n;
+        struct broker_chunk_view *v = m->view = calloc(MAX(want, 1), sizeof(*v));
 
-        m->chunks = calloc(MAX(p->n_chunks, 1), sizeof(*m->chunks));
-        if (!m->chunks)
+        m->chunks = calloc(MAX(want, 1), sizeof(*m->chunks));
+        if (!v || !m->chunks)
                 return 0;
-        for (struct list_node *x = p->gpus.next; x != &p->gpus; x = x->next) {
-                struct gpu *g = list_entry(x, struct gpu, node);
-                for (struct list_node *k = g->chunks.next; k != &g->chunks && n < max;
-                     k = k->next, n++) {
-                        struct chunk *c = list_entry(k, struct chunk, producer_node);
-                        Aqua__ChunkInfo *i = &m->chunks[n];
+        n = broker_view_chunks(p, v, want);
+        for (size_t k = 0; k < n; k++) {
+                Aqua__ChunkInfo *i = &m->chunks[k];
 
-                        aqua__chunk_info__init(i);
-                        i->chunk_id = c->id;
-                        i->producer_uuid = g->uuid;
-                        i->size = c->size;
-                        i->state = c->state != CHUNK_FREE ? (char *)chunk_state_to_string(c->state)
-                                   : c->quarantined       ? "quarantined"
-                                   : c->scrubbing         ? "scrubbing"
-                                   : c->dirty             ? "dirty"
-                                                          : "free";
-                        i->lease_id = c->lease ? c->lease->id : 0;
-                }
+                aqua__chunk_info__init(i);
+                i->chunk_id = v[k].id;
+                i->producer_uuid = (char *)v[k].producer_uuid;
+                i->size = v[k].size;
+                i->state = (char *)v[k].condition;
+                i->lease_id = v[k].lease_id;
         }
         return n;
 }
@@ -203,27 +197,29 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         Aqua__AdminReply ar = AQUA__ADMIN_REPLY__INIT;
         Aqua__StatusInfo st = AQUA__STATUS_INFO__INIT;
         struct reply_mem m = {0};
+        struct broker_totals t;
         size_t max = s->limits.max_repeated, n = 0, total = 0, filled, i;
         void **ptrs;
 
-        fill_status(s, &st);
+        broker_totals(s->broker, &t);
+        fill_status(s, &t, &st);
         ar.status = &st;
         switch (e->admin_query->what) {
         case AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS:
-                total = s->broker->n_gpus;
-                n = fill_gpus(s->broker, &m, max);
+                total = t.gpus;
+                n = fill_gpus(s->broker, &t, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS:
-                total = n = fill_pairs(s->broker, &m, SIZE_MAX);
+                total = n = fill_pairs(s->broker, &t, &m);
                 n = MIN(n, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES:
-                total = s->broker->n_leases;
-                n = fill_leases(s->broker, &m, max);
+                total = t.leases;
+                n = fill_leases(s->broker, &t, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_CHUNKS:
-                total = s->broker->n_chunks;
-                n = fill_chunks(s->broker, &m, max);
+                total = t.chunks;
+                n = fill_chunks(s->broker, &t, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS:
                 total = s->broker->events.count;

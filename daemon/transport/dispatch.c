@@ -239,12 +239,12 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         const Aqua__Borrow *b = e->borrow;
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Grant g = AQUA__GRANT__INIT;
+        _cleanup_free_ struct broker_granted_chunk *view = NULL;
         _cleanup_free_ Aqua__GrantedChunk *chunks = NULL;
         _cleanup_free_ Aqua__GrantedChunk **ptrs = NULL;
         _cleanup_free_ struct turn_change *k = calloc(1, sizeof(*k));
         struct broker_grant pg;
         char err[BROKER_ERR_MAX];
-        size_t i = 0;
         int code;
 
         if (!k) {
@@ -261,30 +261,33 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
                 broker_undo_grant(s->broker, c->gpu, &pg);
                 return;
         }
-        if (pg.lease) {
-                chunks = calloc(pg.lease->n_chunks, sizeof(*chunks));
-                ptrs = calloc(pg.lease->n_chunks, sizeof(*ptrs));
-                if (!chunks || !ptrs) {
+        if (broker_grant_size(&pg)) {
+                size_t n = broker_grant_size(&pg);
+
+                view = calloc(n, sizeof(*view));
+                chunks = calloc(n, sizeof(*chunks));
+                ptrs = calloc(n, sizeof(*ptrs));
+                if (!view || !chunks || !ptrs) {
                         broker_undo_grant(s->broker, c->gpu, &pg);
                         client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "borrow",
                                            "out of memory");
                         return;
                 }
-                for (struct list_node *n = pg.lease->chunks.next; n != &pg.lease->chunks;
-                     n = n->next, i++) {
-                        struct chunk *ch = list_entry(n, struct chunk, lease_node);
+                n = broker_grant_chunks(&pg, view, n);
+                for (size_t i = 0; i < n; i++) {
                         aqua__granted_chunk__init(&chunks[i]);
-                        chunks[i].chunk_id = ch->id;
-                        chunks[i].size = ch->size;
-                        chunks[i].producer_uuid = ch->producer->uuid;
-                        if (c->remote && ch->fabric)
+                        chunks[i].chunk_id = view[i].id;
+                        chunks[i].size = view[i].size;
+                        chunks[i].producer_uuid = (char *)view[i].producer_uuid;
+                        if (c->remote && view[i].fabric)
                                 chunks[i].fabric_handle = (ProtobufCBinaryData){
-                                    .len = BROKER_FABRIC_HANDLE_SIZE, .data = ch->fabric};
+                                    .len = BROKER_FABRIC_HANDLE_SIZE,
+                                    .data = (uint8_t *)view[i].fabric};
                         ptrs[i] = &chunks[i];
                 }
-                g.lease_id = pg.lease->id;
+                g.lease_id = broker_grant_lease_id(&pg);
                 g.chunks = ptrs;
-                g.n_chunks = i;
+                g.n_chunks = n;
         }
         g.dram_bytes = pg.dram_bytes;
         g.partial = pg.partial;
@@ -361,14 +364,14 @@ static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envel
 static void handle_load(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         const Aqua__LoadReport *l = e->load;
-        struct gpu *g = c->gpu;
 
-        g->load = l->load;
-        g->used_bytes = l->used_bytes;
-        g->free_bytes = l->free_bytes;
-        g->migrations = l->migrations;
-        g->bytes_moved = l->bytes_moved;
-        g->dram_in_use = l->dram_bytes;
+        broker_report_load(s->broker, c->gpu,
+                           &(struct broker_load){.load = l->load,
+                                                 .used_bytes = l->used_bytes,
+                                                 .free_bytes = l->free_bytes,
+                                                 .migrations = l->migrations,
+                                                 .bytes_moved = l->bytes_moved,
+                                                 .dram_bytes = l->dram_bytes});
         reply_ack(s, c, e->request_id);
 }
 

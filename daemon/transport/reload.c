@@ -11,8 +11,7 @@ void server_apply_settings(struct server *s)
         struct settings st = settings_from_config(s->config);
 
         s->limits = st.limits;
-        s->broker->settings = st.broker;
-        s->broker->compact_threshold = st.compact_threshold;
+        broker_set_settings(s->broker, &st.broker, st.compact_threshold);
 }
 
 int server_apply_pins(struct server *s)

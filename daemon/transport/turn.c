@@ -249,25 +249,28 @@ int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e)
         return router_send(s, c->routing_id, c->routing_id_len, buf, n, wire_body_name(e));
 }
 
-/* A lease's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel. */
-static int send_grant_fds(struct client *c, struct lease *l)
+/* A grant's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel. */
+static int send_grant_fds(struct client *c, const struct broker_grant *g)
 {
+        size_t total = broker_grant_size(g), n;
+        _cleanup_free_ struct broker_granted_chunk *v = calloc(MAX(total, 1), sizeof(*v));
         uint64_t ids[SIDE_MAX_FDS];
         int fds[SIDE_MAX_FDS];
-        struct list_node *pos = l->chunks.next;
 
-        while (pos != &l->chunks) {
+        if (!v)
+                return -ENOMEM;
+        total = broker_grant_chunks(g, v, total);
+        for (size_t at = 0; at < total; at += n) {
                 Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
-                size_t n = 0;
                 int r;
 
-                for (; pos != &l->chunks && n < SIDE_MAX_FDS; pos = pos->next, n++) {
-                        struct chunk *ch = list_entry(pos, struct chunk, lease_node);
-                        ids[n] = ch->id;
-                        fds[n] = ch->fd;
+                n = MIN(total - at, (size_t)SIDE_MAX_FDS);
+                for (size_t i = 0; i < n; i++) {
+                        ids[i] = v[at + i].id;
+                        fds[i] = v[at + i].fd;
                 }
                 f.kind = AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
-                f.lease_id = l->id;
+                f.lease_id = broker_grant_lease_id(g);
                 f.chunk_ids = ids;
                 f.n_chunk_ids = n;
                 r = side_send(c->side_fd, &f, fds, n);
@@ -282,13 +285,13 @@ static void send_queued(struct server *s, struct queued *q)
         struct turn_change *k = q->change;
         int r;
 
-        if (k && k->kind == CUSTODY_GRANT && k->grant.lease && !k->client->remote) {
-                r = send_grant_fds(k->client, k->grant.lease);
+        if (k && k->kind == CUSTODY_GRANT && broker_grant_size(&k->grant) && !k->client->remote) {
+                r = send_grant_fds(k->client, &k->grant);
                 if (r < 0) {
                         char msg[160];
                         snprintf(msg, sizeof(msg),
                                  "could not pass the descriptors of lease %" PRIu64 ": %s",
-                                 k->grant.lease->id, strerror(-r));
+                                 broker_grant_lease_id(&k->grant), strerror(-r));
                         custody_refuse(s, k, r == -EAGAIN ? ECODE(THROTTLED) : ECODE(SIDE_CHANNEL),
                                        msg);
                         k = NULL;
@@ -314,7 +317,7 @@ bool server_turn_granted(const struct server *s, uint64_t lease_id)
 {
         for (struct list_node *n = s->turn_custody.next; n != &s->turn_custody; n = n->next) {
                 const struct turn_change *k = list_entry(n, struct turn_change, node);
-                if (k->kind == CUSTODY_GRANT && k->grant.lease && k->grant.lease->id == lease_id)
+                if (k->kind == CUSTODY_GRANT && lease_id && broker_grant_lease_id(&k->grant) == lease_id)
                         return true;
         }
         return false;

@@ -1,0 +1,212 @@
+/*
+ * The pool as the code outside the core sees it: values for aquactl's queries, the metrics and a
+ * Grant's chunk list, and the few things it tells the core (a load report, new settings, who
+ * observes reclaims). Nothing outside the core walks or writes the core's lists and objects.
+ */
+#include <string.h>
+
+#include "broker.h"
+
+static const char *or_empty(const char *s)
+{
+        return s ? s : "";
+}
+
+void broker_totals(const struct broker *pool, struct broker_totals *ret)
+{
+        *ret = (struct broker_totals){
+            .gpus = pool->n_gpus,
+            .leases = pool->n_leases,
+            .chunks = pool->n_chunks,
+            .pool_bytes = pool->pool_bytes,
+            .lent_bytes = pool->lent_bytes,
+            .dram_budget = pool->settings.dram_budget,
+            .dram_granted = pool->dram_granted,
+            .chunks_quarantined = pool->n_quarantined,
+            .degraded = pool->journal_error || pool->compact_error,
+            .stats = pool->stats,
+        };
+        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next) {
+                const struct gpu *g = list_entry(x, struct gpu, node);
+
+                if (g->role < _GPU_ROLE_MAX)
+                        ret->gpus_by_role[g->role]++;
+                ret->pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
+                for (const struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
+                        const struct chunk *c = list_entry(k, struct chunk, producer_node);
+
+                        if (c->state < _CHUNK_STATE_MAX) {
+                                ret->chunks_by_state[c->state]++;
+                                ret->chunk_bytes_by_state[c->state] += c->size;
+                        }
+                }
+        }
+        for (const struct list_node *x = pool->leases.next; x != &pool->leases; x = x->next) {
+                const struct lease *l = list_entry(x, struct lease, broker_node);
+
+                if (l->state < _LEASE_STATE_MAX)
+                        ret->leases_by_state[l->state]++;
+        }
+}
+
+size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max)
+{
+        size_t n = 0;
+
+        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus && n < max;
+             x = x->next, n++) {
+                const struct gpu *g = list_entry(x, struct gpu, node);
+
+                out[n] = (struct broker_gpu_view){
+                    .uuid = g->uuid,
+                    .ordinal = g->ordinal,
+                    .ordinal_known = g->ordinal_known,
+                    .role = g->role,
+                    .capacity = g->capacity,
+                    .owner = g->owner,
+                    .client_name = or_empty(g->client_name),
+                    .host = or_empty(g->host),
+                    .pid = g->pid,
+                    .paired_with = g->paired ? g->paired->uuid : "",
+                    .pair_source = g->pair_source ? g->pair_source : "auto",
+                    .pair_bandwidth = g->pair_bandwidth,
+                    .offered_bytes = g->offered_bytes,
+                    .lent_bytes = g->lent_bytes,
+                    .borrowed_bytes = g->borrowed_bytes,
+                    .dram_bytes = g->dram_bytes,
+                    .barred = g->barred,
+                    .draining = g->draining,
+                    .silent = g->held_alive,
+                    .reported = g->reported,
+                    .reclaim_returned_chunks = g->reclaim_returned_chunks,
+                    .reclaim_returned_bytes = g->reclaim_returned_bytes,
+                };
+        }
+        return n;
+}
+
+size_t broker_view_leases(const struct broker *pool, uint64_t now_ns,
+                          struct broker_lease_view *out, size_t max)
+{
+        size_t n = 0;
+
+        for (const struct list_node *x = pool->leases.next; x != &pool->leases && n < max;
+             x = x->next, n++) {
+                const struct lease *l = list_entry(x, struct lease, broker_node);
+                uint64_t deadline = 0;
+                bool pending = false;
+
+                for (const struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
+                        const struct chunk *c = list_entry(k, struct chunk, lease_node);
+
+                        if (c->deadline_ns && (!deadline || c->deadline_ns < deadline))
+                                deadline = c->deadline_ns;
+                        pending |= c->state == CHUNK_RECLAIMING && c->deadline_pending;
+                }
+                out[n] = (struct broker_lease_view){
+                    .id = l->id,
+                    .producer_uuid = l->producer->uuid,
+                    .consumer_uuid = l->consumer->uuid,
+                    .state = l->state,
+                    .bytes = l->bytes,
+                    .chunks = l->n_chunks,
+                    .age_ms = (now_ns - l->created_ns) / 1000000,
+                    .deadline_ms = deadline > now_ns ? (deadline - now_ns) / 1000000 : 0,
+                    .notice_pending = pending && !deadline,
+                    .overdue = l->overdue || (deadline && deadline <= now_ns),
+                };
+        }
+        return n;
+}
+
+static const char *chunk_condition(const struct chunk *c)
+{
+        if (c->state != CHUNK_FREE)
+                return chunk_state_to_string(c->state);
+        return c->quarantined ? "quarantined"
+               : c->scrubbing ? "scrubbing"
+               : c->dirty     ? "dirty"
+                              : "free";
+}
+
+size_t broker_view_chunks(const struct broker *pool, struct broker_chunk_view *out, size_t max)
+{
+        size_t n = 0;
+
+        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next) {
+                const struct gpu *g = list_entry(x, struct gpu, node);
+
+                for (const struct list_node *k = g->chunks.next; k != &g->chunks && n < max;
+                     k = k->next, n++) {
+                        const struct chunk *c = list_entry(k, struct chunk, producer_node);
+
+                        out[n] = (struct broker_chunk_view){
+                            .id = c->id,
+                            .producer_uuid = g->uuid,
+                            .size = c->size,
+                            .condition = chunk_condition(c),
+                            .lease_id = c->lease ? c->lease->id : 0,
+                        };
+                }
+        }
+        return n;
+}
+
+size_t broker_grant_chunks(const struct broker_grant *grant, struct broker_granted_chunk *out,
+                           size_t max)
+{
+        size_t n = 0;
+
+        if (!grant->lease)
+                return 0;
+        for (const struct list_node *k = grant->lease->chunks.next;
+             k != &grant->lease->chunks && n < max; k = k->next, n++) {
+                const struct chunk *c = list_entry(k, struct chunk, lease_node);
+
+                out[n] = (struct broker_granted_chunk){
+                    .id = c->id,
+                    .size = c->size,
+                    .producer_uuid = c->producer->uuid,
+                    .fabric = c->fabric,
+                    .fd = c->fd,
+                };
+        }
+        return n;
+}
+
+size_t broker_grant_size(const struct broker_grant *grant)
+{
+        return grant->lease ? grant->lease->n_chunks : 0;
+}
+
+uint64_t broker_grant_lease_id(const struct broker_grant *grant)
+{
+        return grant->lease ? grant->lease->id : 0;
+}
+
+void broker_report_load(struct broker *pool, struct gpu *g, const struct broker_load *load)
+{
+        (void)pool;
+        g->reported = *load;
+}
+
+void broker_set_settings(struct broker *pool, const struct broker_settings *settings,
+                         uint64_t compact_threshold)
+{
+        pool->settings = *settings;
+        pool->compact_threshold = compact_threshold;
+}
+
+void broker_observe_reclaims(struct broker *pool, broker_reclaimed_fn fn, void *userdata)
+{
+        pool->on_reclaimed = fn;
+        pool->on_reclaimed_userdata = userdata;
+}
+
+void broker_unobserve_reclaims(struct broker *pool, void *userdata)
+{
+        if (pool->on_reclaimed_userdata != userdata)
+                return;
+        pool->on_reclaimed = NULL;
+        pool->on_reclaimed_userdata = NULL;
+}
