@@ -557,15 +557,46 @@ static void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
         ctx_push_event(ctx, &ev);
 }
 
-static void consumer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+static void consumer_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
 {
         if (p->kind == PENDING_BORROW && e->body_case == AQUA__ENVELOPE__BODY_GRANT)
                 consumer_late_grant(ctx, e);
 }
 
+static void consumer_info(const aqua_ctx *ctx, struct aqua_info *ret)
+{
+        const struct consumer_state *c = &ctx->consumer;
+
+        ret->borrowed_bytes = c->leases.peer_bytes;
+        ret->dram_bytes = c->leases.dram_bytes;
+        ret->tensor_peer_bytes = c->tensor_bytes[AQUA_TIER_PEER];
+        ret->tensor_local_bytes = c->tensor_bytes[AQUA_TIER_LOCAL];
+        ret->tensor_dram_bytes = c->tensor_bytes[AQUA_TIER_DRAM];
+        ret->pool_free_bytes = c->leases.pool_free_bytes;
+        ret->dram_granted = c->dram_granted;
+}
+
+static void consumer_load(const aqua_ctx *ctx, Aqua__LoadReport *lr)
+{
+        lr->migrations = ctx->consumer.migrations;
+        lr->bytes_moved = ctx->consumer.bytes_moved;
+        lr->dram_bytes = ctx->consumer.leases.dram_bytes;
+}
+
+static void consumer_free(aqua_ctx *ctx)
+{
+        /* Tensors first: their chunks are leased chunks, and copies may still read them. */
+        tensor_free_all(ctx);
+        copies_clear(ctx);
+        lease_table_clear(&ctx->consumer.leases, ctx->gpu);
+}
+
 const struct role_ops consumer_role = {
     .held = consumer_held,
     .dispatch = consumer_dispatch,
-    .late_reply = consumer_late_reply,
+    .reply = consumer_reply,
     .lease_lost = consumer_lease_lost,
+    .info = consumer_info,
+    .load = consumer_load,
+    .free = consumer_free,
 };

@@ -2,9 +2,8 @@
  * The state of one aqua_ctx: the session's (session.c: open, close, registration, reconnecting,
  * pending requests, the event queue, aqua_poll), what both roles use (the GPU, the transport,
  * batched copies), and each role's own (struct producer_state, struct consumer_state). The
- * session hands a role its messages through struct role_ops; it reads a role's state itself
- * only for aqua_get_info() and aqua_report_load(), clears it in aqua_close(), and looks at
- * producer.scrub_n in aqua_poll()'s fast path.
+ * session reaches a role only through struct role_ops: its messages, what it says in
+ * aqua_get_info() and load reports, its work in aqua_poll(), and freeing it in aqua_close().
  */
 #pragma once
 
@@ -23,7 +22,7 @@
 /* An asynchronous request whose reply aqua_poll() will meet. */
 enum pending_kind {
         PENDING_HELLO,   /* re-registration after a reconnect */
-        PENDING_RECLAIM, /* aqua_reclaim_async(), or a blocking one that timed out */
+        PENDING_RECLAIM, /* aqua_reclaim() or aqua_reclaim_async() */
         PENDING_RETURN,  /* chunks returned after a reclaim notice */
         PENDING_OFFER,   /* an offer whose caller timed out: its chunks wait for ids */
         PENDING_BORROW,  /* a borrow whose caller timed out: a late grant must go back */
@@ -32,7 +31,9 @@ enum pending_kind {
 struct pending {
         uint64_t request_id;
         enum pending_kind kind;
-        uint64_t arg; /* PENDING_OFFER: the offers ref of the batch's first chunk */
+        /* PENDING_OFFER: the offers ref of the batch's first chunk; PENDING_RECLAIM: the token
+         * of the blocking aqua_reclaim() it is for, 0: none (async) */
+        uint64_t arg;
 };
 
 /* What a client holds, for re-registering after the daemon restarted. */
@@ -53,12 +54,33 @@ enum session_state {
         SESSION_AWAIT_WELCOME, /* Hello sent */
 };
 
+/* What a blocking call waits for, made done by the dispatch of the message it waits on. */
+struct completion {
+        bool done;
+        int result; /* 0, or why it failed (the reply was an error) */
+};
+static inline void complete(struct completion *c, int result)
+{
+        c->done = true;
+        c->result = result;
+}
+
+/* The blocking aqua_reclaim() in progress: its replies and the Reclaimed notices that free its
+ * chunks are dispatched as any others, and tell it here. */
+struct reclaim_wait {
+        uint64_t token;             /* 0: none in progress; never reused */
+        struct completion replied;  /* the reply to its latest request */
+        uint64_t covered;           /* bytes that reply covered (free now and pending) */
+        uint64_t freed;             /* bytes seen freed so far */
+        size_t waiting;             /* its chunks still out */
+        struct completion returned; /* done when none is out any more */
+};
+
 /* What only a producer keeps (producer.c). */
 struct producer_state {
         struct offers offers;
-        uint64_t reclaim_token; /* the blocking aqua_reclaim() in progress, 0: none */
-        uint64_t reclaim_freed; /* bytes it has seen freed so far */
-        size_t reclaim_waiting; /* its chunks still waiting */
+        struct reclaim_wait reclaim;
+        uint64_t last_token; /* of the last blocking reclaim */
         uint64_t *scrub_ids;    /* chunks the daemon asked to scrub, not yet done */
         size_t scrub_n, scrub_cap;
         void *scrub_buf; /* pinned host memory chunks are read back into */
@@ -150,6 +172,9 @@ int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Env
 int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e);
 /* Read and dispatch what is already there without blocking. */
 int ctx_pump(aqua_ctx *ctx);
+/* Dispatch what arrives until c is done (0), the session is lost (-ENOTCONN), deadline_ns
+ * passes (-ETIMEDOUT) or reading fails (its error). */
+int ctx_wait(aqua_ctx *ctx, const struct completion *c, uint64_t deadline_ns);
 
 /*
  * A role: what the session asks of the producer (producer.c) or the consumer (consumer.c).
@@ -160,21 +185,28 @@ struct role_ops {
         int (*held)(aqua_ctx *ctx, struct held *ret);
         /* A notice (request id 0) the session does not handle itself. */
         int (*dispatch)(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
-        /* The reply to a request whose caller stopped waiting for it. */
-        void (*late_reply)(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e);
+        /* The reply (or error) to a request the role tracks: PENDING_OFFER, PENDING_BORROW
+         * (their callers stopped waiting) or PENDING_RECLAIM (aqua_reclaim's or async). */
+        void (*reply)(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e);
         /* The daemon went away: forget what only it knew. */
         void (*session_lost)(aqua_ctx *ctx);
         /* A restarted daemon does not know this lease any more. */
         void (*lease_lost)(aqua_ctx *ctx, uint64_t lease_id);
+        /* aqua_get_info(): the role's own figures. */
+        void (*info)(const aqua_ctx *ctx, struct aqua_info *ret);
+        /* aqua_report_load(): what the role adds to the report. */
+        void (*load)(const aqua_ctx *ctx, Aqua__LoadReport *lr);
+        /* aqua_poll(): whether the role has work of its own, and a bounded step of it. */
+        bool (*busy)(const aqua_ctx *ctx);
+        void (*poll_step)(aqua_ctx *ctx);
+        /* aqua_close(): give back everything it holds, before the transport closes. */
+        void (*free)(aqua_ctx *ctx);
 };
 
 /* producer.c: the chunks it holds are in the daemon's pool (re-registered with fresh fds); a
  * late OfferReply names the batch of a PENDING_OFFER; chunks still waiting for an id are
  * released when the daemon that would have named them is gone. */
 extern const struct role_ops producer_role;
-/* Scrub some of the chunks the daemon asked for (a bounded amount per call) and report them. */
-void producer_scrub_step(aqua_ctx *ctx);
-void producer_free(aqua_ctx *ctx);
 
 /* tensor.c */
 void tensor_free_all(aqua_ctx *ctx);

@@ -159,6 +159,7 @@ _public_ int aqua_offer(aqua_ctx *ctx, uint64_t bytes, uint64_t *ret_offered)
 /* Release the chunks of ids (a ReclaimReply's free ones, or a Reclaimed notice). */
 static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
 {
+        struct reclaim_wait *w = &ctx->producer.reclaim;
         uint64_t evented = 0;
 
         for (size_t i = 0; i < n; i++) {
@@ -166,9 +167,10 @@ static void release_ids(aqua_ctx *ctx, const uint64_t *ids, size_t n)
 
                 if (!c)
                         continue;
-                if (ctx->producer.reclaim_token && c->waiter == ctx->producer.reclaim_token) {
-                        ctx->producer.reclaim_freed += c->size;
-                        ctx->producer.reclaim_waiting--;
+                if (w->token && c->waiter == w->token) {
+                        w->freed += c->size;
+                        if (--w->waiting == 0)
+                                complete(&w->returned, 0);
                 } else
                         evented += c->size;
                 offers_release(&ctx->producer.offers, ctx->gpu, c);
@@ -190,7 +192,7 @@ static void mark_pending(aqua_ctx *ctx, const uint64_t *ids, size_t n, uint64_t 
                 c->state = OFFER_RECLAIMING;
                 c->waiter = token;
                 if (token)
-                        ctx->producer.reclaim_waiting++;
+                        ctx->producer.reclaim.waiting++;
         }
 }
 
@@ -207,54 +209,105 @@ static int reclaim_send(aqua_ctx *ctx, uint64_t bytes, Aqua__Envelope *env,
 }
 
 /*
- * One ReclaimRequest of the blocking aqua_reclaim(): free what the reply frees now, mark the rest
- * as waited for. *ret_got: bytes the reply covered (free now and pending).
+ * A ReclaimReply, to the blocking aqua_reclaim() whose token it carries or to nobody (async, or
+ * a blocking call that gave up on it): free what it frees now, mark the rest reclaiming. The
+ * chunks a waiting call covers count towards what it frees; the others are reported as events.
  */
-static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint64_t *ret_got)
+static void reclaim_replied(aqua_ctx *ctx, uint64_t token, const Aqua__Envelope *e)
 {
-        Aqua__Envelope env, *reply = NULL;
-        Aqua__ReclaimRequest req;
-        Aqua__ReclaimReply *rr;
-        uint64_t got = 0;
-        int r;
+        struct reclaim_wait *w = &ctx->producer.reclaim;
+        const Aqua__ReclaimReply *rr;
+        bool waited = token && token == w->token && !w->replied.done;
+        uint64_t covered = 0;
 
-        reclaim_send(ctx, bytes, &env, &req);
-        r = ctx_call(ctx, &env, deadline, &reply);
-        if (r == -ETIMEDOUT && env.request_id)
-                /* Whatever the daemon decided still arrives, and is reported as events. */
-                ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
-        if (r != 0)
-                return r;
-        if (reply->body_case != AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
-                aqua__envelope__free_unpacked(reply, NULL);
-                return -EPROTO;
+        if (e->body_case != AQUA__ENVELOPE__BODY_RECLAIM_REPLY) {
+                int r = e->body_case == AQUA__ENVELOPE__BODY_ERROR ? error_from_code(e->error->code)
+                                                                  : -EPROTO;
+                if (waited)
+                        complete(&w->replied, r == 0 ? -EPROTO : r);
+                else
+                        alog_warning("aquad refused a reclaim: %s",
+                                     e->body_case == AQUA__ENVELOPE__BODY_ERROR && e->error->message
+                                         ? e->error->message
+                                         : wire_body_name(e));
+                return;
         }
-        rr = reply->reclaim_reply;
-        /* Pending ones first: a Reclaimed notice for them may already be queued. */
-        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids,
-                     ctx->producer.reclaim_token);
-        for (size_t i = 0; i < rr->n_pending_chunk_ids; i++) {
-                struct offered_chunk *c =
+        rr = e->reclaim_reply;
+        token = waited ? token : 0;
+        /* Pending ones first: a Reclaimed notice for them may follow at once. */
+        mark_pending(ctx, rr->pending_chunk_ids, rr->n_pending_chunk_ids, token);
+        for (size_t i = 0; waited && i < rr->n_pending_chunk_ids; i++) {
+                const struct offered_chunk *c =
                     offers_get(&ctx->producer.offers, rr->pending_chunk_ids[i]);
                 if (c)
-                        got += c->size;
+                        covered += c->size;
         }
-        for (size_t i = 0; i < rr->n_chunk_ids; i++) {
+        for (size_t i = 0; waited && i < rr->n_chunk_ids; i++) {
                 struct offered_chunk *c = offers_get(&ctx->producer.offers, rr->chunk_ids[i]);
                 if (!c)
                         continue;
-                got += c->size;
-                c->waiter = ctx->producer.reclaim_token;
-                ctx->producer.reclaim_waiting++;
+                covered += c->size;
+                c->waiter = token;
+                w->waiting++;
         }
         release_ids(ctx, rr->chunk_ids, rr->n_chunk_ids);
-        aqua__envelope__free_unpacked(reply, NULL);
-        *ret_got = got;
-        return 0;
+        if (waited) {
+                w->covered = covered;
+                complete(&w->replied, 0);
+        }
+}
+
+/* Send a ReclaimRequest whose reply reclaim_replied() takes, for the call `token` (0: none). */
+static int reclaim_request(aqua_ctx *ctx, uint64_t bytes, uint64_t token)
+{
+        Aqua__Envelope env;
+        Aqua__ReclaimRequest req;
+        struct pending p;
+        int r;
+
+        reclaim_send(ctx, bytes, &env, &req);
+        env.request_id = transport_next_id(ctx->t);
+        r = ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, token);
+        if (r < 0)
+                return r;
+        r = transport_send(ctx->t, &env);
+        if (r < 0)
+                ctx_take_pending(ctx, env.request_id, &p);
+        return r;
+}
+
+/* One request of the blocking aqua_reclaim(), and its reply: the bytes it covered. */
+static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint64_t *ret_covered)
+{
+        struct reclaim_wait *w = &ctx->producer.reclaim;
+        bool again = ctx->fabric;
+        int r;
+
+        for (;;) {
+                w->replied = (struct completion){0};
+                r = ctx_ensure_connected(ctx, deadline);
+                if (r == 0)
+                        r = reclaim_request(ctx, bytes, w->token);
+                /* Its reply comes through the dispatch as every message does. An unanswered
+                 * one stays pending: what aquad decided still arrives, as events. */
+                if (r == 0)
+                        r = ctx_wait(ctx, &w->replied, deadline);
+                if (r == 0)
+                        r = w->replied.result;
+                /* Over tcp a cut link makes this a new client: once registered again, ask again. */
+                if (r == -ENOTCONN && again) {
+                        again = false;
+                        continue;
+                }
+                if (r == 0)
+                        *ret_covered = w->covered;
+                return r;
+        }
 }
 
 _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_t *ret_freed)
 {
+        struct reclaim_wait *w;
         uint64_t wait_until, wanted, covered = 0, freed;
         bool no_reply;
         int r;
@@ -262,17 +315,17 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         r = check_producer(ctx);
         if (r < 0)
                 return r;
-        if (bytes == 0 || timeout_ms < AQUA_FOREVER || ctx->producer.reclaim_token)
+        w = &ctx->producer.reclaim;
+        if (bytes == 0 || timeout_ms < AQUA_FOREVER || w->token)
                 return -EINVAL;
         wait_until = timeout_ms == AQUA_FOREVER
                          ? UINT64_MAX
                          : now_mono_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
         wanted = bytes == AQUA_ALL ? ctx->producer.offers.offered_bytes : bytes;
 
-        /* One blocking reclaim at a time per context, so one token value suffices. */
-        ctx->producer.reclaim_token = 1;
-        ctx->producer.reclaim_freed = 0;
-        ctx->producer.reclaim_waiting = 0;
+        /* One blocking reclaim at a time per context; a token of its own, so that the late
+         * reply to an earlier one that gave up is not taken for this one's. */
+        *w = (struct reclaim_wait){.token = ++ctx->producer.last_token};
         /* A reply names at most the daemon's repeated-items limit of chunks: ask on for more. */
         for (;;) {
                 uint64_t got = 0;
@@ -286,7 +339,7 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
                         break;
         }
         if (r != 0 && covered == 0 && r != -ETIMEDOUT) {
-                ctx->producer.reclaim_token = 0;
+                *w = (struct reclaim_wait){0};
                 return r;
         }
         if (r != 0 && covered > 0) {
@@ -295,29 +348,22 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         }
         no_reply = r == -ETIMEDOUT;
 
-        r = 0;
-        while (ctx->producer.reclaim_waiting > 0) {
-                r = ctx_pump(ctx);
-                if (r < 0 || ctx->state != SESSION_CONNECTED)
-                        break;
-                if (ctx->producer.reclaim_waiting == 0)
-                        break;
-                if (transport_wait(ctx->t, wait_until) == -ETIMEDOUT)
-                        break;
-        }
-        freed = ctx->producer.reclaim_freed;
-        if (ctx->producer.reclaim_waiting > 0 || no_reply) {
+        /* The rest comes back in Reclaimed notices as consumers return it. */
+        r = w->waiting > 0 ? ctx_wait(ctx, &w->returned, wait_until) : 0;
+        if (r == -ETIMEDOUT || r == -ENOTCONN)
+                r = 0;
+        freed = w->freed;
+        if (w->waiting > 0 || no_reply) {
                 /* Whatever is still out is reported by aqua_poll() when it comes. */
                 for (size_t i = 0; i < ctx->producer.offers.n; i++)
-                        if (ctx->producer.offers.chunks[i]->waiter == ctx->producer.reclaim_token)
+                        if (ctx->producer.offers.chunks[i]->waiter == w->token)
                                 ctx->producer.offers.chunks[i]->waiter = 0;
                 if (r >= 0)
                         r = ctx->state != SESSION_CONNECTED ? -ENOTCONN
                             : now_mono_ns() >= wait_until   ? AQUA_TIMEOUT
                                                             : -ETIMEDOUT; /* no answer in time */
         }
-        ctx->producer.reclaim_token = 0;
-        ctx->producer.reclaim_waiting = 0;
+        *w = (struct reclaim_wait){0};
         if (r >= 0 && ret_freed)
                 *ret_freed = freed;
         return r;
@@ -325,8 +371,6 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
 
 _public_ int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes)
 {
-        Aqua__Envelope env;
-        Aqua__ReclaimRequest req;
         int r;
 
         r = check_producer(ctx);
@@ -336,18 +380,8 @@ _public_ int aqua_reclaim_async(aqua_ctx *ctx, uint64_t bytes)
                 return -EINVAL;
         if (ctx->state != SESSION_CONNECTED)
                 return -ENOTCONN;
-        reclaim_send(ctx, bytes, &env, &req);
-        env.request_id = transport_next_id(ctx->t);
-        r = ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, 0);
-        if (r < 0)
-                return r;
-        r = transport_send(ctx->t, &env);
-        if (r < 0) {
-                struct pending p;
-                ctx_take_pending(ctx, env.request_id, &p);
-                return r;
-        }
-        return AQUA_PENDING;
+        r = reclaim_request(ctx, bytes, 0);
+        return r < 0 ? r : AQUA_PENDING;
 }
 
 static void scrub_queue(aqua_ctx *ctx, const uint64_t *ids, size_t n)
@@ -368,7 +402,7 @@ static void scrub_queue(aqua_ctx *ctx, const uint64_t *ids, size_t n)
         ctx->producer.scrub_n += n;
 }
 
-void producer_scrub_step(aqua_ctx *ctx)
+static void producer_scrub_step(aqua_ctx *ctx)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT;
         Aqua__ScrubDone done = AQUA__SCRUB_DONE__INIT;
@@ -423,8 +457,9 @@ void producer_scrub_step(aqua_ctx *ctx)
                            done.n_chunk_ids + done.n_failed_chunk_ids, aqua_strerror(r));
 }
 
-void producer_free(aqua_ctx *ctx)
+static void producer_free(aqua_ctx *ctx)
 {
+        offers_clear(&ctx->producer.offers, ctx->gpu);
         if (ctx->producer.scrub_buf)
                 gpu_host_free(ctx->gpu, ctx->producer.scrub_buf);
         ctx->producer.scrub_buf = NULL;
@@ -440,11 +475,6 @@ static int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled
                 /* Done in bounded steps from aqua_poll(); a first step right away. */
                 scrub_queue(ctx, e->scrub_request->chunk_ids, e->scrub_request->n_chunk_ids);
                 producer_scrub_step(ctx);
-                break;
-        case AQUA__ENVELOPE__BODY_RECLAIM_REPLY:
-                mark_pending(ctx, e->reclaim_reply->pending_chunk_ids,
-                             e->reclaim_reply->n_pending_chunk_ids, 0);
-                release_ids(ctx, e->reclaim_reply->chunk_ids, e->reclaim_reply->n_chunk_ids);
                 break;
         case AQUA__ENVELOPE__BODY_RECLAIMED:
                 release_ids(ctx, e->reclaimed->chunk_ids, e->reclaimed->n_chunk_ids);
@@ -533,15 +563,31 @@ static void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelop
         }
 }
 
-static void producer_late_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+static void producer_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
 {
         if (p->kind == PENDING_OFFER)
                 producer_late_offer(ctx, p->arg, e);
+        else if (p->kind == PENDING_RECLAIM)
+                reclaim_replied(ctx, p->arg, e);
+}
+
+static void producer_info(const aqua_ctx *ctx, struct aqua_info *ret)
+{
+        ret->offered_bytes = ctx->producer.offers.offered_bytes;
+}
+
+static bool producer_busy(const aqua_ctx *ctx)
+{
+        return ctx->producer.scrub_n > 0;
 }
 
 const struct role_ops producer_role = {
     .held = producer_held,
     .dispatch = producer_dispatch,
-    .late_reply = producer_late_reply,
+    .reply = producer_reply,
     .session_lost = producer_session_lost,
+    .info = producer_info,
+    .busy = producer_busy,
+    .poll_step = producer_scrub_step,
+    .free = producer_free,
 };

@@ -509,10 +509,10 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
                 return;
         case PENDING_OFFER:
         case PENDING_BORROW:
-                if (ctx->ops && ctx->ops->late_reply)
-                        ctx->ops->late_reply(ctx, p, e);
-                return;
         case PENDING_RECLAIM:
+                if (ctx->ops && ctx->ops->reply)
+                        ctx->ops->reply(ctx, p, e);
+                return;
         case PENDING_RETURN:
                 break;
         }
@@ -599,6 +599,23 @@ int ctx_pump(aqua_ctx *ctx)
         } else if (r < 0)
                 return r;
         return 0;
+}
+
+int ctx_wait(aqua_ctx *ctx, const struct completion *c, uint64_t deadline_ns)
+{
+        int r;
+
+        for (;;) {
+                r = ctx_pump(ctx);
+                if (r < 0)
+                        return r;
+                if (c->done)
+                        return 0;
+                if (ctx->state != SESSION_CONNECTED)
+                        return -ENOTCONN;
+                if (transport_wait(ctx->t, deadline_ns) == -ETIMEDOUT)
+                        return -ETIMEDOUT;
+        }
 }
 
 /* ---------------------------------------------------------------- public */
@@ -770,12 +787,9 @@ _public_ aqua_ctx *aqua_close(aqua_ctx *ctx)
                 return NULL;
         /* Unmap before the side channel closes: the daemon hands chunks back on its EOF. */
         if (ctx->gpu) {
-                /* Tensors first: their chunks are leased chunks and copies may still read them. */
-                tensor_free_all(ctx);
+                if (ctx->ops && ctx->ops->free)
+                        ctx->ops->free(ctx);
                 copies_clear(ctx);
-                lease_table_clear(&ctx->consumer.leases, ctx->gpu);
-                offers_clear(&ctx->producer.offers, ctx->gpu);
-                producer_free(ctx);
                 if (ctx->fabric)
                         session_goodbye(ctx);
         }
@@ -808,15 +822,9 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
             .connected = ctx->state == SESSION_CONNECTED,
             .dram_budget = ctx->dram_budget,
             .reclaim_deadline_ms = ctx->reclaim_deadline_ms,
-            .offered_bytes = ctx->producer.offers.offered_bytes,
-            .borrowed_bytes = ctx->consumer.leases.peer_bytes,
-            .dram_bytes = ctx->consumer.leases.dram_bytes,
-            .tensor_peer_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_PEER],
-            .tensor_local_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_LOCAL],
-            .tensor_dram_bytes = ctx->consumer.tensor_bytes[AQUA_TIER_DRAM],
-            .pool_free_bytes = ctx->consumer.leases.pool_free_bytes,
-            .dram_granted = ctx->consumer.dram_granted,
         };
+        if (ctx->ops && ctx->ops->info)
+                ctx->ops->info(ctx, ret);
         snprintf(ret->gpu_uuid, sizeof(ret->gpu_uuid), "%s", gi->uuid);
         snprintf(ret->paired_with, sizeof(ret->paired_with), "%s", ctx->paired_with);
         return 0;
@@ -834,9 +842,8 @@ _public_ int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load)
         lr.load = load->load;
         lr.used_bytes = load->used_bytes;
         lr.free_bytes = load->free_bytes;
-        lr.migrations = ctx->consumer.migrations;
-        lr.bytes_moved = ctx->consumer.bytes_moved;
-        lr.dram_bytes = ctx->consumer.leases.dram_bytes;
+        if (ctx->ops && ctx->ops->load)
+                ctx->ops->load(ctx, &lr);
         env.body_case = AQUA__ENVELOPE__BODY_LOAD;
         env.load = &lr;
         /* An id, so that the daemon's Ack is recognised and dropped. */
@@ -853,7 +860,7 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
                 return -EINVAL;
         /* The common case, every engine iteration: nothing arrived, nothing queued. */
         if (_likely_(ctx->ev_n == 0 && ctx->state == SESSION_CONNECTED && transport_idle(ctx->t) &&
-                     ctx->producer.scrub_n == 0)) {
+                     !(ctx->ops && ctx->ops->busy && ctx->ops->busy(ctx)))) {
                 *ret_n = 0;
                 return 0;
         }
@@ -863,8 +870,8 @@ _public_ int aqua_poll(aqua_ctx *ctx, struct aqua_event *events, size_t n_events
                 return r;
         session_step(ctx);
         session_keepalive(ctx);
-        if (ctx->producer.scrub_n && ctx->state == SESSION_CONNECTED)
-                producer_scrub_step(ctx);
+        if (ctx->state == SESSION_CONNECTED && ctx->ops && ctx->ops->poll_step)
+                ctx->ops->poll_step(ctx);
         n = MIN(n_events, ctx->ev_n);
         for (size_t i = 0; i < n; i++)
                 events[i] = ctx->events[(ctx->ev_head + i) % ctx->ev_cap];

@@ -722,6 +722,53 @@ Test(api, reports_what_a_reclaim_freed_before_its_timeout_and_the_rest_as_events
         cr_assert_eq(used_on(0), CHUNK);
 }
 
+/* The reply to a blocking reclaim that gave up on it comes while a second one waits. */
+static void *serve_late_reclaim_reply(void *arg)
+{
+        static uint64_t first[] = {11, 12}, second[] = {13};
+        Aqua__Envelope *late = arg, *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
+        reply.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
+        reply.reclaim_reply = &rr;
+        rr.n_chunk_ids = 2;
+        rr.chunk_ids = first;
+        send_env(&reply, late->request_id);
+        rr.n_chunk_ids = 1;
+        rr.chunk_ids = second;
+        send_env(&reply, e->request_id);
+        aqua__envelope__free_unpacked(e, NULL);
+        return NULL;
+}
+
+Test(api, a_reclaim_reply_given_up_on_is_not_taken_for_the_next_reclaims)
+{
+        Aqua__Envelope *first;
+        struct aqua_event ev;
+        uint64_t freed = 99;
+        pthread_t th;
+
+        open_as(AQUA_ROLE_PRODUCER);
+        pthread_create(&th, NULL, serve_offer, NULL);
+        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
+        pthread_join(th, NULL);
+
+        /* aquad takes the first request and answers only later. */
+        cr_assert_eq(aqua_reclaim(ctx, CHUNK, 50, &freed), AQUA_TIMEOUT);
+        first = fake_recv(&fk);
+        cr_assert_eq(first->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
+
+        pthread_create(&th, NULL, serve_late_reclaim_reply, first);
+        cr_assert_eq(aqua_reclaim(ctx, CHUNK, AQUA_FOREVER, &freed), 0);
+        pthread_join(th, NULL);
+        aqua__envelope__free_unpacked(first, NULL);
+        cr_assert_eq(freed, CHUNK, "the second reclaim counts its own reply only");
+        ev = wait_event(AQUA_EVENT_RECLAIMED);
+        cr_assert_eq(ev.bytes, 2 * CHUNK, "the first one's chunks are reported as an event");
+        cr_assert_eq(used_on(0), 0);
+}
+
 /* A daemon whose replies name at most two chunks. */
 static void *serve_reclaim_in_parts(void *arg)
 {
