@@ -395,3 +395,68 @@ Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_a
         close(f.from);
         cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad is gone");
 }
+
+#define FLOOD 60000
+
+/*
+ * A consumer that stops reading fills aquad's queue to it (ZeroMQ's high-water mark, then the
+ * socket's buffers). Plain replies past that point are dropped, but a Grant hands over custody:
+ * it waits in the consumer's outbox, and once the consumer reads again it gets the Grant and
+ * the lease is its. Nothing is taken back behind its back, nothing is handed out twice.
+ */
+Test(exhaustion, a_grant_past_the_high_water_mark_waits_until_the_consumer_reads)
+{
+        Aqua__Envelope load = AQUA__ENVELOPE__INIT, borrow = AQUA__ENVELOPE__INIT, *e;
+        Aqua__LoadReport l = AQUA__LOAD_REPORT__INIT;
+        Aqua__Borrow b = AQUA__BORROW__INIT;
+        size_t acks = 0, grants = 0, leases = 0;
+        uint64_t lease_id = 0;
+
+        cr_assert_eq(aquad_start("limits:\n  request-rate: 0\n", &daemon_), 0);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        offer_works();
+        test_connect_as(daemon_, &attacker, AQUA__ROLE__ROLE_CONSUMER, "GPU-C", "GPU-P");
+        test_connect_as(daemon_, &admin, AQUA__ROLE__ROLE_ADMIN, NULL, NULL);
+
+        /* Requests it never reads the answers to, then a Borrow. */
+        load.body_case = AQUA__ENVELOPE__BODY_LOAD;
+        load.load = &l;
+        for (uint64_t i = 0; i < FLOOD; i++) {
+                load.request_id = 1000 + i;
+                cr_assert_eq(raw_send(&attacker, &load), 0);
+        }
+        b.bytes = 4 * MiB;
+        borrow.body_case = AQUA__ENVELOPE__BODY_BORROW;
+        borrow.borrow = &b;
+        borrow.request_id = 7;
+        cr_assert_eq(raw_send(&attacker, &borrow), 0);
+
+        /* aquad granted it: the lease exists while the consumer still reads nothing. */
+        for (int tries = 0; tries < 300 && leases == 0; tries++) {
+                e = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES);
+                cr_assert_not_null(e);
+                leases = e->admin_reply->status->leases;
+                raw_free(e);
+                if (!leases)
+                        usleep(100 * 1000);
+        }
+        cr_assert_eq(leases, 1, "aquad never granted the borrow");
+
+        /* Now it reads: the Grant is there, after what the queue held. */
+        while ((e = raw_recv(&attacker, 3000))) {
+                acks += e->body_case == AQUA__ENVELOPE__BODY_ACK;
+                if (e->body_case == AQUA__ENVELOPE__BODY_GRANT && e->request_id == 7) {
+                        grants++;
+                        lease_id = e->grant->lease_id;
+                }
+                raw_free(e);
+        }
+        test_note("%zu of %d acks arrived, then the Grant", acks, FLOOD);
+        cr_assert_lt(acks, FLOOD, "the queue never filled: the test did not reach the mark");
+        cr_assert_eq(grants, 1, "the Grant was lost");
+        e = raw_admin_query(&admin, AQUA__ADMIN_QUERY__WHAT__WHAT_LEASES);
+        cr_assert_eq(e->admin_reply->status->leases, 1);
+        cr_assert_eq(e->admin_reply->n_leases, 1);
+        cr_assert_eq(e->admin_reply->leases[0]->lease_id, lease_id, "the lease is the Grant's");
+        raw_free(e);
+}

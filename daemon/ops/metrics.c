@@ -275,8 +275,13 @@ static void render_server(struct prom_text *t, const struct metrics_view *v)
                 protocol);
         counter(t, "aqua_side_refused_total", "Side channel connections refused (credentials).",
                 st->refused);
-        counter(t, "aqua_send_dropped_total", "Replies or notices that could not be queued.",
+        counter(t, "aqua_send_dropped_total",
+                "Replies the ROUTER could not queue (notices and custody replies wait instead).",
                 st->send_dropped);
+        counter(t, "aqua_replies_deferred_total",
+                "Grants and offer replies that waited in the client's outbox for its full queue "
+                "to drain.",
+                st->replies_deferred);
         counter(t, "aqua_custody_undelivered_total",
                 "Grants and offers taken back because their reply could not be sent.",
                 st->custody_undelivered);

@@ -25,7 +25,8 @@ struct server_stats {
         uint64_t requests;
         uint64_t errors;
         uint64_t refused;            /* side-channel connections refused */
-        uint64_t send_dropped;       /* replies or notices the ROUTER could not queue */
+        uint64_t send_dropped;       /* replies the ROUTER could not queue (notices wait) */
+        uint64_t replies_deferred;   /* custody replies that waited for a full queue to drain */
         uint64_t notices_deferred;   /* times a client's notices had to wait in its outbox */
         uint64_t errors_by_code[32]; /* error replies, indexed by Aqua__ErrorCode */
         uint64_t throttled;          /* requests refused over a client's request rate */

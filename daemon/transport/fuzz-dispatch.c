@@ -137,6 +137,7 @@ static void add_clients(void)
                 c->cred = (struct side_cred){getpid(), getuid(), getgid()};
                 list_init(&c->pending);
                 list_init(&c->outbox);
+                list_init(&c->deferred);
                 list_append(&srv->clients, &c->node);
                 srv->n_clients++;
                 fake[i] = c;

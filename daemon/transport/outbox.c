@@ -3,7 +3,12 @@
  * takes them (past ZeroMQ's high-water mark a send fails, and a dropped ReclaimNotice would bar
  * a consumer for a deadline it never saw). Notices that a newer one supersedes are coalesced,
  * so an outbox holds at most one entry per lease and kind: bounded by what the client holds.
+ * In front of them wait the replies that hand over custody (a Grant, an OfferReply) the ROUTER
+ * could not take at the end of their turn: the client holds what they say, so they are kept,
+ * not dropped, and go before any notice that may name what they hand over. They are bounded by
+ * the client's leases and chunks.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,9 +132,51 @@ static bool send_notice(struct server *s, struct client *c, struct notice *m)
         return true;
 }
 
+struct deferred_reply {
+        struct list_node node;
+        void *buf;
+        size_t len;
+        const char *body;
+};
+
+static void deferred_free(struct deferred_reply *d)
+{
+        list_unlink(&d->node);
+        free(d->buf);
+        free(d);
+}
+
+int server_defer_reply(struct server *s, struct client *c, void *buf, size_t len,
+                       const char *body)
+{
+        struct deferred_reply *d = calloc(1, sizeof(*d));
+
+        if (!d)
+                return -ENOMEM;
+        d->buf = buf;
+        d->len = len;
+        d->body = body;
+        list_append(&c->deferred, &d->node);
+        c->n_outbox++;
+        s->n_outbox++;
+        s->stats.replies_deferred++;
+        return 0;
+}
+
 /* Send what the ROUTER takes now, oldest first; the rest waits for the next turn of the loop. */
 static void outbox_flush(struct server *s, struct client *c)
 {
+        while (!list_empty(&c->deferred)) {
+                struct deferred_reply *d = list_entry(c->deferred.next, struct deferred_reply, node);
+
+                if (server_send_encoded(s, c, d->buf, d->len, d->body) < 0) {
+                        s->stats.notices_deferred += !list_empty(&c->outbox);
+                        return;
+                }
+                deferred_free(d);
+                c->n_outbox--;
+                s->n_outbox--;
+        }
         while (!list_empty(&c->outbox)) {
                 struct notice *m = list_entry(c->outbox.next, struct notice, node);
 
@@ -145,6 +192,8 @@ static void outbox_flush(struct server *s, struct client *c)
 
 void server_outbox_clear(struct server *s, struct client *c)
 {
+        while (!list_empty(&c->deferred))
+                deferred_free(list_entry(c->deferred.next, struct deferred_reply, node));
         while (!list_empty(&c->outbox))
                 notice_free(list_entry(c->outbox.next, struct notice, node));
         s->n_outbox -= c->n_outbox;

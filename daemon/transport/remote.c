@@ -239,6 +239,7 @@ struct client *server_add_remote(struct server *s, const struct origin *o, uint6
         snprintf(c->remote_addr, sizeof(c->remote_addr), "%s", o->addr ? o->addr : "?");
         list_init(&c->pending);
         list_init(&c->outbox);
+        list_init(&c->deferred);
         c->id = s->next_client_id++;
         c->accepted_ns = c->last_seen_ns = now_mono_ns();
         memcpy(c->routing_id, o->rid, o->rlen);

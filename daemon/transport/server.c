@@ -309,6 +309,7 @@ static void accept_side(struct server *s)
                 c->n_groups = n_groups;
                 list_init(&c->pending);
                 list_init(&c->outbox);
+                list_init(&c->deferred);
                 if (getrandom(c->token, sizeof(c->token), 0) != sizeof(c->token)) {
                         log_error_errno(-errno, "Failed to draw a token: %m");
                         free(c);

@@ -68,7 +68,10 @@ struct client {
         struct held_part *held; /* from HelloHeld before its Hello: the first of what it holds */
         size_t n_held;
         struct list_node outbox; /* notices (struct notice) not yet taken by the ROUTER */
-        size_t n_outbox;
+        /* Replies that hand over custody (a Grant, an OfferReply) the ROUTER could not take at
+         * the end of their turn (its queue to the client was full): sent before the notices. */
+        struct list_node deferred;
+        size_t n_outbox; /* both */
         double credit;      /* requests it may send now (limits.request-rate, -burst) */
         uint64_t credit_ns; /* when credit was last topped up; 0: never */
 
@@ -241,12 +244,19 @@ void server_end_turn(struct server *s);
 uint64_t server_turn_deadline(const struct server *s);
 /* Forget what the turn holds, unsent (aquad is going). */
 void server_turn_clear(struct server *s);
-/* Send now, bypassing the turn: for the notices of server_flush_outboxes. */
+/* Send now, bypassing the turn: for the notices and deferred replies of server_flush_outboxes.
+ * -EAGAIN: the ROUTER's queue to c is full (ZeroMQ's high-water mark); try again later. */
 int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e);
+int server_send_encoded(struct server *s, struct client *c, const void *buf, size_t len,
+                        const char *body);
 /* outbox.c: put the notices the core queued into their clients' outboxes; send what the
  * ROUTER takes of them now (at the end of a turn, after its commit). */
 void server_stage_notices(struct server *s);
 void server_flush_outboxes(struct server *s);
+/* Keep a custody reply (encoded: buf is taken) the ROUTER could not take for c, in front of its
+ * notices. Returns 0, or -ENOMEM (buf is the caller's still). */
+int server_defer_reply(struct server *s, struct client *c, void *buf, size_t len,
+                       const char *body);
 /* Drop what c's outbox holds (c is going away). */
 void server_outbox_clear(struct server *s, struct client *c);
 struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len);

@@ -35,17 +35,21 @@ static struct {
         int code;
 } out[MAX_OUT];
 static size_t n_out;
-static Aqua__Envelope__BodyCase refuse_body; /* the sink says -EAGAIN to these */
+static Aqua__Envelope__BodyCase refuse_body; /* the sink says refuse_errno to these */
+static int refuse_who = -1;                   /* and to everything for this client */
+static int refuse_errno = -EAGAIN;
 
 static int sink(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len)
 {
         Aqua__Envelope *e = aqua__envelope__unpack(NULL, len, buf);
 
-        (void)s, (void)rid, (void)rlen;
+        (void)s;
         cr_assert_not_null(e);
-        if (e->body_case == refuse_body) {
+        if (e->body_case == refuse_body ||
+            (refuse_who >= 0 && rlen == FUZZ_ROUTING_LEN &&
+             memcmp(rid, fuzz_routing_id((size_t)refuse_who), rlen) == 0)) {
                 aqua__envelope__free_unpacked(e, NULL);
-                return -EAGAIN;
+                return refuse_errno;
         }
         cr_assert_lt(n_out, MAX_OUT);
         out[n_out].body = e->body_case;
@@ -123,6 +127,7 @@ static void setup(void)
                 fuzz_token(i, c->token);
                 list_init(&c->pending);
                 list_init(&c->outbox);
+                list_init(&c->deferred);
                 list_append(&srv->clients, &c->node);
                 srv->n_clients++;
                 fake[i] = c;
@@ -285,6 +290,60 @@ Test(turn, refused_commit_undoes_the_turn_and_degraded_waits_for_its_probe)
         cr_assert_eq(srv->broker->n_leases, 1);
 }
 
+static void reclaim_all(uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__ReclaimRequest r = AQUA__RECLAIM_REQUEST__INIT;
+
+        r.all = true;
+        e.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REQUEST;
+        e.reclaim_request = &r;
+        e.request_id = request_id;
+        send_env(FUZZ_PRODUCER, &e);
+}
+
+/* Past ZeroMQ's high-water mark the consumer is still there and holds what its Grant hands
+ * over: the Grant waits in its outbox, in front of the notices that name its lease. */
+Test(turn, a_grant_to_a_full_queue_waits_in_front_of_its_notices)
+{
+        size_t grant = SIZE_MAX, notice = SIZE_MAX;
+
+        offer(2, 10);
+        server_end_turn(srv);
+        n_out = 0;
+        refuse_who = FUZZ_CONSUMER;
+        borrow(20);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 0);
+        cr_assert_eq(srv->stats.replies_deferred, 1);
+        cr_assert_eq(srv->stats.custody_undelivered, 0);
+        cr_assert_eq(srv->stats.send_dropped, 0);
+        cr_assert_eq(srv->broker->n_leases, 1, "the lease stays the consumer's");
+        cr_assert_eq(grant_frames(), 1, "its descriptors went");
+
+        /* The producer takes its memory back: the consumer's notice queues behind the Grant,
+         * even once the queue takes messages again. */
+        reclaim_all(30);
+        server_end_turn(srv);
+        cr_assert_eq(n_out, 1);
+        cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_RECLAIM_REPLY);
+        server_flush_outboxes(srv);
+        cr_assert_eq(n_out, 1, "nothing overtakes the waiting Grant");
+        refuse_who = -1;
+        server_flush_outboxes(srv);
+        for (size_t i = 0; i < n_out; i++) {
+                if (out[i].body == AQUA__ENVELOPE__BODY_GRANT && out[i].request_id == 20)
+                        grant = i;
+                if (out[i].body == AQUA__ENVELOPE__BODY_RECLAIM_NOTICE)
+                        notice = i;
+        }
+        cr_assert_neq(grant, SIZE_MAX, "the Grant arrived");
+        cr_assert_neq(notice, SIZE_MAX, "the ReclaimNotice arrived");
+        cr_assert_lt(grant, notice);
+        cr_assert_eq(srv->n_outbox, 0);
+}
+
+/* A Grant the ROUTER refuses for good (its client is gone): custody nobody would know of. */
 Test(turn, a_grant_the_router_cannot_take_is_taken_back)
 {
         uint64_t commits;
@@ -292,10 +351,12 @@ Test(turn, a_grant_the_router_cannot_take_is_taken_back)
         offer(2, 10);
         server_end_turn(srv);
         n_out = 0;
+        refuse_errno = -EHOSTUNREACH;
         refuse_body = AQUA__ENVELOPE__BODY_GRANT;
         borrow(20);
         server_end_turn(srv);
         refuse_body = 0;
+        refuse_errno = -EAGAIN;
         cr_assert_eq(n_out, 0);
         cr_assert_eq(srv->stats.custody_undelivered, 1);
         cr_assert_eq(srv->broker->n_leases, 0, "the lease nobody heard of is gone");

@@ -228,11 +228,20 @@ static int router_send(struct server *s, const void *rid, size_t rlen, const voi
         else if (zmq_send(s->router, rid, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
                  zmq_send(s->router, buf, len, ZMQ_DONTWAIT) < 0)
                 r = -errno;
-        if (r < 0) {
+        /* A full queue is retried by those who can (outboxes); for the others it is a drop. */
+        if (r < 0 && r != -EAGAIN) {
                 s->stats.send_dropped++;
                 log_debug("Dropped a %s message: %s", body, zmq_strerror(-r));
         }
         return r;
+}
+
+int server_send_encoded(struct server *s, struct client *c, const void *buf, size_t len,
+                        const char *body)
+{
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        return router_send(s, c->routing_id, c->routing_id_len, buf, len, body);
 }
 
 int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e)
@@ -297,7 +306,22 @@ static void send_queued(struct server *s, struct queued *q)
                         k = NULL;
                 }
         }
-        r = router_send(s, q->rid, q->rlen, q->buf, q->len, q->body);
+        /* Notices and replies deferred for this client go first: a reply must not overtake
+         * them, nor a grant the notices that may follow it. */
+        r = k && !list_empty(&k->client->deferred)
+                ? -EAGAIN
+                : router_send(s, q->rid, q->rlen, q->buf, q->len, q->body);
+        if (r == -EAGAIN && k && server_defer_reply(s, k->client, q->buf, q->len, q->body) == 0) {
+                /* The client's queue is full (ZeroMQ's high-water mark) but it is there: what the
+                 * reply hands over is its, and the reply waits in its outbox. */
+                q->buf = NULL;
+                log_debug("Client %" PRIu64 ": the reply to its %s waits for its queue to drain",
+                          k->client->id, k->kind == CUSTODY_GRANT ? "borrow" : "offer");
+                turn_change_free(k);
+                return;
+        }
+        if (r == -EAGAIN)
+                s->stats.send_dropped++;
         if (r < 0 && k) {
                 /* A grant or an offer its client never hears of would be custody nobody knows
                  * it has: taken back (the client's request times out). */
