@@ -4,9 +4,11 @@
  * metrics scraped over HTTP, and the sd_notify messages systemd would get.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -605,6 +607,18 @@ Test(ops, metrics_count_the_cycle)
         HAS_SAMPLE(m2, "aqua_error_replies_total{code=\"malformed\"} 1");
 }
 
+static char *read_file(const char *path)
+{
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = fopen(path, "re");
+
+        cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+        cr_assert_eq(getdelim(&text, &len, '\0', f) > 0, true, "%s is empty", path);
+        fclose(f);
+        return text;
+}
+
 /* An operator reads deploy/README.md's table to know what a family means: every family aquad
  * serves is named there, as `name` or `name{labels}`. */
 Test(ops, every_metric_family_served_is_in_the_deploy_readme)
@@ -612,14 +626,10 @@ Test(ops, every_metric_family_served_is_in_the_deploy_readme)
         _cleanup_free_ char *m = NULL, *doc = NULL;
         const char *path = getenv("AQUA_DEPLOY_README");
         char missing[2048] = "";
-        size_t n = 0, len = 0;
-        FILE *f;
+        size_t n = 0;
 
         cr_assert_not_null(path, "AQUA_DEPLOY_README is not set");
-        f = fopen(path, "re");
-        cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-        cr_assert_eq(getdelim(&doc, &len, '\0', f) > 0, true, "%s is empty", path);
-        fclose(f);
+        doc = read_file(path);
         cycle(NULL);
         m = scrape();
         for (const char *at = strstr(m, "# TYPE "); at; at = strstr(at + 1, "# TYPE ")) {
@@ -637,6 +647,76 @@ Test(ops, every_metric_family_served_is_in_the_deploy_readme)
         cr_assert_gt(n, 40, "only %zu families scraped", n);
         cr_assert_str_empty(missing, "families aquad serves that %s does not name:%s", path,
                             missing);
+}
+
+/* The families a Prometheus query text names (aqua_...), each once, into names[]. */
+static size_t names_in(const char *text, char names[][128], size_t n, size_t max)
+{
+        for (const char *at = strstr(text, "aqua_"); at; at = strstr(at + 1, "aqua_")) {
+                char name[128];
+                size_t k = 0;
+                bool seen = false;
+
+                if (at > text && (isalnum((unsigned char)at[-1]) || at[-1] == '_'))
+                        continue;
+                while (k + 1 < sizeof(name) && (islower((unsigned char)at[k]) ||
+                                                isdigit((unsigned char)at[k]) || at[k] == '_'))
+                        name[k] = at[k], k++;
+                name[k] = '\0';
+                /* A recording rule's name (aqua_dashboard:...) is not a family. */
+                if (at[k] == ':')
+                        continue;
+                for (size_t i = 0; i < n && !seen; i++)
+                        seen = strcmp(names[i], name) == 0;
+                if (!seen && n < max)
+                        snprintf(names[n++], 128, "%s", name);
+        }
+        return n;
+}
+
+/* The alerting rules and the Grafana dashboard in deploy/ query only families aquad serves (a
+ * histogram's by its _bucket, _sum and _count series): a rule or a panel on a name aquad does
+ * not serve would stay silent or empty for ever. */
+Test(ops, the_alert_rules_and_the_dashboard_query_only_what_aquad_serves)
+{
+        const char *dir = getenv("AQUA_DEPLOY_DIR");
+        const char *files[] = {"prometheus/aqua-rules.yml", "prometheus/aqua-rules.test.yml",
+                               "grafana/aqua.json"};
+        static char names[256][128];
+        _cleanup_free_ char *m = NULL;
+        char missing[2048] = "";
+        size_t n = 0;
+
+        cr_assert_not_null(dir, "AQUA_DEPLOY_DIR is not set");
+        for (size_t i = 0; i < ARRAY_SIZE(files); i++) {
+                char path[PATH_MAX];
+                _cleanup_free_ char *text = NULL;
+
+                snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+                text = read_file(path);
+                n = names_in(text, names, n, ARRAY_SIZE(names));
+        }
+        cr_assert_gt(n, 20, "only %zu families named", n);
+        cycle(NULL);
+        m = scrape();
+        for (size_t i = 0; i < n; i++) {
+                char family[128], type[160];
+                size_t len = strlen(names[i]);
+
+                /* aqua_reclaim_seconds_bucket is of the histogram aqua_reclaim_seconds. */
+                snprintf(family, sizeof(family), "%s", names[i]);
+                if (len > 7 && !strcmp(names[i] + len - 7, "_bucket"))
+                        family[len - 7] = '\0';
+                else if (len > 4 && (!strcmp(names[i] + len - 4, "_sum")))
+                        family[len - 4] = '\0';
+                else if (len > 6 && !strcmp(names[i] + len - 6, "_count"))
+                        family[len - 6] = '\0';
+                snprintf(type, sizeof(type), "# TYPE %s ", family);
+                if (!strstr(m, type))
+                        snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing),
+                                 " %s", names[i]);
+        }
+        cr_assert_str_empty(missing, "named in deploy/ but not served:%s", missing);
 }
 
 /* ------------------------------------------------------------------ remote.endpoint */

@@ -528,6 +528,7 @@ void broker_tick(struct broker *pool, uint64_t now_ns);
 /* The pool's counts and sums, for aquactl status and the metrics. */
 struct broker_totals {
         size_t gpus, pairs, leases, chunks, chunks_quarantined;
+        size_t gpus_silent; /* holders that did not come back whose process may still map */
         uint64_t pool_bytes, lent_bytes, dram_budget, dram_granted;
         bool degraded; /* the journal cannot be written or compacted */
         uint64_t gpus_by_role[_GPU_ROLE_MAX];

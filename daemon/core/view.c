@@ -32,6 +32,7 @@ void broker_totals(const struct broker *pool, struct broker_totals *ret)
                 if (g->role < _GPU_ROLE_MAX)
                         ret->gpus_by_role[g->role]++;
                 ret->pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
+                ret->gpus_silent += g->held_alive;
                 for (const struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         const struct chunk *c = list_entry(k, struct chunk, producer_node);
 

@@ -113,6 +113,10 @@ static void render_pool(struct prom_text *t, const struct broker_totals *p)
         counter(t, "aqua_custody_refused_total",
                 "Hellos refused because another identity holds the GPU's memory.",
                 p->stats.custody_refused);
+        gauge(t, "aqua_gpus_silent",
+              "GPUs whose holder did not re-register after a restart (or went unheard) while its "
+              "process may still map their memory: leases kept, granted to nobody.",
+              p->gpus_silent);
         gauge(t, "aqua_chunks_quarantined",
               "Chunks an operator released from a holder whose process still runs.",
               p->chunks_quarantined);
