@@ -348,8 +348,13 @@ _public_ int aqua_reclaim(aqua_ctx *ctx, uint64_t bytes, int timeout_ms, uint64_
         }
         no_reply = r == -ETIMEDOUT;
 
-        /* The rest comes back in Reclaimed notices as consumers return it. */
-        r = w->waiting > 0 ? ctx_wait(ctx, &w->returned, wait_until) : 0;
+        /* The rest comes back in Reclaimed notices as consumers return it. An earlier round
+         * may have seen none out for a while: the completion counts from now. */
+        r = 0;
+        if (w->waiting > 0) {
+                w->returned = (struct completion){0};
+                r = ctx_wait(ctx, &w->returned, wait_until);
+        }
         if (r == -ETIMEDOUT || r == -ENOTCONN)
                 r = 0;
         freed = w->freed;

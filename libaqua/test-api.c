@@ -790,6 +790,56 @@ static void *serve_reclaim_in_parts(void *arg)
         return arg;
 }
 
+/* Its first reply frees two chunks at once, the second names one its consumer still holds,
+ * which comes back a little later. */
+static void *serve_reclaim_free_then_pending(void *arg)
+{
+        static uint64_t first[] = {11, 12}, second[] = {13};
+        Aqua__Envelope later = AQUA__ENVELOPE__INIT;
+        Aqua__Reclaimed rd = AQUA__RECLAIMED__INIT;
+
+        for (int part = 0; part < 2; part++) {
+                Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
+                Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+
+                cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
+                if (part == 0) {
+                        rr.n_chunk_ids = 2;
+                        rr.chunk_ids = first;
+                } else {
+                        rr.n_pending_chunk_ids = 1;
+                        rr.pending_chunk_ids = second;
+                }
+                reply.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
+                reply.reclaim_reply = &rr;
+                send_env(&reply, e->request_id);
+                aqua__envelope__free_unpacked(e, NULL);
+        }
+        usleep(100 * 1000);
+        rd.n_chunk_ids = 1;
+        rd.chunk_ids = second;
+        later.body_case = AQUA__ENVELOPE__BODY_RECLAIMED;
+        later.reclaimed = &rd;
+        send_env(&later, 0);
+        return arg;
+}
+
+Test(api, a_reclaim_waits_for_what_a_later_reply_left_with_the_consumer)
+{
+        uint64_t freed = 0;
+        pthread_t th;
+
+        open_as(AQUA_ROLE_PRODUCER);
+        pthread_create(&th, NULL, serve_offer, NULL);
+        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
+        pthread_join(th, NULL);
+        pthread_create(&th, NULL, serve_reclaim_free_then_pending, NULL);
+        cr_assert_eq(aqua_reclaim(ctx, 3 * CHUNK, AQUA_FOREVER, &freed), 0);
+        pthread_join(th, NULL);
+        cr_assert_eq(freed, 3 * CHUNK);
+        cr_assert_eq(used_on(0), 0);
+}
+
 Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
 {
         uint64_t freed = 0;
