@@ -64,7 +64,7 @@ static size_t view_gpus(struct broker *p, const struct broker_totals *t, struct 
 static size_t fill_gpus(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
                         size_t max)
 {
-        size_t n = MIN(view_gpus(p, t, m), max);
+        size_t all = view_gpus(p, t, m), n = MIN(all, max); /* MIN evaluates twice */
         const struct broker_gpu_view *v = m->view;
 
         m->gpus = calloc(MAX(n, 1), sizeof(*m->gpus));
