@@ -232,6 +232,19 @@ int aquad_kill(struct aquad *d, int sig)
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+void aquad_stop_in_teardown(struct aquad *d)
+{
+        bool running = d && d->pid > 0;
+        pid_t pid = running ? d->pid : 0;
+        int status = aquad_stop(d);
+
+        if (running && status != 0) {
+                fprintf(stderr, "harness: aquad (pid %d) did not stop cleanly: exit status %d; "
+                                "its output is above\n", (int)pid, status);
+                abort();
+        }
+}
+
 int aquad_stop(struct aquad *d)
 {
         char cmd[128];

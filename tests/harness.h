@@ -48,6 +48,12 @@ int aquad_kill(struct aquad *d, int sig);
  * status (0: a clean stop, no leak under ASan), or -1 when it was not running.
  */
 int aquad_stop(struct aquad *d);
+/*
+ * For a suite's .fini: stop d (NULL: nothing), and when a running aquad does not stop cleanly (a
+ * crash, or a leak under ASan), abort this process. Criterion ignores a failed assertion in
+ * .fini; it reports a process that dies there as a crash, which fails the test.
+ */
+void aquad_stop_in_teardown(struct aquad *d);
 
 const char *aquad_endpoint(const struct aquad *d);  /* "ipc://DIR/aquad.sock" */
 const char *aquad_side_path(const struct aquad *d); /* "DIR/aquad.side" */

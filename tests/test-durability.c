@@ -27,8 +27,7 @@ static void teardown(void)
         raw_close(&producer);
         raw_close(&consumer);
         raw_close(&admin);
-        if (daemon_)
-                cr_assert_eq(aquad_stop(daemon_), 0, "aquad did not stop cleanly");
+        aquad_stop_in_teardown(daemon_);
         daemon_ = NULL;
 }
 

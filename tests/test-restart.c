@@ -28,8 +28,7 @@ static void close_all(void)
 static void teardown(void)
 {
         close_all();
-        if (daemon_)
-                cr_assert_eq(aquad_stop(daemon_), 0, "aquad did not stop cleanly");
+        aquad_stop_in_teardown(daemon_);
         daemon_ = NULL;
 }
 

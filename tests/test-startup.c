@@ -29,10 +29,7 @@ static void teardown(void)
         raw_close(&producer);
         raw_close(&client);
         /* Some tests end with their aquad killed: only a running one must stop cleanly. */
-        if (daemon_ && aquad_pid(daemon_) > 0)
-                cr_assert_eq(aquad_stop(daemon_), 0, "aquad did not stop cleanly");
-        else
-                aquad_stop(daemon_);
+        aquad_stop_in_teardown(daemon_);
         daemon_ = NULL;
 }
 

@@ -67,6 +67,7 @@ int settings_reload(const char *path, struct config *old, struct config **ret, c
         do {                                                                                       \
                 if (cond) {                                                                        \
                         strncat(kept, kept[0] ? ", " name : name, kept_len - strlen(kept) - 1);    \
+                        free(n->field);                                                            \
                         n->field = old->field;                                                     \
                         old->field = NULL;                                                         \
                 }                                                                                  \
