@@ -121,27 +121,49 @@ static void encode_hello(size_t i)
         hello[i] = buf;
 }
 
-/* Connect the fake clients: each has a side channel whose far end the harness reads. */
+/* Connect fake client i: a side channel whose far end the harness reads. */
+static void add_client(size_t i)
+{
+        struct client *c = calloc(1, sizeof(*c));
+        int sv[2];
+
+        if (!c || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
+                die("cannot make a client", NULL);
+        c->id = srv->next_client_id++;
+        c->side_fd = sv[0];
+        peer[i] = sv[1];
+        c->cred = (struct side_cred){getpid(), getuid(), getgid()};
+        list_init(&c->pending);
+        list_init(&c->outbox);
+        list_init(&c->deferred);
+        fuzz_token(i, c->token);
+        list_append(&srv->clients, &c->node);
+        srv->n_clients++;
+        fake[i] = c;
+}
+
 static void add_clients(void)
 {
         for (size_t i = 0; i < FUZZ_CLIENTS; i++) {
-                struct client *c = calloc(1, sizeof(*c));
-                int sv[2];
-
-                if (!c ||
-                    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
-                        die("cannot make a client", NULL);
-                c->id = srv->next_client_id++;
-                c->side_fd = sv[0];
-                peer[i] = sv[1];
-                c->cred = (struct side_cred){getpid(), getuid(), getgid()};
-                list_init(&c->pending);
-                list_init(&c->outbox);
-                list_init(&c->deferred);
-                list_append(&srv->clients, &c->node);
-                srv->n_clients++;
-                fake[i] = c;
+                add_client(i);
                 encode_hello(i);
+        }
+}
+
+/* aquad forgets a connection on a Goodbye, or when its holder registers the GPU again from
+ * another: that client connects again, as a new one. */
+static void revive_clients(void)
+{
+        for (size_t i = 0; i < FUZZ_CLIENTS; i++) {
+                bool there = false;
+
+                for (struct list_node *n = srv->clients.next; n != &srv->clients && !there;
+                     n = n->next)
+                        there = list_entry(n, struct client, node) == fake[i];
+                if (!there) {
+                        close(peer[i]);
+                        add_client(i);
+                }
         }
 }
 
@@ -245,6 +267,7 @@ static void local_envelope(size_t who, const void *data, size_t len)
         struct origin o = {.rid = fuzz_routing_id(who), .rlen = FUZZ_ROUTING_LEN, .fd = -1};
 
         dispatch_envelope(srv, &o, data, len);
+        revive_clients();
 }
 
 /* A fresh pool and journal, and the producer, consumer and admin registered again. */
