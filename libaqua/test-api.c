@@ -605,6 +605,17 @@ static void *serve_offer(void *arg)
         return arg;
 }
 
+/* A producer that offered 3 chunks (ids 11, 12, 13), served by the fake daemon. */
+static void open_producer_with_three_chunks(void)
+{
+        pthread_t th;
+
+        open_as(AQUA_ROLE_PRODUCER);
+        pthread_create(&th, NULL, serve_offer, NULL);
+        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
+        pthread_join(th, NULL);
+}
+
 static void *serve_reclaim(void *arg)
 {
         Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT,
@@ -702,10 +713,7 @@ Test(api, reports_what_a_reclaim_freed_before_its_timeout_and_the_rest_as_events
         uint64_t freed = 99;
         pthread_t th;
 
-        open_as(AQUA_ROLE_PRODUCER);
-        pthread_create(&th, NULL, serve_offer, NULL);
-        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
-        pthread_join(th, NULL);
+        open_producer_with_three_chunks();
 
         pthread_create(&th, NULL, serve_pending_reclaim, NULL);
         cr_assert_eq(aqua_reclaim(ctx, 2 * CHUNK, 50, &freed), AQUA_TIMEOUT);
@@ -749,10 +757,7 @@ Test(api, a_reclaim_reply_given_up_on_is_not_taken_for_the_next_reclaims)
         uint64_t freed = 99;
         pthread_t th;
 
-        open_as(AQUA_ROLE_PRODUCER);
-        pthread_create(&th, NULL, serve_offer, NULL);
-        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
-        pthread_join(th, NULL);
+        open_producer_with_three_chunks();
 
         /* aquad takes the first request and answers only later. */
         cr_assert_eq(aqua_reclaim(ctx, CHUNK, 50, &freed), AQUA_TIMEOUT);
@@ -829,10 +834,7 @@ Test(api, a_reclaim_waits_for_what_a_later_reply_left_with_the_consumer)
         uint64_t freed = 0;
         pthread_t th;
 
-        open_as(AQUA_ROLE_PRODUCER);
-        pthread_create(&th, NULL, serve_offer, NULL);
-        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
-        pthread_join(th, NULL);
+        open_producer_with_three_chunks();
         pthread_create(&th, NULL, serve_reclaim_free_then_pending, NULL);
         cr_assert_eq(aqua_reclaim(ctx, 3 * CHUNK, AQUA_FOREVER, &freed), 0);
         pthread_join(th, NULL);
@@ -845,10 +847,7 @@ Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
         uint64_t freed = 0;
         pthread_t th;
 
-        open_as(AQUA_ROLE_PRODUCER);
-        pthread_create(&th, NULL, serve_offer, NULL);
-        cr_assert_eq(aqua_offer(ctx, 3 * CHUNK, NULL), 0);
-        pthread_join(th, NULL);
+        open_producer_with_three_chunks();
         pthread_create(&th, NULL, serve_reclaim_in_parts, NULL);
         cr_assert_eq(aqua_reclaim(ctx, AQUA_ALL, AQUA_FOREVER, &freed), 0);
         pthread_join(th, NULL);
