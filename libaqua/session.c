@@ -830,6 +830,21 @@ _public_ int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret)
         return 0;
 }
 
+_public_ int aqua_device_memory(aqua_ctx *ctx, uint64_t *ret_free, uint64_t *ret_total)
+{
+        uint64_t free_b, total;
+        int r;
+
+        if (!ctx || !ret_free || !ret_total)
+                return -EINVAL;
+        r = gpu_mem_info(ctx->gpu, &free_b, &total);
+        if (r < 0)
+                return r;
+        *ret_free = free_b;
+        *ret_total = total;
+        return 0;
+}
+
 _public_ int aqua_report_load(aqua_ctx *ctx, const struct aqua_load *load)
 {
         Aqua__Envelope env = AQUA__ENVELOPE__INIT;

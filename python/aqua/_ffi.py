@@ -192,6 +192,7 @@ PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
     "aqua_open": (i32, (i32, i32, P(Options), P(c_p))),
     "aqua_close": (c_p, (c_p,)),
     "aqua_get_info": (i32, (c_p, P(InfoBuffer))),
+    "aqua_device_memory": (i32, (c_p, u64p, u64p)),
     "aqua_offer": (i32, (c_p, c_u64, u64p)),
     "aqua_reclaim": (i32, (c_p, c_u64, i32, u64p)),
     "aqua_reclaim_async": (i32, (c_p, c_u64)),

@@ -222,6 +222,13 @@ class Context:
             dram_granted=i.dram_granted,
         )
 
+    def device_memory(self) -> tuple[int, int]:
+        """The device's (free, total) bytes as its driver reports them: device-wide, every
+        process's allocations counted (aqua_device_memory)."""
+        free_b, total = ctypes.c_uint64(), ctypes.c_uint64()
+        self._check("aqua_device_memory", ctypes.byref(free_b), ctypes.byref(total))
+        return free_b.value, total.value
+
     def fileno(self) -> int:
         """A descriptor that becomes readable when poll() has work: give it to select,
         selectors or asyncio's loop.add_reader(). It is edge-like: call poll() until it returns

@@ -191,6 +191,14 @@ struct aqua_info {
 /* Fill *ret with the context's state as last known locally (no round trip). */
 AQUA_API int aqua_get_info(aqua_ctx *ctx, struct aqua_info *ret);
 
+/*
+ * The device's free and total memory as its driver reports them (cuMemGetInfo in the device's
+ * primary context): device-wide, every process's allocations counted, the chunks this context
+ * offered among them. For a lender that watches what a workload beside it leaves free.
+ * Returns 0, -EINVAL, or a negative errno for a driver failure (-EIO for a faulted context).
+ */
+AQUA_API int aqua_device_memory(aqua_ctx *ctx, uint64_t *ret_free, uint64_t *ret_total);
+
 /* ------------------------------------------------------------------------------ producer */
 
 /*
