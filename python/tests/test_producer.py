@@ -32,6 +32,16 @@ def test_offers_and_takes_back_unleased_memory_at_once(aquad):
         assert p.info().offered_bytes == 0
 
 
+def test_device_memory_counts_what_it_offered(aquad):
+    with aqua.Producer(1, chunk_bytes=32 * MiB) as p:
+        free, total = p.device_memory()
+        assert total == p.info().capacity and 0 < free <= total
+        p.offer(128 * MiB)
+        assert p.device_memory() == (free - 128 * MiB, total)
+        p.reclaim()
+        assert p.device_memory() == (free, total)
+
+
 def test_a_blocking_reclaim_waits_for_the_consumer_to_move_off(consumer):
     with aqua.Producer(1) as p:
         p.offer(256 * MiB)
