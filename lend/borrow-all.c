@@ -146,8 +146,16 @@ int main(int argc, char **argv)
 
                 poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, BORROW_EVERY);
                 do {
+                        struct timespec t0, t1;
+                        clock_gettime(CLOCK_MONOTONIC, &t0);
                         if (aqua_poll(ctx, ev, 16, &n) < 0)
                                 failed = 1;
+                        clock_gettime(CLOCK_MONOTONIC, &t1);
+                        /* What a reclaim costs here, for whoever reads the log. */
+                        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                                    (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+                        if (ms >= 100)
+                                fprintf(stderr, "borrow-all: aqua_poll took %.0f ms\n", ms);
                         for (size_t i = 0; i < n; i++) {
                                 if (ev[i].type == AQUA_EVENT_MIGRATED)
                                         moved += ev[i].bytes;

@@ -28,6 +28,7 @@ struct settings {
         uint64_t headroom, lend_above, settle_ns, max_lend, chunk, lend_rate, reclaim_rate;
         uint64_t interval_ns, drain_retry_ns;
         char *metrics;
+        char *profile;
         char *record;
         char *log_level;
 };
@@ -45,10 +46,30 @@ static const struct conf_field settings_fields[] = {
     CONF_FIELD_DURATION(struct settings, interval_ns, "interval", NSEC_PER_MSEC,
                         10 * NSEC_PER_SEC, 0),
     CONF_FIELD_STRING(struct settings, metrics, "metrics", 0),
+    CONF_FIELD_STRING(struct settings, profile, "profile", 0),
     CONF_FIELD_STRING(struct settings, log_level, "log-level", 0),
     CONF_FIELD_END,
 };
 static const struct conf_schema settings_schema = {"aqua-lend", settings_fields};
+
+/* What aqua-profile's MODEL.profile.yaml says of the workload (profiler/README.md). */
+struct profile {
+        char *name;
+        int role;
+        uint64_t memory; /* a producer: HBM free at its SLA rate, whole model */
+        int64_t tp;
+        uint64_t gpu_memory;
+};
+static const char *const profile_roles[] = {"producer", "consumer", NULL};
+static const struct conf_field profile_fields[] = {
+    CONF_FIELD_STRING(struct profile, name, "name", 0),
+    CONF_FIELD_ENUM(struct profile, role, "role", profile_roles, CONF_REQUIRED),
+    CONF_FIELD_SIZE(struct profile, memory, "memory", 0, SIZE_MAX_CONF, CONF_REQUIRED),
+    CONF_FIELD_INT(struct profile, tp, "tp", 1, 1024, 0),
+    CONF_FIELD_SIZE(struct profile, gpu_memory, "gpu-memory", 0, SIZE_MAX_CONF, 0),
+    CONF_FIELD_END,
+};
+static const struct conf_schema profile_schema = {"profile", profile_fields};
 
 /* The lender's running state and its figures. */
 struct lender {
@@ -107,9 +128,12 @@ static void help(void)
                "      --lend-rate SIZE    bytes offered per second at most (0: no limit)\n"
                "      --reclaim-rate SIZE bytes asked back per second at most (0: no limit)\n"
                "      --interval DUR      how often free memory is read (50ms)\n"
+               "      --profile FILE      aqua-profile's MODEL.profile.yaml of the workload: max-lend\n"
+               "                          defaults to its free memory at its SLA rate per GPU\n"
                "      --metrics ADDR      serve Prometheus metrics on ADDR (host:port)\n"
                "      --record FILE       a CSV line per decision (monotonic ms, free, lent, ...)\n"
                "      --log-level LEVEL   error, warning, notice (default), info, debug\n"
+               "      --check-config      load the config and the options, say what they set, exit\n"
                "  -h, --help              show this help\n");
 }
 
@@ -123,8 +147,10 @@ enum {
         ARG_RECLAIM_RATE,
         ARG_INTERVAL,
         ARG_METRICS,
+        ARG_PROFILE,
         ARG_RECORD,
         ARG_LOG_LEVEL,
+        ARG_CHECK_CONFIG,
 };
 
 static const struct option options[] = {
@@ -140,8 +166,10 @@ static const struct option options[] = {
     {"reclaim-rate", required_argument, NULL, ARG_RECLAIM_RATE},
     {"interval", required_argument, NULL, ARG_INTERVAL},
     {"metrics", required_argument, NULL, ARG_METRICS},
+    {"profile", required_argument, NULL, ARG_PROFILE},
     {"record", required_argument, NULL, ARG_RECORD},
     {"log-level", required_argument, NULL, ARG_LOG_LEVEL},
+    {"check-config", no_argument, NULL, ARG_CHECK_CONFIG},
     {"help", no_argument, NULL, 'h'},
     {},
 };
@@ -163,6 +191,8 @@ static int bad_value(const char *opt, const char *value)
 }
 
 /* A second pass over argv after the config file, so that options win over it. */
+static bool check_config;
+
 static int parse_options(int argc, char **argv, bool config_pass, int *device, char **config,
                          struct settings *s)
 {
@@ -184,6 +214,8 @@ static int parse_options(int argc, char **argv, bool config_pass, int *device, c
                         }
                         if (c == 'c')
                                 replace(config, optarg);
+                        if (c == ARG_CHECK_CONFIG)
+                                check_config = true;
                         if (c == 'd') {
                                 if (parse_int64(optarg, 10, &n) < 0 || n < 0 || n > 1023)
                                         return bad_value("device", optarg);
@@ -200,6 +232,9 @@ static int parse_options(int argc, char **argv, bool config_pass, int *device, c
                         break;
                 case ARG_RECORD:
                         replace(&s->record, optarg);
+                        break;
+                case ARG_PROFILE:
+                        replace(&s->profile, optarg);
                         break;
                 case ARG_LOG_LEVEL:
                         replace(&s->log_level, optarg);
@@ -481,19 +516,102 @@ static int run(struct lender *l, struct prom_server *http)
         return 0;
 }
 
+/*
+ * The workload's profile: what it leaves free at its SLA rate, per GPU of its tensor-parallel
+ * group (*ret_per_gpu, may be NULL). A consumer's profile has nothing to lend.
+ */
+static int profile_load(const char *path, struct profile *pr)
+{
+        _cleanup_free_ char *error = NULL;
+
+        *pr = (struct profile){.role = -1, .tp = 1};
+        if (conf_load(&profile_schema, path, pr, &error) < 0) {
+                log_error("profile: %s", error ? error : path);
+                return -EINVAL;
+        }
+        if (pr->role != 0) {
+                log_error("profile %s: %s is a consumer at its SLA rate: it has nothing to lend",
+                          path, pr->name ? pr->name : "the model");
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int profile_check(const char *path)
+{
+        struct profile pr;
+        int r = profile_load(path, &pr);
+
+        conf_free(&profile_schema, &pr);
+        return r;
+}
+
+/* max-lend from the profile, for the device l opened. */
+static int profile_max_lend(const struct lender *l, const char *path, uint64_t *ret)
+{
+        struct profile pr;
+        char a[32], b[32];
+        int r = profile_load(path, &pr);
+
+        if (r == 0) {
+                *ret = pr.memory / (uint64_t)pr.tp;
+                if (pr.gpu_memory && pr.gpu_memory != l->info.capacity)
+                        log_warning("profile %s was measured on a GPU of %s, GPU %d has %s: its "
+                                    "free memory may differ here",
+                                    path, sz(a, pr.gpu_memory), l->device,
+                                    sz(b, l->info.capacity));
+                log_notice("max-lend %s: %s's free memory at its SLA rate (%s, tp %" PRId64 ")",
+                           sz(a, *ret), pr.name ? pr.name : "the model", path, pr.tp);
+        }
+        conf_free(&profile_schema, &pr);
+        return r;
+}
+
+static char *rate(char *buf, uint64_t bytes_per_s)
+{
+        if (!bytes_per_s)
+                return strcpy(buf, "unlimited");
+        format_size(buf, 24, bytes_per_s);
+        strcat(buf, "/s");
+        return buf;
+}
+
+/* What the settings say, for --check-config: sizes left to derive from the device say so. */
+static void describe(const struct settings *s)
+{
+        char a[32], b[32], c[32];
+
+        printf("headroom %s, lend-above %s, settle %s, max-lend %s, chunk %s, lend-rate %s, "
+               "reclaim-rate %s, interval %s, metrics %s%s%s\n",
+               s->headroom ? sz(a, s->headroom) : "10% of the device",
+               s->lend_above ? sz(b, s->lend_above) : "5% of the device",
+               format_duration(c, sizeof(c), s->settle_ns),
+               s->max_lend  ? sz((char[32]){0}, s->max_lend)
+               : s->profile ? "from the profile"
+                            : "no limit",
+               s->chunk ? sz((char[32]){0}, s->chunk) : "libaqua's (32 MiB)",
+               rate((char[32]){0}, s->lend_rate), rate((char[32]){0}, s->reclaim_rate),
+               format_duration((char[32]){0}, 32, s->interval_ns),
+               s->metrics ? s->metrics : "off", s->profile ? ", profile " : "",
+               s->profile ? s->profile : "");
+}
+
 /* Resolve what was left to derive from the device, and check the result. */
 static int make_policy(struct lender *l)
 {
         const struct settings *s = l->set;
-        uint64_t chunk = l->info.chunk_bytes, cap = l->info.capacity;
+        uint64_t chunk = l->info.chunk_bytes, cap = l->info.capacity, max_lend = s->max_lend;
         const char *what;
         char a[32], b[32], c[32];
+
+        if (s->profile && !max_lend && profile_max_lend(l, s->profile, &max_lend) < 0)
+                return -EINVAL;
 
         l->pol = (struct lend_policy){
             .headroom = s->headroom ? s->headroom : MAX(cap / 10 / chunk * chunk, 2 * chunk),
             .lend_above = s->lend_above ? s->lend_above : cap / 20 / chunk * chunk,
             .settle_ns = s->settle_ns,
-            .max_lend = s->max_lend ? s->max_lend : UINT64_MAX,
+            .max_lend = max_lend ? max_lend : UINT64_MAX,
             .chunk = chunk,
             .lend_rate = s->lend_rate,
             .reclaim_rate = s->reclaim_rate,
@@ -504,10 +622,11 @@ static int make_policy(struct lender *l)
                 return -EINVAL;
         }
         log_notice("lending from GPU %d (%s, %s): headroom %s, lend-above %s, settle %s, "
-                   "chunks of %s%s",
+                   "chunks of %s%s%s",
                    l->device, l->info.gpu_uuid, sz(a, cap), sz(b, l->pol.headroom),
                    sz(c, l->pol.lend_above), format_duration((char[32]){0}, 32, l->pol.settle_ns),
-                   sz((char[32]){0}, chunk), l->pol.max_lend == UINT64_MAX ? "" : ", max-lend set");
+                   sz((char[32]){0}, chunk), l->pol.max_lend == UINT64_MAX ? "" : ", max-lend ",
+                   l->pol.max_lend == UINT64_MAX ? "" : sz((char[32]){0}, l->pol.max_lend));
         return 0;
 }
 
@@ -553,11 +672,6 @@ int main(int argc, char **argv)
                 rc = 2;
                 goto out;
         }
-        if (l.device < 0) {
-                fprintf(stderr, "aqua-lend: --device is required (aqua-lend --help)\n");
-                rc = 2;
-                goto out;
-        }
         if (set.log_level) {
                 level = log_level_from_string(set.log_level);
                 if ((int)level < 0) {
@@ -567,6 +681,18 @@ int main(int argc, char **argv)
                         goto out;
                 }
                 log_set_max_level(level);
+        }
+        if (check_config) {
+                if (set.profile && profile_check(set.profile) < 0)
+                        goto out;
+                describe(&set);
+                rc = EXIT_SUCCESS;
+                goto out;
+        }
+        if (l.device < 0) {
+                fprintf(stderr, "aqua-lend: --device is required (aqua-lend --help)\n");
+                rc = 2;
+                goto out;
         }
         aqua_set_log(aqua_log, NULL, level >= LOG_LEVEL_DEBUG ? AQUA_LOG_DEBUG : AQUA_LOG_NOTICE);
         sigaction(SIGTERM, &sa, NULL);

@@ -5,6 +5,7 @@
  * and counts the allocations the device refused.
  *
  * Usage: lend-workload TRACE DEVICE [RECORD]
+ *        lend-workload --free DEVICE      prints "free BYTES total BYTES" (cuMemGetInfo)
  *   TRACE   CSV lines "seconds,size": from that time on, hold that much ("0,1GiB")
  *   RECORD  a CSV line per step: monotonic ms, the target, what it holds, refusals so far
  * It ends after the trace's last line has held one step, printing
@@ -127,15 +128,25 @@ int main(int argc, char **argv)
         CUdevice dev;
 
         if (argc < 3) {
-                fprintf(stderr, "usage: lend-workload TRACE DEVICE [RECORD]\n");
+                fprintf(stderr, "usage: lend-workload TRACE DEVICE [RECORD]\n"
+                                "       lend-workload --free DEVICE\n");
                 return 2;
         }
-        if (load_trace(argv[1], &trace, &n_points) < 0)
+        bool free_only = !strcmp(argv[1], "--free");
+        if (!free_only && load_trace(argv[1], &trace, &n_points) < 0)
                 return 2;
         if (check(cuInit(0), "cuInit") || check(cuDeviceGet(&dev, atoi(argv[2])), "cuDeviceGet") ||
             check(cuDevicePrimaryCtxRetain(&cctx, dev), "cuDevicePrimaryCtxRetain") ||
             check(cuCtxSetCurrent(cctx), "cuCtxSetCurrent"))
                 return 1;
+        if (free_only) {
+                size_t free_b, total;
+                if (check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo"))
+                        return 1;
+                printf("free %zu total %zu\n", free_b, total);
+                cuDevicePrimaryCtxRelease(dev);
+                return 0;
+        }
         if (argc > 3) {
                 record = fopen(argv[3], "we");
                 if (!record) {
