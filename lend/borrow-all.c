@@ -80,9 +80,17 @@ static int check_and_return(aqua_ctx *ctx, struct held *h)
                         break;
                 checked++;
                 if (memcmp(want, got, STAMP) != 0) {
+                        size_t zeros = 0;
+                        for (size_t k = 0; k < STAMP; k++)
+                                zeros += got[k] == 0;
                         bad++;
-                        fprintf(stderr, "borrow-all: lease %" PRIu64 " chunk %zu: stamp wrong\n",
-                                h->id, i);
+                        /* Whose bytes are there instead: zeros (a scrub), or another stamp. */
+                        fprintf(stderr,
+                                "borrow-all: lease %" PRIu64 " chunk %zu: stamp wrong (%zu of %d "
+                                "bytes zero; first bytes %02x %02x %02x %02x, wanted %02x %02x "
+                                "%02x %02x)\n",
+                                h->id, i, zeros, STAMP, got[0], got[1], got[2], got[3], want[0],
+                                want[1], want[2], want[3]);
                 }
         }
         if (r < 0)
@@ -130,7 +138,15 @@ int main(int argc, char **argv)
         int fd, r, failed = 0;
 
         aqua_set_log(log_line, NULL, getenv("AQUA_TEST_VERBOSE") ? AQUA_LOG_DEBUG : AQUA_LOG_WARNING);
-        r = aqua_open(argc > 1 ? atoi(argv[1]) : 1, AQUA_ROLE_CONSUMER, NULL, &ctx);
+        /* As a supervised engine would be restarted: aquad may be restarting right now. */
+        for (int tries = 0;; tries++) {
+                r = aqua_open(argc > 1 ? atoi(argv[1]) : 1, AQUA_ROLE_CONSUMER, NULL, &ctx);
+                if (r >= 0 || tries == 40 ||
+                    (r != -ECONNREFUSED && r != -ENOENT && r != -ECONNRESET && r != -ESHUTDOWN &&
+                     r != -ETIMEDOUT && r != -EPIPE))
+                        break;
+                nanosleep(&(struct timespec){0, 500 * 1000 * 1000}, NULL);
+        }
         if (r < 0) {
                 fprintf(stderr, "borrow-all: aqua_open: %s\n", aqua_strerror(r));
                 return 1;

@@ -477,6 +477,13 @@ static int producer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled
 {
         switch (e->body_case) {
         case AQUA__ENVELOPE__BODY_SCRUB_REQUEST:
+                /* Read after the session was lost, it is a gone daemon's: a restarted one asks
+                 * again for every dirty chunk (producer_session_lost() says why not to do it). */
+                if (ctx->state != SESSION_CONNECTED) {
+                        alog_debug("ignored a scrub request of %zu chunks from a lost session",
+                                   e->scrub_request->n_chunk_ids);
+                        break;
+                }
                 /* Done in bounded steps from aqua_poll(); a first step right away. */
                 scrub_queue(ctx, e->scrub_request->chunk_ids, e->scrub_request->n_chunk_ids);
                 producer_scrub_step(ctx);
@@ -542,6 +549,13 @@ static int producer_held(aqua_ctx *ctx, struct held *ret)
 
 static void producer_session_lost(aqua_ctx *ctx)
 {
+        /*
+         * Scrubs not done yet were the lost daemon's requests. A restarted one asks again for
+         * every chunk still dirty; doing the old requests' work after it would first answer the
+         * new requests for those chunks (so the daemon grants them as clean) and then, when the
+         * new requests' turn comes, zero them again under the consumer they were granted to.
+         */
+        ctx->producer.scrub_n = 0;
         /* Chunks whose offer was never answered: no daemon will ever know them. Those of an
          * offer still in its call are the caller's to release. */
         for (size_t i = ctx->producer.offers.n; i-- > 0;)
