@@ -854,3 +854,133 @@ Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
         cr_assert_eq(freed, 3 * CHUNK);
         cr_assert_eq(used_on(0), 0);
 }
+
+/* ---------------------------------------------------------------- scrubbing across a restart */
+
+/* Five of them are more than the two 256 MiB scrub steps one aqua_poll() takes. */
+#define BIG_CHUNK (UINT64_C(128) << 20)
+#define N_BIG     5
+
+/* Offer N_BIG BIG_CHUNKs (ids 11, 12, ...) to the fake daemon. */
+static void *serve_big_offer(void *arg)
+{
+        Aqua__Envelope *e, reply = AQUA__ENVELOPE__INIT;
+        Aqua__OfferReply orp = AQUA__OFFER_REPLY__INIT;
+        static uint64_t ids[N_BIG] = {11, 12, 13, 14, 15};
+        Aqua__SideFrame *f;
+        int fds[8];
+        size_t n = 0;
+
+        f = fake_side_recv(&fk, fds, 8, &n);
+        e = fake_recv(&fk);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_OFFER);
+        side_close_fds(fds, n);
+        aqua__side_frame__free_unpacked(f, NULL);
+        orp.n_chunk_ids = N_BIG;
+        orp.chunk_ids = ids;
+        reply.body_case = AQUA__ENVELOPE__BODY_OFFER_REPLY;
+        reply.offer_reply = &orp;
+        send_env(&reply, e->request_id);
+        aqua__envelope__free_unpacked(e, NULL);
+        return arg;
+}
+
+static void send_scrub_request(void)
+{
+        static uint64_t ids[N_BIG] = {11, 12, 13, 14, 15};
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__ScrubRequest rq = AQUA__SCRUB_REQUEST__INIT;
+
+        rq.n_chunk_ids = N_BIG;
+        rq.chunk_ids = ids;
+        e.body_case = AQUA__ENVELOPE__BODY_SCRUB_REQUEST;
+        e.scrub_request = &rq;
+        send_env(&e, 0);
+}
+
+/* Count, per chunk id 11.., how often a ScrubDone named it; Hellos are welcomed. */
+static void count_scrub_done(unsigned counts[N_BIG])
+{
+        zmq_pollitem_t items[2] = {
+            {.fd = fk.listen_fd, .events = ZMQ_POLLIN},
+            {.socket = fk.router, .events = ZMQ_POLLIN},
+        };
+
+        while (zmq_poll(items, 2, 0) > 0) {
+                if (items[0].revents & ZMQ_POLLIN)
+                        fake_accept(&fk, false);
+                if (!(items[1].revents & ZMQ_POLLIN))
+                        continue;
+                Aqua__Envelope *e = fake_recv(&fk);
+                if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
+                        keep_hello(e->hello);
+                        fake_welcome(&fk, e->request_id, 44, "GPU-peer");
+                } else if (e->body_case == AQUA__ENVELOPE__BODY_SCRUB_DONE) {
+                        for (size_t i = 0; i < e->scrub_done->n_chunk_ids; i++)
+                                if (e->scrub_done->chunk_ids[i] >= 11 &&
+                                    e->scrub_done->chunk_ids[i] < 11 + N_BIG)
+                                        counts[e->scrub_done->chunk_ids[i] - 11]++;
+                        fake_send_ack(&fk, e->request_id);
+                }
+                aqua__envelope__free_unpacked(e, NULL);
+        }
+}
+
+/*
+ * A daemon asks for five chunks to be scrubbed and dies before the producer got through them
+ * (one aqua_poll() takes two 256 MiB steps; the chunks are 640 MiB). The restarted one asks
+ * again. Each chunk must
+ * be scrubbed once for the new request: work left from the old one would answer the new request
+ * early (the daemon grants the chunk as clean) and then zero it again under its new consumer.
+ */
+Test(api, scrubs_left_from_a_lost_daemon_are_not_done_for_the_next_one)
+{
+        struct aqua_event ev[8];
+        unsigned before[N_BIG] = {0}, after[N_BIG] = {0}, done = 0;
+        bool reconnected = false;
+        pthread_t th;
+        size_t n;
+        int fd;
+
+        opts.chunk_bytes = BIG_CHUNK;
+        open_as(AQUA_ROLE_PRODUCER);
+        pthread_create(&th, NULL, serve_big_offer, NULL);
+        cr_assert_eq(aqua_offer(ctx, N_BIG * BIG_CHUNK, NULL), 0);
+        pthread_join(th, NULL);
+
+        send_scrub_request();
+        /* One aqua_poll() that reads the request: it scrubs what its steps allow. */
+        while (done == 0) {
+                cr_assert_eq(aqua_poll(ctx, ev, 8, &n), 0);
+                poll(NULL, 0, 20);
+                count_scrub_done(before);
+                for (int i = 0; i < N_BIG; i++)
+                        done += before[i];
+        }
+        cr_assert_lt(done, N_BIG, "one aqua_poll() scrubbed every chunk: nothing was left");
+        /* The daemon dies with the rest not done, and comes back. */
+        fake_unlisten(&fk);
+        wait_event(AQUA_EVENT_DISCONNECTED);
+        fake_listen(&fk);
+        cr_assert_eq(aqua_fd(ctx, &fd), 0);
+        for (int i = 0; i < 2000 && !reconnected; i++) {
+                count_scrub_done(after);
+                cr_assert_eq(aqua_poll(ctx, ev, 8, &n), 0);
+                for (size_t k = 0; k < n; k++)
+                        reconnected |= ev[k].type == AQUA_EVENT_RECONNECTED;
+                poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 5);
+        }
+        cr_assert(reconnected);
+        memset(after, 0, sizeof(after));
+        send_scrub_request();
+        for (int i = 0; i < 50; i++) {
+                cr_assert_eq(aqua_poll(ctx, ev, 8, &n), 0);
+                count_scrub_done(after);
+                poll(NULL, 0, 5);
+        }
+        for (int i = 0; i < N_BIG; i++)
+                cr_assert_eq(after[i], 1, "chunk %d was scrubbed %u times for one request", 11 + i,
+                             after[i]);
+        aqua__hello__free_unpacked(hello_seen, NULL);
+        hello_seen = NULL;
+}
