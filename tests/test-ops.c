@@ -581,14 +581,21 @@ Test(ops, metrics_count_the_cycle)
         HAS_SAMPLE(m, "aqua_gpu_borrowed_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
         HAS_SAMPLE(m, "aqua_gpu_dram_fallback_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
         HAS_SAMPLE(m, "aqua_gpu_dram_in_use_bytes{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
-        HAS_SAMPLE(m, "aqua_gpu_migrations_total{gpu=\"0\",uuid=\"GPU-C\"} 3");
-        HAS_SAMPLE(m, "aqua_gpu_moved_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 6291456");
+        HAS_SAMPLE(m, "aqua_gpu_reported_migrations_total{gpu=\"0\",uuid=\"GPU-C\"} 3");
+        HAS_SAMPLE(m, "aqua_gpu_reported_moved_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 6291456");
         /* What aquad counts itself: the two chunks the consumer returned to the reclaim. */
         HAS_SAMPLE(m, "aqua_gpu_reclaim_returned_chunks_total{gpu=\"0\",uuid=\"GPU-C\"} 2");
         HAS_SAMPLE(m, "aqua_gpu_reclaim_returned_bytes_total{gpu=\"0\",uuid=\"GPU-C\"} 4194304");
-        HAS_SAMPLE(m, "aqua_gpu_load{gpu=\"0\",uuid=\"GPU-C\"} 0.5");
-        HAS_SAMPLE(m, "aqua_gpu_info{gpu=\"1\",uuid=\"GPU-P\",role=\"producer\",client=\"whisper\","
-                      "paired_with=\"GPU-C\",connected=\"true\"} 1");
+        HAS_SAMPLE(m, "aqua_reclaim_returned_chunks_total 2");
+        HAS_SAMPLE(m, "aqua_reclaim_returned_bytes_total 4194304");
+        HAS_SAMPLE(m, "aqua_gpu_load_ratio{gpu=\"0\",uuid=\"GPU-C\"} 0.5");
+        /* State as values, so that a change does not start a new series. */
+        HAS_SAMPLE(m, "aqua_gpu_info{gpu=\"1\",uuid=\"GPU-P\",client=\"whisper\"} 1");
+        HAS_SAMPLE(m, "aqua_gpu_role{gpu=\"1\",uuid=\"GPU-P\",role=\"producer\"} 1");
+        HAS_SAMPLE(m, "aqua_gpu_role{gpu=\"1\",uuid=\"GPU-P\",role=\"consumer\"} 0");
+        HAS_SAMPLE(m, "aqua_gpu_role{gpu=\"0\",uuid=\"GPU-C\",role=\"consumer\"} 1");
+        HAS_SAMPLE(m, "aqua_gpu_connected{gpu=\"1\",uuid=\"GPU-P\"} 1");
+        HAS_SAMPLE(m, "aqua_gpu_pair_info{gpu=\"1\",uuid=\"GPU-P\",paired_with=\"GPU-C\"} 1");
         /* Both reclaimed chunks came back, well inside the deadline. */
         HAS_SAMPLE(m, "aqua_reclaim_seconds_count 2");
         HAS_SAMPLE(m, "aqua_reclaim_seconds_bucket{le=\"+Inf\"} 2");

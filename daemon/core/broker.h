@@ -254,6 +254,9 @@ struct broker_stats {
         uint64_t scrub_failures;
         uint64_t chunks_unusable; /* consumers could not import them (dropped) */
         uint64_t custody_refused; /* Hellos for a GPU whose state another identity holds */
+        /* Chunks (and their bytes) consumers returned in answer to reclaims: what moved off peer
+         * memory. Also per consumer GPU, but those go with the GPU when aquad forgets it. */
+        uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
 };
 
 typedef void (*broker_reclaimed_fn)(void *userdata, uint64_t latency_ns);

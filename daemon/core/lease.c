@@ -256,6 +256,8 @@ static void returned_by(struct broker *pool, struct gpu *consumer, struct chunk 
         if (c->state == CHUNK_RECLAIMING) {
                 consumer->reclaim_returned_chunks++;
                 consumer->reclaim_returned_bytes += c->size;
+                pool->stats.reclaim_returned_chunks++;
+                pool->stats.reclaim_returned_bytes += c->size;
         }
         chunk_unmapped(pool, c, back);
 }

@@ -91,6 +91,12 @@ static void render_pool(struct prom_text *t, const struct broker_totals *p)
                 p->stats.deadline_misses);
         counter(t, "aqua_leases_lost_total", "Leases that could not be reconciled after a restart.",
                 p->stats.leases_lost);
+        counter(t, "aqua_reclaim_returned_chunks_total",
+                "Chunks consumers returned in answer to reclaims: moved off peer memory.",
+                p->stats.reclaim_returned_chunks);
+        counter(t, "aqua_reclaim_returned_bytes_total",
+                "Bytes of the chunks consumers returned in answer to reclaims.",
+                p->stats.reclaim_returned_bytes);
         counter(t, "aqua_journal_errors_total", "Failed journal writes.", p->stats.journal_errors);
         counter(t, "aqua_journal_commits_total",
                 "Journal records written (one write and one fdatasync each; one per turn of "
@@ -148,13 +154,15 @@ static const struct {
                   "DRAM fallback budget granted to this consumer."},
     [GPU_DRAM_IN_USE] = {"aqua_gpu_dram_in_use_bytes", "gauge",
                          "Bytes this consumer keeps in DRAM fallback, as it reports."},
-    [GPU_MIGRATIONS] = {"aqua_gpu_migrations_total", "counter",
-                        "Chunk migrations, as the client reports them."},
-    [GPU_MOVED] = {"aqua_gpu_moved_bytes_total", "counter",
-                   "Bytes migrated, as the client reports them."},
+    [GPU_MIGRATIONS] = {"aqua_gpu_reported_migrations_total", "counter",
+                        "Chunk migrations, as the client reports them in its load reports "
+                        "(aquad's own count: aqua_gpu_reclaim_returned_chunks_total)."},
+    [GPU_MOVED] = {"aqua_gpu_reported_moved_bytes_total", "counter",
+                   "Bytes migrated, as the client reports them in its load reports."},
     [GPU_RECLAIM_RETURNED] =
         {"aqua_gpu_reclaim_returned_chunks_total", "counter",
-         "Chunks this consumer returned in answer to reclaims (aquad's count)."},
+         "Chunks this consumer returned in answer to reclaims: moved off peer memory (aquad's "
+         "count, from when aquad last came to know the GPU)."},
     [GPU_RECLAIM_RETURNED_BYTES] = {"aqua_gpu_reclaim_returned_bytes_total", "counter",
                                     "Bytes of the chunks this consumer returned in answer to "
                                     "reclaims (aquad's count)."},
@@ -190,41 +198,74 @@ static uint64_t gpu_value(const struct broker_gpu_view *g, enum gpu_field f)
         }
 }
 
+/* The labels naming g, {gpu, uuid}, into l[0..1]; ordinal holds the number's text. */
+static void gpu_labels(const struct broker_gpu_view *g, char ordinal[16], struct prom_label *l)
+{
+        snprintf(ordinal, 16, "%" PRIu32, g->ordinal);
+        l[0] = (struct prom_label){"gpu", ordinal};
+        l[1] = (struct prom_label){"uuid", g->uuid};
+}
+
+/*
+ * What a GPU is, as values rather than labels where it changes (Prometheus' naming and
+ * instrumentation guides): a label that changes starts a new series, so role is a state set
+ * (one series per role, 1 on the current one) and connected a 0/1 gauge. The client's name and
+ * the pair stay labels of info series, for joins: they change when another program registers
+ * the GPU or an operator pairs it, not as it runs.
+ */
+static void render_gpu_state(struct prom_text *t, const struct broker_gpu_view *v, size_t n)
+{
+        char ordinal[16];
+        struct prom_label l[3];
+
+        prom_family(t, "aqua_gpu_info", "gauge",
+                    "1 per GPU aquad knows; client names the program that registered it last.");
+        for (size_t i = 0; i < n; i++) {
+                gpu_labels(&v[i], ordinal, l);
+                l[2] = (struct prom_label){"client", v[i].client_name};
+                prom_sample_u64(t, "aqua_gpu_info", l, 3, 1);
+        }
+        prom_family(t, "aqua_gpu_role", "gauge",
+                    "1 for the role the GPU was registered in, 0 for the others.");
+        for (size_t i = 0; i < n; i++) {
+                gpu_labels(&v[i], ordinal, l);
+                for (int r = 0; r < _GPU_ROLE_MAX; r++) {
+                        l[2] = (struct prom_label){"role", gpu_role_to_string(r)};
+                        prom_sample_u64(t, "aqua_gpu_role", l, 3, v[i].role == (enum gpu_role)r);
+                }
+        }
+        prom_family(t, "aqua_gpu_connected", "gauge", "1 while the GPU's client is connected.");
+        for (size_t i = 0; i < n; i++) {
+                gpu_labels(&v[i], ordinal, l);
+                prom_sample_u64(t, "aqua_gpu_connected", l, 2, v[i].owner != NULL);
+        }
+        prom_family(t, "aqua_gpu_pair_info", "gauge",
+                    "1 per paired GPU; paired_with is the uuid of the GPU it is paired with.");
+        for (size_t i = 0; i < n; i++) {
+                if (!v[i].paired_with[0])
+                        continue;
+                gpu_labels(&v[i], ordinal, l);
+                l[2] = (struct prom_label){"paired_with", v[i].paired_with};
+                prom_sample_u64(t, "aqua_gpu_pair_info", l, 3, 1);
+        }
+        prom_family(t, "aqua_gpu_load_ratio", "gauge",
+                    "Engine load (0 to 1), as the client reports it.");
+        for (size_t i = 0; i < n; i++) {
+                gpu_labels(&v[i], ordinal, l);
+                prom_sample_double(t, "aqua_gpu_load_ratio", l, 2, v[i].reported.load);
+        }
+}
+
 static void render_gpus(struct prom_text *t, const struct broker_gpu_view *v, size_t n)
 {
         char ordinal[16];
+        struct prom_label labels[2];
 
-        prom_family(t, "aqua_gpu_info", "gauge",
-                    "1 per GPU aquad knows; its labels name its role, client and pair.");
-        for (size_t i = 0; i < n; i++) {
-                const struct broker_gpu_view *g = &v[i];
-                const struct prom_label labels[] = {
-                    {"gpu", ordinal},
-                    {"uuid", g->uuid},
-                    {"role", gpu_role_to_string(g->role)},
-                    {"client", g->client_name},
-                    {"paired_with", g->paired_with},
-                    {"connected", g->owner ? "true" : "false"},
-                };
-
-                snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
-                prom_sample_u64(t, "aqua_gpu_info", labels, ARRAY_SIZE(labels), 1);
-        }
-
-        prom_family(t, "aqua_gpu_load", "gauge", "Engine load (0..1), as the client reports it.");
-        for (size_t i = 0; i < n; i++) {
-                const struct broker_gpu_view *g = &v[i];
-                const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
-
-                snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
-                prom_sample_double(t, "aqua_gpu_load", labels, 2, g->reported.load);
-        }
-
+        render_gpu_state(t, v, n);
         for (int f = 0; f < _GPU_FIELD_MAX; f++) {
                 prom_family(t, gpu_families[f].name, gpu_families[f].type, gpu_families[f].help);
                 for (size_t i = 0; i < n; i++) {
                         const struct broker_gpu_view *g = &v[i];
-                        const struct prom_label labels[] = {{"gpu", ordinal}, {"uuid", g->uuid}};
                         bool producer = g->role == GPU_ROLE_PRODUCER;
 
                         /* A series only where it can mean something: lending for producers,
@@ -235,7 +276,7 @@ static void render_gpus(struct prom_text *t, const struct broker_gpu_view *v, si
                               f == GPU_BARRED) &&
                              g->role != GPU_ROLE_CONSUMER))
                                 continue;
-                        snprintf(ordinal, sizeof(ordinal), "%" PRIu32, g->ordinal);
+                        gpu_labels(g, ordinal, labels);
                         prom_sample_u64(t, gpu_families[f].name, labels, 2, gpu_value(g, f));
                 }
         }
