@@ -3,7 +3,9 @@
  * for more every BORROW_EVERY, stamps the first STAMP bytes of every chunk it gets with a pattern
  * of its own, lets reclaims move them to DRAM (inside aqua_poll), and checks every stamp before
  * it gives a lease back: when a lease has nothing left on a peer, and at the end (SIGTERM).
- * Usage: lend-borrow-all DEVICE. Prints
+ * Usage: lend-borrow-all DEVICE. Prints "borrow-all: moved N bytes to DRAM" with its running total
+ * each time reclaims moved chunks (so that a killed consumer's moves are counted too), and at
+ * the end
  *   "borrow-all: N leases, SIZE borrowed, SIZE moved to DRAM, N chunks checked, N bad"
  * and exits 1 when a stamp was wrong or a driver call failed.
  */
@@ -172,6 +174,7 @@ int main(int argc, char **argv)
                                     (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
                         if (ms >= 100)
                                 fprintf(stderr, "borrow-all: aqua_poll took %.0f ms\n", ms);
+                        uint64_t moved_before = moved;
                         for (size_t i = 0; i < n; i++) {
                                 if (ev[i].type == AQUA_EVENT_MIGRATED)
                                         moved += ev[i].bytes;
@@ -180,6 +183,10 @@ int main(int argc, char **argv)
                                                 aqua_strerror(ev[i].error));
                                         failed = 1;
                                 }
+                        }
+                        if (moved != moved_before) {
+                                printf("borrow-all: moved %" PRIu64 " bytes to DRAM\n", moved);
+                                fflush(stdout);
                         }
                 } while (n == 16);
                 /* A lease with nothing left on a peer: check it and give it back. */
