@@ -79,6 +79,7 @@ static void help(FILE *out)
             "                           $AQUA_KEY_FILE); with --server-key: no side channel\n"
             "  -t, --timeout=DURATION   how long to wait for aquad (default 5s)\n"
             "  -h, --help               show this help\n"
+            "      --version            print the version\n"
             "\n"
             "Exit status: 0 ok, 1 request failed, 2 usage, 3 aquad unreachable,\n"
             "4 permission denied, 5 unknown GPU.\n",
@@ -397,6 +398,7 @@ static int parse_options(int argc, char **argv, struct options *o)
             {"json", no_argument, NULL, 'j'},
             {"timeout", required_argument, NULL, 't'},
             {"help", no_argument, NULL, 'h'},
+            {"version", no_argument, NULL, 'V'},
             {"server-key", required_argument, NULL, 'S'},
             {"key-file", required_argument, NULL, 'K'},
             {},
@@ -433,6 +435,9 @@ static int parse_options(int argc, char **argv, struct options *o)
                         break;
                 case 'h':
                         help(stdout);
+                        return 0;
+                case 'V':
+                        printf("aquactl %s\n", AQUA_PACKAGE_VERSION);
                         return 0;
                 default:
                         return -EINVAL;

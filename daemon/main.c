@@ -68,8 +68,8 @@ int main(int argc, char **argv)
                         usage(stdout);
                         return 0;
                 case 'V':
-                        printf("aquad protocol %d.%d\n", AQUA_PROTOCOL_VERSION / 100,
-                               AQUA_PROTOCOL_VERSION % 100);
+                        printf("aquad %s (protocol %d.%d)\n", AQUA_PACKAGE_VERSION,
+                               AQUA_PROTOCOL_VERSION / 100, AQUA_PROTOCOL_VERSION % 100);
                         return 0;
                 default:
                         usage(stderr);

@@ -134,7 +134,8 @@ static void help(void)
                "      --record FILE       a CSV line per decision (monotonic ms, free, lent, ...)\n"
                "      --log-level LEVEL   error, warning, notice (default), info, debug\n"
                "      --check-config      load the config and the options, say what they set, exit\n"
-               "  -h, --help              show this help\n");
+               "  -h, --help              show this help\n"
+               "      --version           print the version\n");
 }
 
 enum {
@@ -171,6 +172,7 @@ static const struct option options[] = {
     {"log-level", required_argument, NULL, ARG_LOG_LEVEL},
     {"check-config", no_argument, NULL, ARG_CHECK_CONFIG},
     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
     {},
 };
 
@@ -210,6 +212,10 @@ static int parse_options(int argc, char **argv, bool config_pass, int *device, c
                 if (config_pass) {
                         if (c == 'h') {
                                 help();
+                                exit(EXIT_SUCCESS);
+                        }
+                        if (c == 'V') {
+                                printf("aqua-lend %s\n", AQUA_PACKAGE_VERSION);
                                 exit(EXIT_SUCCESS);
                         }
                         if (c == 'c')

@@ -27,7 +27,8 @@ static void help(void)
                "      --max-configurations N  exact: enumerate at most N server configurations,\n"
                "                            generate them as columns above (default 400000)\n"
                "  -v, --verbose             show the solver's progress on stderr\n"
-               "  -h, --help                show this help\n");
+               "  -h, --help                show this help\n"
+               "      --version             print the version\n");
 }
 
 /* GLPK prints to stdout, where the placement may be going: send it to stderr. */
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
                 {"max-configurations", required_argument, NULL, ARG_MAX_CONFIGURATIONS},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, 'V'},
                 {},
         };
         _cleanup_(place_problem_freep) struct place_problem *p = NULL;
@@ -129,6 +131,9 @@ int main(int argc, char **argv)
                         break;
                 case 'h':
                         help();
+                        return 0;
+                case 'V':
+                        printf("aqua-place %s\n", AQUA_PACKAGE_VERSION);
                         return 0;
                 default:
                         return 2;

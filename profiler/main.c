@@ -229,7 +229,8 @@ static void help(void)
                "  -o, --output DIR   output directory (overrides output.directory)\n"
                "  -q, --quiet        no progress line\n"
                "  -v, --verbose      debug messages\n"
-               "  -h, --help         this text\n\n"
+               "  -h, --help         this text\n"
+               "      --version      print the version\n\n"
                "The probe measures GPU pair bandwidth and writes a topology file; merge joins\n"
                "the files of several hosts into one of their NVLink domain; see\n"
                "aqua-profile probe --help and aqua-profile merge --help.\n");
@@ -248,6 +249,7 @@ int main(int argc, char **argv)
                 {"quiet", no_argument, NULL, 'q'},
                 {"verbose", no_argument, NULL, 'v'},
                 {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, 'V'},
                 {},
         };
         _cleanup_(request_pool_done) struct request_pool pool = {0};
@@ -281,6 +283,9 @@ int main(int argc, char **argv)
                         break;
                 case 'h':
                         help();
+                        return 0;
+                case 'V':
+                        printf("aqua-profile %s\n", AQUA_PACKAGE_VERSION);
                         return 0;
                 default:
                         return 2;
