@@ -36,6 +36,7 @@ sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
 # aquad's key pair beside it (the key pair of ZeroMQ's CURVE RFC: valid Z85, no secret).
 printf 'public-key: rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7\nsecret-key: JTKVSB%%%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\n' \
         >"$dir/aquad.key"
+chmod 600 "$dir/aquad.key" # a secret key others may read is refused
 # The plan it names sits beside it.
 printf 'pairs:\n  - {producer: 1, consumer: 0}\n' >"$dir/plan.yaml"
 printf 'devices: [{memory: 80GiB, uuid: GPU-a}, {memory: 80GiB, uuid: GPU-b}]\nall-linked: true\n' \

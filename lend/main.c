@@ -22,7 +22,12 @@
 #include "time-util.h"
 #include "util.h"
 
-/* What the config file and the command line set; 0 for a size: derived (lend/README.md). */
+/* What the config file and the command line set; UNSET for a size: derived (lend/README.md). */
+#define UNSET UINT64_MAX
+/* Chunks are whole allocations: multiples of the driver's granularity, 2 MiB on every GPU. */
+#define GRANULARITY (UINT64_C(2) << 20)
+/* How often free memory may be read: the config's floor, for the command line too. */
+#define INTERVAL_MIN NSEC_PER_MSEC
 struct settings {
         char *endpoint;
         uint64_t headroom, lend_above, settle_ns, max_lend, chunk, lend_rate, reclaim_rate;
@@ -43,7 +48,7 @@ static const struct conf_field settings_fields[] = {
     CONF_FIELD_SIZE(struct settings, chunk, "chunk", 0, (int64_t)1 << 40, 0),
     CONF_FIELD_SIZE(struct settings, lend_rate, "lend-rate", 0, SIZE_MAX_CONF, 0),
     CONF_FIELD_SIZE(struct settings, reclaim_rate, "reclaim-rate", 0, SIZE_MAX_CONF, 0),
-    CONF_FIELD_DURATION(struct settings, interval_ns, "interval", NSEC_PER_MSEC,
+    CONF_FIELD_DURATION(struct settings, interval_ns, "interval", INTERVAL_MIN,
                         10 * NSEC_PER_SEC, 0),
     CONF_FIELD_STRING(struct settings, metrics, "metrics", 0),
     CONF_FIELD_STRING(struct settings, profile, "profile", 0),
@@ -589,17 +594,37 @@ static void describe(const struct settings *s)
 
         printf("headroom %s, lend-above %s, settle %s, max-lend %s, chunk %s, lend-rate %s, "
                "reclaim-rate %s, interval %s, metrics %s%s%s\n",
-               s->headroom ? sz(a, s->headroom) : "10% of the device",
-               s->lend_above ? sz(b, s->lend_above) : "5% of the device",
+               s->headroom != UNSET ? sz(a, s->headroom) : "10% of the device",
+               s->lend_above != UNSET ? sz(b, s->lend_above) : "5% of the device",
                format_duration(c, sizeof(c), s->settle_ns),
                s->max_lend  ? sz((char[32]){0}, s->max_lend)
                : s->profile ? "from the profile"
                             : "no limit",
-               s->chunk ? sz((char[32]){0}, s->chunk) : "libaqua's (32 MiB)",
+               s->chunk != UNSET ? sz((char[32]){0}, s->chunk) : "libaqua's (32 MiB)",
                rate((char[32]){0}, s->lend_rate), rate((char[32]){0}, s->reclaim_rate),
                format_duration((char[32]){0}, 32, s->interval_ns),
                s->metrics ? s->metrics : "off", s->profile ? ", profile " : "",
                s->profile ? s->profile : "");
+}
+
+/* What can be told of the settings before a device is seen (also for --check-config). */
+static int validate(const struct settings *s)
+{
+        char a[32];
+
+        if (s->chunk != UNSET && (s->chunk == 0 || s->chunk % GRANULARITY != 0)) {
+                fprintf(stderr,
+                        "aqua-lend: chunk: %s is not a positive multiple of the allocation "
+                        "granularity (2 MiB)\n",
+                        sz(a, s->chunk));
+                return -EINVAL;
+        }
+        if (s->interval_ns < INTERVAL_MIN) {
+                fprintf(stderr, "aqua-lend: interval: %s is shorter than 1ms\n",
+                        format_duration(a, sizeof(a), s->interval_ns));
+                return -EINVAL;
+        }
+        return 0;
 }
 
 /* Resolve what was left to derive from the device, and check the result. */
@@ -614,14 +639,20 @@ static int make_policy(struct lender *l)
                 return -EINVAL;
 
         l->pol = (struct lend_policy){
-            .headroom = s->headroom ? s->headroom : MAX(cap / 10 / chunk * chunk, 2 * chunk),
-            .lend_above = s->lend_above ? s->lend_above : cap / 20 / chunk * chunk,
+            .headroom =
+                s->headroom != UNSET ? s->headroom : MAX(cap / 10 / chunk * chunk, 2 * chunk),
+            .lend_above = s->lend_above != UNSET ? s->lend_above : cap / 20 / chunk * chunk,
             .settle_ns = s->settle_ns,
             .max_lend = max_lend ? max_lend : UINT64_MAX,
             .chunk = chunk,
             .lend_rate = s->lend_rate,
             .reclaim_rate = s->reclaim_rate,
         };
+        if (l->pol.headroom > cap) {
+                log_error("GPU %d has %s: a headroom of %s is more than the whole device", l->device,
+                          sz(a, cap), sz(b, l->pol.headroom));
+                return -EINVAL;
+        }
         if (lend_policy_check(&l->pol, &what) < 0) {
                 log_error("GPU %d (%s, chunks of %s): %s", l->device, sz(a, cap), sz(b, chunk),
                           what);
@@ -655,6 +686,9 @@ static void take_back(struct lender *l)
 int main(int argc, char **argv)
 {
         struct settings set = {
+            .headroom = UNSET,
+            .lend_above = UNSET,
+            .chunk = UNSET,
             .settle_ns = 5 * NSEC_PER_SEC,
             .interval_ns = 50 * NSEC_PER_MSEC,
             .drain_retry_ns = 30 * NSEC_PER_SEC,
@@ -688,6 +722,8 @@ int main(int argc, char **argv)
                 }
                 log_set_max_level(level);
         }
+        if (validate(&set) < 0)
+                goto out;
         if (check_config) {
                 if (set.profile && profile_check(set.profile) < 0)
                         goto out;
@@ -706,7 +742,7 @@ int main(int argc, char **argv)
         signal(SIGPIPE, SIG_IGN);
 
         opts.endpoint = set.endpoint;
-        opts.chunk_bytes = set.chunk;
+        opts.chunk_bytes = set.chunk != UNSET ? set.chunk : 0;
         opts.client_name = "aqua-lend";
         r = aqua_open(l.device, AQUA_ROLE_PRODUCER, &opts, &l.ctx);
         if (r < 0) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -63,9 +64,12 @@ int curve_keyfile_load(const char *path, char pub[CURVE_KEY_TEXT + 1], char sec[
         char line[256];
         bool have_pub = false, have_sec = false;
         unsigned lineno = 0;
+        struct stat st;
 
         f = fopen(path, "re");
         if (!f)
+                return fail(-errno, err, err_len, "%s: %s", path, strerror(errno));
+        if (fstat(fileno(f), &st) < 0)
                 return fail(-errno, err, err_len, "%s: %s", path, strerror(errno));
         while (fgets(line, sizeof(line), f)) {
                 char *key = trim(line), *colon, *value;
@@ -90,8 +94,10 @@ int curve_keyfile_load(const char *path, char pub[CURVE_KEY_TEXT + 1], char sec[
                         dst = sec;
                         have_sec = true;
                 } else
-                        return fail(-EINVAL, err, err_len, "%s:%u: unknown key \"%s\"", path,
-                                    lineno, key);
+                        /* Never its text: a line that does not parse may be a pasted secret. */
+                        return fail(-EINVAL, err, err_len,
+                                    "%s:%u: expected \"public-key: Z85\" or \"secret-key: Z85\"",
+                                    path, lineno);
                 if (!curve_key_valid(value))
                         return fail(-EINVAL, err, err_len,
                                     "%s:%u: %s: not a Z85 CURVE key (40 characters of Z85)", path,
@@ -103,6 +109,13 @@ int curve_keyfile_load(const char *path, char pub[CURVE_KEY_TEXT + 1], char sec[
         if (sec && !have_sec)
                 return fail(-EINVAL, err, err_len,
                             "%s: no secret-key (a .pub file holds only the public key)", path);
+        /* A secret others may read is no secret, one they may write not ours (ssh refuses both). */
+        if (sec && (st.st_mode & 0077))
+                return fail(-EPERM, err, err_len,
+                            "%s: a secret key %s by others (mode %04o); make it 0600 (chmod 600 "
+                            "%s)",
+                            path, st.st_mode & 0022 ? "writable" : "readable",
+                            (unsigned)(st.st_mode & 07777), path);
         return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "curve.h"
@@ -61,4 +62,45 @@ Test(curve, neither_a_key_nor_a_file_is_an_error_naming_it)
         cr_assert_lt(curve_public_key_load("/nonexistent/server.key.pub", got, err, sizeof(err)),
                      0);
         cr_assert(strstr(err, "/nonexistent/server.key.pub"), "%s", err);
+}
+
+/* A secret key others may read or write is refused as ssh refuses it, naming the mode. */
+Test(curve, a_secret_key_file_others_may_read_or_write_is_refused)
+{
+        char path[PATH_MAX + 8], pub[CURVE_KEY_TEXT + 1], p[CURVE_KEY_TEXT + 1],
+            s[CURVE_KEY_TEXT + 1], err[512];
+        static const struct {
+                mode_t mode;
+                const char *says;
+        } modes[] = {{0644, "readable by others (mode 0644)"},
+                     {0640, "readable by others (mode 0640)"},
+                     {0666, "writable by others (mode 0666)"}};
+
+        snprintf(path, sizeof(path), "%s/k", dir);
+        cr_assert_eq(curve_keyfile_write(path, pub, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(curve_keyfile_load(path, p, s, err, sizeof(err)), 0, "0600: %s", err);
+        for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+                cr_assert_eq(chmod(path, modes[i].mode), 0);
+                cr_assert_lt(curve_keyfile_load(path, p, s, err, sizeof(err)), 0);
+                cr_assert(strstr(err, modes[i].says) && strstr(err, path), "%s", err);
+        }
+        /* Its public half alone (a .pub reading) is nobody's secret. */
+        cr_assert_eq(curve_keyfile_load(path, p, NULL, err, sizeof(err)), 0, "%s", err);
+}
+
+/* A line that does not parse may be a pasted secret: the error names the file and line only. */
+Test(curve, an_unparsable_line_is_never_echoed)
+{
+        char path[PATH_MAX + 8], p[CURVE_KEY_TEXT + 1], s[CURVE_KEY_TEXT + 1], err[512];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/k", dir);
+        f = fopen(path, "w");
+        cr_assert_not_null(f);
+        fprintf(f, "JTKVSB%%%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni:{Lh6\n");
+        fclose(f);
+        cr_assert_eq(chmod(path, 0600), 0);
+        cr_assert_lt(curve_keyfile_load(path, p, s, err, sizeof(err)), 0);
+        cr_assert(strstr(err, ":1:"), "%s", err);
+        cr_assert_null(strstr(err, "JTKV"), "the line's text was printed: %s", err);
 }

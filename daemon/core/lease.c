@@ -323,6 +323,18 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
 
         if (lease_id == 0 && dram_bytes == 0)
                 return broker_fail(err, E(INVALID), "return: neither a lease nor DRAM bytes");
+        /* A lease aquad already ended (its producer died and the consumer moved off, or it
+         * returned it twice) is returned already: done, as a second close of nothing. Only a
+         * lease that is held, by another consumer, is refused. */
+        if (lease_id && lease_id < pool->next_lease_id && !broker_find_lease(pool, lease_id)) {
+                lease_id = 0;
+                n = 0;
+                if (dram_bytes == 0) {
+                        if (ret_returned)
+                                *ret_returned = 0;
+                        return 0;
+                }
+        }
         if (lease_id) {
                 int r = consumer_lease(pool, consumer, lease_id, err, &l);
                 if (r != 0)

@@ -446,6 +446,25 @@ Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
 }
 
+/* A lease aquad already ended (returned, or its producer died and it moved off) is returned
+ * again as done; another consumer's live lease is still refused. */
+Test(lease, returning_a_lease_aquad_already_ended_is_done)
+{
+        struct broker_grant g;
+        uint64_t id;
+        uint32_t returned = 7;
+
+        offer(2, NULL);
+        borrow(4 * MiB, 4 * MiB, true, &g);
+        id = g.lease->id;
+        cr_assert_eq(broker_return(pool, consumer, id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(pool, consumer, id, NULL, 0, 0, &returned, err), 0, "%s", err);
+        cr_assert_eq(returned, 0);
+        cr_assert_eq(broker_return(pool, consumer, id + 1000, NULL, 0, 0, NULL, err),
+                     E(UNKNOWN_LEASE), "a lease never granted");
+        cr_assert_eq(list_length(&producer->free_chunks), 2);
+}
+
 Test(lease, consumer_death_returns_its_chunks_and_dram_to_the_pool)
 {
         struct broker_reclaim r;
