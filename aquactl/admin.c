@@ -3,6 +3,7 @@
 #include "admin.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "side.h"
 #include "time-util.h"
+#include "trust.h"
 #include "wire.h"
 
 struct admin {
@@ -84,6 +86,7 @@ static int side_connect(const char *endpoint, const char *path, int *ret_fd, cha
 {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         _cleanup_close_ int fd = -1;
+        char why[PATH_MAX + 256];
 
         if (strlen(path) >= sizeof(sa.sun_path))
                 return fail(-ENAMETOOLONG, err, err_len, "side channel path %s is too long", path);
@@ -106,6 +109,11 @@ static int side_connect(const char *endpoint, const char *path, int *ret_fd, cha
                 return fail(-e, err, err_len, "cannot connect to aquad at %s (%s): %s", endpoint,
                             path, strerror(e));
         }
+        /* Nothing is sent to a server another user runs, or one in a folder others could
+         * change: an admin's request names what it may do. */
+        if (trust_server(fd, path, strncmp(endpoint, "ipc://", 6) == 0 ? endpoint + 6 : NULL, why,
+                         sizeof(why)) < 0)
+                return fail(ADMIN_E_DENIED, err, err_len, "%s", why);
         *ret_fd = TAKE_FD(fd);
         return 0;
 }

@@ -270,13 +270,13 @@ static bool any_host(const Aqua__AdminReply *gpus)
 
 static int format_gpus(FILE *out, const Aqua__AdminReply *data)
 {
-        static const char *const headers[] = {"GPU",  "UUID",     "ROLE",    "CLIENT", "PID",
-                                              "LOAD", "CAPACITY", "OFFERED", "LENT",   "BORROWED",
-                                              "DRAM", "PAIRED",   "STATE"};
+        static const char *const headers[] = {
+            "GPU",      "UUID",    "ROLE", "CLIENT",   "USER", "TENANT", "PID",   "LOAD",
+            "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM", "PAIRED", "STATE"};
         /* With GPUs that name their host (libaqua does), a HOST column after the uuid. */
         static const char *const host_headers[] = {
-            "GPU",      "UUID",    "HOST", "ROLE",     "CLIENT", "PID",    "LOAD",
-            "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM",   "PAIRED", "STATE"};
+            "GPU",  "UUID",     "HOST",    "ROLE", "CLIENT",   "USER", "TENANT", "PID",
+            "LOAD", "CAPACITY", "OFFERED", "LENT", "BORROWED", "DRAM", "PAIRED", "STATE"};
         bool hosts = any_host(data);
         _cleanup_(table_freep) struct table *t =
             hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))
@@ -284,7 +284,7 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
 
         if (!t)
                 return -ENOMEM;
-        for (size_t c = 4; c <= 10; c++)
+        for (size_t c = 6; c <= 12; c++)
                 table_align_right(t, c + hosts);
         for (size_t i = 0; i < data->n_gpus; i++) {
                 const Aqua__GpuInfo *g = data->gpus[i];
@@ -308,6 +308,8 @@ static int format_gpus(FILE *out, const Aqua__AdminReply *data)
                     *g->host ? g->host : "-",
                     format_enum(&aqua__role__descriptor, g->role, role, sizeof(role)),
                     online && *g->client_name ? g->client_name : "-",
+                    *g->user ? g->user : "-",
+                    *g->tenant ? g->tenant : "-",
                     online && g->pid ? pid : "-",
                     online ? load : "-",
                     size_cell(cap, sizeof(cap), g->capacity),
@@ -337,12 +339,15 @@ static int format_pairs(FILE *out, const Aqua__AdminReply *data, const Aqua__Adm
         _cleanup_(table_freep) struct table *t =
             hosts ? table_new(host_headers, ARRAY_SIZE(host_headers))
                   : table_new(headers, ARRAY_SIZE(headers));
+        int r;
 
         if (!t)
                 return -ENOMEM;
         table_align_right(t, hosts ? 5 : 3);
         for (size_t i = 0; i < data->n_pairs; i++) {
                 const Aqua__PairInfo *p = data->pairs[i];
+                if (*p->refused)
+                        continue;
                 const Aqua__GpuInfo *gp = find_gpu(gpus, p->producer_uuid);
                 const Aqua__GpuInfo *gc = find_gpu(gpus, p->consumer_uuid);
                 char prod[LABEL_MAX], cons[LABEL_MAX], bw[32];
@@ -365,7 +370,24 @@ static int format_pairs(FILE *out, const Aqua__AdminReply *data, const Aqua__Adm
                 if (table_add_row(t, row) < 0)
                         return -ENOMEM;
         }
-        return print_table(out, t, "no pairs");
+        r = print_table(out, t, "no pairs");
+        /* Pins that cannot stand: their consumers stay unpaired until an operator changes them. */
+        for (size_t i = 0; r == 0 && i < data->n_pairs; i++) {
+                const Aqua__PairInfo *p = data->pairs[i];
+                char prod[LABEL_MAX], cons[LABEL_MAX];
+                _cleanup_free_ char *line = NULL, *safe = NULL;
+
+                if (!*p->refused)
+                        continue;
+                if (asprintf(&line, "refused pin %s -> %s (%s): %s",
+                             format_gpu_label(prod, sizeof(prod), gpus, p->producer_uuid),
+                             format_gpu_label(cons, sizeof(cons), gpus, p->consumer_uuid),
+                             *p->source ? p->source : "-", p->refused) < 0 ||
+                    !(safe = text_printable(line)))
+                        return -ENOMEM;
+                fprintf(out, "%s\n", safe);
+        }
+        return r < 0 ? r : ferror(out) ? -EIO : 0;
 }
 
 static bool lease_active(const Aqua__LeaseInfo *l)
@@ -429,18 +451,20 @@ static int format_consumers(FILE *out, const Aqua__AdminReply *data, const Aqua_
 
 static int format_leases(FILE *out, const Aqua__AdminReply *data, const Aqua__AdminReply *gpus)
 {
-        static const char *const headers[] = {"LEASE", "CONSUMER", "PRODUCER", "STATE",
-                                              "SIZE",  "CHUNKS",   "AGE",      "DEADLINE"};
+        static const char *const headers[] = {"LEASE", "CONSUMER", "USER",   "PRODUCER", "USER",
+                                              "STATE", "SIZE",     "CHUNKS", "AGE",      "DEADLINE"};
         _cleanup_(table_freep) struct table *t = table_new(headers, ARRAY_SIZE(headers));
         int r;
 
         if (!t)
                 return -ENOMEM;
         table_align_right(t, 0);
-        for (size_t c = 4; c <= 7; c++)
+        for (size_t c = 6; c <= 9; c++)
                 table_align_right(t, c);
         for (size_t i = 0; i < data->n_leases; i++) {
                 const Aqua__LeaseInfo *l = data->leases[i];
+                const Aqua__GpuInfo *gc = find_gpu(gpus, l->consumer_uuid);
+                const Aqua__GpuInfo *gp = find_gpu(gpus, l->producer_uuid);
                 char id[24], cons[LABEL_MAX], prod[LABEL_MAX], size[CELL_MAX], chunks[16],
                     age[CELL_MAX], deadline[CELL_MAX] = "-";
 
@@ -463,7 +487,9 @@ static int format_leases(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 const char *row[] = {
                     id,
                     format_gpu_label(cons, sizeof(cons), gpus, l->consumer_uuid),
+                    gc && *gc->user ? gc->user : "-",
                     format_gpu_label(prod, sizeof(prod), gpus, l->producer_uuid),
+                    gp && *gp->user ? gp->user : "-",
                     l->state,
                     format_size(size, sizeof(size), l->bytes),
                     chunks,

@@ -18,8 +18,8 @@ struct canned {
         Aqua__StatusInfo status_info;
         Aqua__GpuInfo gpu[4];
         Aqua__GpuInfo *gpu_list[4];
-        Aqua__PairInfo pair[2];
-        Aqua__PairInfo *pair_list[2];
+        Aqua__PairInfo pair[3];
+        Aqua__PairInfo *pair_list[3];
         Aqua__LeaseInfo lease[3];
         Aqua__LeaseInfo *lease_list[3];
         Aqua__ChunkInfo chunk[3];
@@ -70,6 +70,8 @@ static inline void canned_init(struct canned *c)
         c->gpu[0].borrowed_bytes = 3 * GIB;
         c->gpu[0].dram_bytes = 512 * MIB;
         c->gpu[0].paired_with = UUID1;
+        c->gpu[0].user = "alice";
+        c->gpu[0].tenant = "team-a";
         c->gpu[1].uuid = UUID1;
         c->gpu[1].role = AQUA__ROLE__ROLE_PRODUCER;
         c->gpu[1].client_id = 12;
@@ -79,6 +81,9 @@ static inline void canned_init(struct canned *c)
         c->gpu[1].offered_bytes = 4 * GIB;
         c->gpu[1].lent_bytes = 3 * GIB;
         c->gpu[1].paired_with = UUID0;
+        c->gpu[1].user = "root";
+        c->gpu[1].tenant = "user:0";
+        c->gpu[1].lends_to_all = true;
         c->gpu[2].uuid = UUID2;
         c->gpu[2].role = AQUA__ROLE__ROLE_CONSUMER;
         c->gpu[2].client_id = 13;
@@ -87,12 +92,14 @@ static inline void canned_init(struct canned *c)
         c->gpu[2].load = 0.5;
         c->gpu[2].dram_bytes = 2 * GIB;
         c->gpu[2].barred = true;
+        c->gpu[2].user = "bob";
+        c->gpu[2].tenant = "user:1002";
         c->gpu[3].uuid = UUID3;
         c->gpu[3].role = AQUA__ROLE__ROLE_NEUTRAL;
         c->gpus.n_gpus = 4;
         c->gpus.gpus = c->gpu_list;
 
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 3; i++) {
                 c->pair[i] = pair_init;
                 c->pair_list[i] = &c->pair[i];
         }
@@ -103,7 +110,13 @@ static inline void canned_init(struct canned *c)
         c->pair[1].producer_uuid = UUID_GONE;
         c->pair[1].consumer_uuid = UUID2;
         c->pair[1].source = "auto";
-        c->pairs.n_pairs = 2;
+        /* A pin that cannot stand: two tenants. */
+        c->pair[2].producer_uuid = UUID3;
+        c->pair[2].consumer_uuid = UUID2;
+        c->pair[2].source = "config";
+        c->pair[2].refused = "GPU-33333333 lends as user:1001 and GPU-22222222 borrows as "
+                             "user:1002: tenants never share memory";
+        c->pairs.n_pairs = 3;
         c->pairs.pairs = c->pair_list;
 
         for (int i = 0; i < 3; i++) {

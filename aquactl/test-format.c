@@ -60,16 +60,17 @@ Test(format, gpus_show_role_client_sizes_pair_and_state)
         _cleanup_free_ char *out = render(VIEW_GPUS, &c.gpus, &c.gpus);
 
         cr_assert_str_eq(
-            out, "GPU  UUID          ROLE      CLIENT         PID  LOAD  CAPACITY  OFFERED   LENT  "
-                 "BORROWED     DRAM  PAIRED  STATE\n"
-                 "0    GPU-00000000  consumer  vllm-llama3   4242   82%    80 GiB        -      -  "
-                 "   3 GiB  512 MiB  1       ok\n"
-                 "1    GPU-11111111  producer  whisper       4343   10%    80 GiB    4 GiB  3 GiB  "
-                 "       -        -  0       ok\n"
-                 "2    GPU-22222222  consumer  vllm-mistral  4444   50%    80 GiB        -      -  "
-                 "       -    2 GiB  -       barred\n"
-                 "3    GPU-33333333  neutral   -                -     -    80 GiB        -      -  "
-                 "       -        -  -       offline\n");
+            out,
+            "GPU  UUID          ROLE      CLIENT        USER   TENANT      PID  LOAD  CAPACITY  "
+            "OFFERED   LENT  BORROWED     DRAM  PAIRED  STATE\n"
+            "0    GPU-00000000  consumer  vllm-llama3   alice  team-a     4242   82%    80 GiB  "
+            "      -      -     3 GiB  512 MiB  1       ok\n"
+            "1    GPU-11111111  producer  whisper       root   user:0     4343   10%    80 GiB  "
+            "  4 GiB  3 GiB         -        -  0       ok\n"
+            "2    GPU-22222222  consumer  vllm-mistral  bob    user:1002  4444   50%    80 GiB  "
+            "      -      -         -    2 GiB  -       barred\n"
+            "3    GPU-33333333  neutral   -             -      -             -     -    80 GiB  "
+            "      -      -         -        -  -       offline\n");
 }
 
 /* GPUs whose clients name their host get a HOST column; one that did not shows "-". */
@@ -92,14 +93,15 @@ Test(format, leases_say_who_holds_what_from_whom_and_dram_per_consumer)
         _cleanup_free_ char *out = render(VIEW_LEASES, &c.leases, &c.gpus);
 
         cr_assert_str_eq(
-            out, "LEASE  CONSUMER          PRODUCER      STATE        SIZE  CHUNKS    AGE   "
-                 "DEADLINE\n"
-                 "    7  0 (vllm-llama3)   1 (whisper)   granted     2 GiB    1024  3m12s  "
-                 "        -\n"
-                 "    9  0 (vllm-llama3)   1 (whisper)   reclaiming  1 GiB     512     5s  "
-                 "in 1.50 s\n"
-                 "    3  2 (vllm-mistral)  GPU-deadbeef  lost        2 MiB       1  2d03h  "
-                 "        -\n"
+            out,
+            "LEASE  CONSUMER          USER   PRODUCER      USER  STATE        SIZE  CHUNKS    AGE   "
+            "DEADLINE\n"
+            "    7  0 (vllm-llama3)   alice  1 (whisper)   root  granted     2 GiB    1024  3m12s  "
+            "        -\n"
+            "    9  0 (vllm-llama3)   alice  1 (whisper)   root  reclaiming  1 GiB     512     5s  "
+            "in 1.50 s\n"
+            "    3  2 (vllm-mistral)  bob    GPU-deadbeef  -     lost        2 MiB       1  2d03h  "
+            "        -\n"
                  "\n"
                  "CONSUMER          BORROWED  FROM         DRAM FALLBACK  STATE\n"
                  "0 (vllm-llama3)      3 GiB  1 (whisper)        512 MiB  ok\n"
@@ -132,7 +134,10 @@ Test(format, pairs_name_gpus_and_fall_back_to_a_short_uuid)
 
         cr_assert_str_eq(out, "PRODUCER      CONSUMER          SOURCE  BANDWIDTH\n"
                               "1 (whisper)   0 (vllm-llama3)   config   450 GB/s\n"
-                              "GPU-deadbeef  2 (vllm-mistral)  auto            -\n");
+                              "GPU-deadbeef  2 (vllm-mistral)  auto            -\n"
+                              "refused pin 3 -> 2 (vllm-mistral) (config): GPU-33333333 lends "
+                              "as user:1001 and GPU-22222222 borrows as user:1002: tenants never "
+                              "share memory\n");
 }
 
 /* A pair may cross hosts of an NVLink domain: each side's host, "-" where it is not known. */
@@ -145,7 +150,10 @@ Test(format, pairs_show_each_sides_host_where_gpus_name_them)
         cr_assert_str_eq(out,
                          "PRODUCER      HOST    CONSUMER          HOST    SOURCE  BANDWIDTH\n"
                          "1 (whisper)   node-b  0 (vllm-llama3)   node-a  config   450 GB/s\n"
-                         "GPU-deadbeef  -       2 (vllm-mistral)  -       auto            -\n");
+                         "GPU-deadbeef  -       2 (vllm-mistral)  -       auto            -\n"
+                         "refused pin 3 -> 2 (vllm-mistral) (config): GPU-33333333 lends as "
+                         "user:1001 and GPU-22222222 borrows as user:1002: tenants never share "
+                         "memory\n");
 }
 
 Test(format, chunks_end_with_totals_by_state)

@@ -31,6 +31,7 @@ sed -e 's/^#\([a-z]\)/\1/' -e 's/^#  /  /' "$default" |
         sed -e 's/^socket-group: .*/socket-group: root/' \
             -e 's/^\(  users: \).*/\1[root]/' -e 's/^\(  groups: \).*/\1[root]/' \
             -e 's/^\(    - user: \).*/\1root/' \
+            -e 's/^\(    users: \).*/\1[root]/' -e 's/^\(    groups: \).*/\1[root]/' \
             -e 's/^\(      keys: \).*/\1["Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"]/' \
             >"$dir/all.yaml"
 # aquad's key pair beside it (the key pair of ZeroMQ's CURVE RFC: valid Z85, no secret).

@@ -252,6 +252,10 @@ static int session_connect(aqua_ctx *ctx, uint64_t deadline_ns)
         int r;
 
         r = ctx->fabric ? 0 : transport_side_connect(ctx->t, deadline_ns, token);
+        if (r == -EPERM) {
+                alog_error("%s", transport_reject_reason(ctx->t));
+                return r;
+        }
         if (r == TRANSPORT_E_REJECTED) {
                 alog_error("aquad refused this process: %s", transport_reject_reason(ctx->t));
                 return error_from_reject(transport_reject_code(ctx->t));
@@ -346,6 +350,8 @@ static void session_step(aqua_ctx *ctx)
                 if (now < ctx->session_deadline_ns)
                         return;
                 r = ctx->fabric ? 0 : transport_side_start(ctx->t);
+                if (r == -EPERM)
+                        alog_error("%s", transport_reject_reason(ctx->t));
                 if (r < 0) {
                         schedule_retry(ctx);
                         return;

@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "time-util.h"
+#include "trust.h"
 #include "util.h"
 
 /* Replies to a client are small; anything larger than this is not from a sane daemon. */
@@ -254,6 +255,12 @@ int transport_side_start(struct transport *t)
         /* A Unix stream connect completes (or fails) at once unless the backlog is full. */
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS)
                 return -errno;
+        /* Nothing is sent to a server another user runs, or one in a folder others could
+         * change: it would be told what this process maps. */
+        if (trust_server(fd, t->side_path,
+                         strncmp(t->endpoint, "ipc://", 6) == 0 ? t->endpoint + 6 : NULL,
+                         t->reject_reason, sizeof(t->reject_reason)) < 0)
+                return -EPERM;
         ev.data.fd = fd;
         if (epoll_ctl(t->epoll_fd, EPOLL_CTL_ADD, fd, &ev) < 0)
                 return -errno;

@@ -206,14 +206,17 @@ Test(startup, a_second_aquad_on_the_same_sockets_refuses_and_the_first_serves_on
 
 Test(startup, a_second_aquad_on_the_same_endpoint_refuses_and_the_first_serves_on)
 {
-        char side[160];
+        char dir[] = "/tmp/aquad-second-XXXXXX", side[160];
 
-        snprintf(side, sizeof(side), "/tmp/aquad-second-%d.side", (int)getpid());
+        /* A folder of its own: aquad serves from no folder others may write (/tmp). */
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(side, sizeof(side), "%s/aquad.side", dir);
         second_aquad_refuses(side, "aquad.sock");
         cr_assert_neq(access(side, F_OK), 0, "the refused aquad made no side socket");
         unlink(side);
         strcat(side, ".lock");
         unlink(side);
+        rmdir(dir);
 }
 
 /*

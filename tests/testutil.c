@@ -1,6 +1,7 @@
 /* What the integration tests share: a welcomed client, aqua-agent processes, simcuda clean-up. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,6 +35,11 @@ void test_connect_cast(struct aquad *d, struct raw *producer, struct raw *consum
 
 void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out)
 {
+        test_agent_spawn_as((uid_t)-1, ret_pid, ret_in, ret_out);
+}
+
+void test_agent_spawn_as(uid_t uid, pid_t *ret_pid, FILE **ret_in, FILE **ret_out)
+{
         const char *bin = getenv("AQUA_AGENT");
         int to[2], from[2];
         pid_t pid;
@@ -45,6 +51,9 @@ void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out)
         cr_assert_geq(pid, 0);
         if (pid == 0) {
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (uid != (uid_t)-1 &&
+                    (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid(uid) < 0))
+                        _exit(126);
                 dup2(to[0], 0);
                 dup2(from[1], 1);
                 execl(bin, "aqua-agent", (char *)NULL);

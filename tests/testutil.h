@@ -24,6 +24,8 @@ void test_connect_as(struct aquad *d, struct raw *r, Aqua__Role role, const char
  * with the test process. The streams keep stdio's default buffering.
  */
 void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
+/* The same as user uid (and the group of that number, no others); (uid_t)-1: as this process. */
+void test_agent_spawn_as(uid_t uid, pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
 /* SIGKILL the agent *pid (when > 0), reap it, close its streams and set *pid to 0. */
 void test_agent_kill(pid_t *pid, FILE *in, FILE *out);
 

@@ -129,6 +129,9 @@ static Aquaj__JGpu *jgpu_new(const struct gpu *g)
                 j->holder_uid = (uint32_t)g->custody.who.uid;
                 if (g->custody.who.key[0])
                         j->holder_key = strdup(g->custody.who.key);
+                if (g->custody.who.tenant[0])
+                        j->holder_tenant = strdup(g->custody.who.tenant);
+                j->holder_lends_to_all = g->custody.who.lends_to_all;
                 if (g->custody.has_secret) {
                         j->secret_hash.data = malloc(BROKER_SECRET_HASH_LEN);
                         if (j->secret_hash.data) {
@@ -142,6 +145,7 @@ static Aquaj__JGpu *jgpu_new(const struct gpu *g)
                 j->boot_id = strdup(g->process.boot_id);
         if (!j->uuid || (g->process.boot_id[0] && !j->boot_id) ||
             (g->custody.who.key[0] && g->custody.held && !j->holder_key) ||
+            (g->custody.who.tenant[0] && g->custody.held && !j->holder_tenant) ||
             (g->custody.held && g->custody.has_secret && !j->secret_hash.data)) {
                 aquaj__jgpu__free_unpacked(j, NULL);
                 return NULL;
@@ -459,6 +463,9 @@ static int apply_gpu(struct broker *pool, const Aquaj__JGpu *j)
                 g->custody.who.uid = (uid_t)j->holder_uid;
                 snprintf(g->custody.who.key, sizeof(g->custody.who.key), "%s",
                          j->holder_key ? j->holder_key : "");
+                snprintf(g->custody.who.tenant, sizeof(g->custody.who.tenant), "%s",
+                         j->holder_tenant ? j->holder_tenant : "");
+                g->custody.who.lends_to_all = j->holder_lends_to_all && !j->holder_remote;
                 g->custody.has_secret = j->secret_hash.len == BROKER_SECRET_HASH_LEN;
                 if (g->custody.has_secret)
                         memcpy(g->custody.secret_hash, j->secret_hash.data, BROKER_SECRET_HASH_LEN);

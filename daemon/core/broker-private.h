@@ -74,6 +74,13 @@ void custody_clear(struct gpu *g);
 /* Whether who, presenting secret (NULL: none), is the holder of custody c. */
 bool custody_matches(const struct custody *c, const struct broker_identity *who,
                      const uint8_t *secret);
+/*
+ * Whether consumer may borrow what producer lends (daemon/README.md, "Who may hold what"): the
+ * lender maps what it lends, so only a lender of the consumer's own tenant, or one that can read
+ * any memory already (root, aquad's user). false with why ("...") where it may not.
+ */
+bool custody_may_lend(const struct gpu *producer, const struct gpu *consumer, char *why,
+                      size_t size);
 /* Whether g has anything a newcomer could inherit: chunks it lends, leases, DRAM budget. */
 bool gpu_holds_state(const struct gpu *g);
 /* Whether g's holder is provably gone (never for a remote one). */

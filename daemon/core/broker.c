@@ -524,6 +524,13 @@ int broker_new(const struct broker_settings *settings, struct broker **ret)
         return 0;
 }
 
+static void pin_free(struct broker_pin *p)
+{
+        free(p->producer);
+        free(p->consumer);
+        free(p->refused);
+}
+
 void pins_clear(struct broker *pool, bool config_only)
 {
         size_t k = 0;
@@ -533,14 +540,11 @@ void pins_clear(struct broker *pool, bool config_only)
                         pool->pins[k++] = pool->pins[i];
                         continue;
                 }
-                free(pool->pins[i].producer);
-                free(pool->pins[i].consumer);
+                pin_free(&pool->pins[i]);
         }
         if (!config_only) {
-                for (size_t i = 0; i < k; i++) {
-                        free(pool->pins[i].producer);
-                        free(pool->pins[i].consumer);
-                }
+                for (size_t i = 0; i < k; i++)
+                        pin_free(&pool->pins[i]);
                 k = 0;
         }
         pool->n_pins = k;
@@ -595,10 +599,9 @@ static int pin_add(struct broker *pool, const char *producer, const char *consum
         if (!pins)
                 return -ENOMEM;
         pool->pins = pins;
-        pins[pool->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source};
+        pins[pool->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source, NULL};
         if (!pins[pool->n_pins].producer || !pins[pool->n_pins].consumer) {
-                free(pins[pool->n_pins].producer);
-                free(pins[pool->n_pins].consumer);
+                pin_free(&pins[pool->n_pins]);
                 return -ENOMEM;
         }
         pool->n_pins++;
@@ -613,8 +616,7 @@ size_t broker_pins_remove(struct broker *pool, const char *uuid)
         for (size_t i = 0; i < pool->n_pins; i++) {
                 if (strcmp(pool->pins[i].producer, uuid) == 0 ||
                     strcmp(pool->pins[i].consumer, uuid) == 0) {
-                        free(pool->pins[i].producer);
-                        free(pool->pins[i].consumer);
+                        pin_free(&pool->pins[i]);
                         removed++;
                         continue;
                 }

@@ -30,6 +30,8 @@
 #define BROKER_SECRET_HASH_LEN 32
 /* A CURVE public key in Z85 (40 characters) and its NUL. */
 #define BROKER_KEY_TEXT 41
+/* A tenant's name as the config gives it, or the default "user:UID" / "key:KEY", and its NUL. */
+#define BROKER_TENANT_TEXT 64
 
 /* Outcomes a caller must handle, each with a message that names the problem. */
 enum broker_error {
@@ -67,6 +69,14 @@ struct broker_identity {
         uid_t uid;                 /* local */
         struct proc_id process;    /* local; pid 0: the kernel could not say */
         char key[BROKER_KEY_TEXT]; /* remote */
+        /*
+         * Its tenant (daemon/README.md, "Who may hold what"): a consumer borrows only from lenders
+         * of its own tenant. Empty: the default, a tenant of its own user (local) or key (remote).
+         */
+        char tenant[BROKER_TENANT_TEXT];
+        /* Root or aquad's own user, on this host: it can read any process's memory already, so
+         * what it lends exposes nobody and it lends to every tenant. */
+        bool lends_to_all;
 };
 
 /* Custody of a GPU's state: the identity that holds it and the hash of the secret it was given. */
@@ -203,6 +213,7 @@ struct lease {
 struct broker_pin {
         char *producer, *consumer;
         const char *source;
+        char *refused; /* why it cannot stand now (two tenants), NULL: it stands or waits */
 };
 
 enum notice_kind {
@@ -433,6 +444,15 @@ int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_q
                    char *err);
 /* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
+/*
+ * g's holder is now of tenant (the config's name, "" for its own) and lends_to_all or not, as
+ * the config says after a reload. Leases that now cross two tenants are reclaimed (the consumer
+ * moves its data off, as from any reclaim); pairs follow at the next broker_recompute_pairs().
+ * Returns whether anything changed.
+ */
+bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, bool lends_to_all);
+/* The tenant of g's holder ("user:1000", "key:KEY", or the config's name); "" when not known. */
+const char *gpu_tenant(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
 int broker_recompute_pairs(struct broker *pool);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
@@ -531,6 +551,7 @@ void broker_tick(struct broker *pool, uint64_t now_ns);
 /* The pool's counts and sums, for aquactl status and the metrics. */
 struct broker_totals {
         size_t gpus, pairs, leases, chunks, chunks_quarantined;
+        size_t pins; /* pinned pairs, standing or not */
         size_t gpus_silent; /* holders that did not come back whose process may still map */
         uint64_t pool_bytes, lent_bytes, dram_budget, dram_granted;
         bool degraded; /* the journal cannot be written or compacted */
@@ -560,10 +581,22 @@ struct broker_gpu_view {
         double pair_bandwidth;
         uint64_t offered_bytes, lent_bytes, borrowed_bytes, dram_bytes;
         bool barred, draining, silent;
+        /* Its holder (custody): held false when none is known; remote: by key, else by uid. */
+        bool held, remote, lends_to_all;
+        uid_t uid;
+        const char *key;
+        char tenant[BROKER_TENANT_TEXT + 48]; /* gpu_tenant(): "" when not known */
         struct broker_load reported;
         uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
 };
 size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max);
+
+/* A pin that cannot stand now (its sides are of two tenants), and why. */
+struct broker_refused_pin {
+        const char *producer, *consumer, *source, *why;
+};
+size_t broker_view_refused_pins(const struct broker *pool, struct broker_refused_pin *out,
+                                size_t max);
 
 struct broker_lease_view {
         uint64_t id;

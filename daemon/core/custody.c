@@ -112,6 +112,69 @@ const char *gpu_holder(const struct gpu *g, char *buf, size_t size)
         return buf;
 }
 
+/* ---------------------------------------------------------------------------- tenants */
+
+const char *gpu_tenant(const struct gpu *g, char *buf, size_t size)
+{
+        const struct broker_identity *w = &g->custody.who;
+
+        if (!g->custody.held || (!w->remote && w->uid == CUSTODY_UID_UNKNOWN && !w->tenant[0]))
+                snprintf(buf, size, "%s", "");
+        else if (w->tenant[0])
+                snprintf(buf, size, "%s", w->tenant);
+        else if (w->remote)
+                snprintf(buf, size, "key:%s", w->key);
+        else
+                snprintf(buf, size, "user:%u", (unsigned)w->uid);
+        return buf;
+}
+
+bool custody_may_lend(const struct gpu *producer, const struct gpu *consumer, char *why,
+                      size_t size)
+{
+        char p[BROKER_TENANT_TEXT + 48], c[BROKER_TENANT_TEXT + 48];
+        const struct broker_identity *w = &producer->custody.who;
+
+        if (producer->custody.held && !w->remote && w->lends_to_all)
+                return true;
+        gpu_tenant(producer, p, sizeof(p));
+        gpu_tenant(consumer, c, sizeof(c));
+        if (p[0] && strcmp(p, c) == 0)
+                return true;
+        if (why)
+                snprintf(why, size, "%s lends as %s and %s borrows as %s: tenants never share memory",
+                         producer->uuid, p[0] ? p : "an unknown tenant", consumer->uuid,
+                         c[0] ? c : "an unknown tenant");
+        return false;
+}
+
+bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, bool lends_to_all)
+{
+        struct broker_identity *w = &g->custody.who;
+        struct list_node *pos, *tmp;
+
+        if (!g->custody.held || (strcmp(w->tenant, tenant) == 0 && w->lends_to_all == lends_to_all))
+                return false;
+        snprintf(w->tenant, sizeof(w->tenant), "%s", tenant);
+        w->lends_to_all = lends_to_all && !w->remote;
+        journal_gpu(pool, g);
+        list_for_each(pos, tmp, &pool->leases)
+        {
+                struct lease *l = list_entry(pos, struct lease, broker_node);
+                struct broker_reclaim r = {0};
+                uint64_t got = 0;
+
+                if ((l->consumer != g && l->producer != g) ||
+                    custody_may_lend(l->producer, l->consumer, NULL, 0))
+                        continue;
+                /* Out of memory here leaves the lease as it is: the next reload tries again. */
+                (void)reclaim_lease(pool, l, UINT64_MAX, &got, "tenants changed",
+                                    now_mono_ns() + pool->settings.reclaim_deadline_ns, &r);
+                broker_reclaim_clear(&r);
+        }
+        return true;
+}
+
 /* ------------------------------------------------------------------------- quarantine */
 
 void chunk_quarantine(struct broker *pool, struct chunk *c, const struct proc_id *holder)

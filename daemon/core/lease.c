@@ -112,8 +112,10 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
                     "borrow: GPU %s missed a reclaim deadline and gets no new leases",
                     consumer->uuid);
 
-        /* Count what the paired producer can give before changing anything. */
-        if (producer && producer->owner && !producer->draining && !lease_limit)
+        /* Count what the paired producer can give before changing anything. Pairing never joins
+         * two tenants; asked again here, so that no path to a grant can. */
+        if (producer && producer->owner && !producer->draining && !lease_limit &&
+            custody_may_lend(producer, consumer, NULL, 0))
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
                         struct chunk *ch = list_entry(pos, struct chunk, free_node);

@@ -84,6 +84,32 @@ int proc_identify(pid_t pid, struct proc_id *ret)
         return 0;
 }
 
+int proc_cgroup(pid_t pid, char *ret, size_t size)
+{
+        char path[64], line[4096];
+        FILE *f;
+        int r = -ENOENT;
+
+        if (pid <= 0 || size == 0)
+                return -EINVAL;
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+        f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        while (r == -ENOENT && fgets(line, sizeof(line), f)) {
+                size_t n = strcspn(line, "\n");
+
+                line[n] = '\0';
+                if (strncmp(line, "0::", 3) != 0)
+                        continue;
+                r = n - 3 < size ? 0 : -ENAMETOOLONG;
+                if (r == 0)
+                        memcpy(ret, line + 3, n - 2);
+        }
+        fclose(f);
+        return r;
+}
+
 enum proc_liveness proc_liveness(const struct proc_id *id)
 {
         char boot[PROC_BOOT_ID_LEN];

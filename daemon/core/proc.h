@@ -22,6 +22,12 @@ int proc_boot_id(char ret[PROC_BOOT_ID_LEN]);
 /* The identity of the running process pid; 0 or a negative errno (-ESRCH: no such process). */
 int proc_identify(pid_t pid, struct proc_id *ret);
 
+/*
+ * The cgroup v2 path of process pid (the "0::" line of /proc/PID/cgroup, e.g.
+ * "/kubepods.slice/.../cri-containerd-ID.scope"): 0, or a negative errno (-ENOENT: none).
+ */
+int proc_cgroup(pid_t pid, char *ret, size_t size);
+
 enum proc_liveness {
         PROC_ALIVE,   /* the same process still runs */
         PROC_GONE,    /* provably gone: no such pid, another process under it, or another boot */

@@ -412,6 +412,10 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
         if (how != ADMIT_HOLDER || !g->custody.has_secret) {
                 custody_issue(g, h->who, w.secret);
                 w.new_secret = true;
+        } else {
+                /* Its tenant as the config says now (it may have changed across a restart). */
+                memcpy(g->custody.who.tenant, h->who->tenant, sizeof(g->custody.who.tenant));
+                g->custody.who.lends_to_all = h->who->lends_to_all;
         }
         journal_gpu(pool, g);
 
@@ -469,6 +473,39 @@ static bool cross_host(const struct gpu *a, const struct gpu *b)
         return a->host && b->host && strcmp(a->host, b->host) != 0;
 }
 
+/* A link between a and b may pair them: a producer and a consumer that may borrow from it. */
+static bool may_pair(const struct gpu *a, const struct gpu *b)
+{
+        if (a->role == GPU_ROLE_PRODUCER && b->role == GPU_ROLE_CONSUMER)
+                return custody_may_lend(a, b, NULL, 0);
+        if (b->role == GPU_ROLE_PRODUCER && a->role == GPU_ROLE_CONSUMER)
+                return custody_may_lend(b, a, NULL, 0);
+        return false;
+}
+
+/*
+ * Whether pin p of producer a and consumer b may stand. A pin never joins two tenants: one that
+ * would keeps its consumer unpaired, says why once (log, event) and shows it in `aquactl pairs`.
+ */
+static bool pin_trusted(struct broker *pool, struct broker_pin *p, const struct gpu *a,
+                        const struct gpu *b)
+{
+        char why[BROKER_ERR_MAX];
+
+        if (custody_may_lend(a, b, why, sizeof(why))) {
+                free(p->refused);
+                p->refused = NULL;
+                return true;
+        }
+        if (p->refused && strcmp(p->refused, why) == 0)
+                return false;
+        free(p->refused);
+        p->refused = strdup(why);
+        log_warning("Pin %s -> %s (%s) refused: %s", p->producer, p->consumer, p->source, why);
+        events_add(&pool->events, "pair", "pin %s %s refused: %s", p->producer, p->consumer, why);
+        return false;
+}
+
 int broker_recompute_pairs(struct broker *pool)
 {
         _cleanup_free_ struct gpu **gpus = NULL;
@@ -522,6 +559,11 @@ int broker_recompute_pairs(struct broker *pool)
                         continue;
                 if (gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
                         continue;
+                if (!pin_trusted(pool, &pool->pins[k], gpus[a], gpus[b])) {
+                        /* Kept apart: the consumer pairs with nobody while its pin stands. */
+                        roles[b] = PAIRING_OTHER;
+                        continue;
+                }
                 roles[a] = PAIRING_PRODUCER;
                 roles[b] = PAIRING_CONSUMER;
                 pinned[n_pinned++] = (struct pairing_pair){a, b};
@@ -534,7 +576,8 @@ int broker_recompute_pairs(struct broker *pool)
                 for (size_t k = 0; k < gpus[i]->n_links; k++)
                         for (size_t j = 0; j < n; j++) {
                                 if (j == i || !gpus[j]->owner ||
-                                    !gpu_is(gpus[j], gpus[i]->links[k].uuid))
+                                    !gpu_is(gpus[j], gpus[i]->links[k].uuid) ||
+                                    !may_pair(gpus[i], gpus[j]))
                                         continue;
                                 links[n_links++] =
                                     (struct pairing_link){i, j, link_bandwidth(pool, gpus[i], k),
@@ -543,7 +586,7 @@ int broker_recompute_pairs(struct broker *pool)
                 for (size_t j = i + 1; j < n; j++) {
                         uint64_t bytes;
 
-                        if (!gpus[j]->owner)
+                        if (!gpus[j]->owner || !may_pair(gpus[i], gpus[j]))
                                 continue;
                         /* The two roles of one device: no link is faster than its own memory. */
                         if (strcmp(gpus[i]->device, gpus[j]->device) == 0 &&

@@ -1,10 +1,12 @@
 /*
- * Custody as an invariant. Six identities (two processes of one uid, a producer's, uid nobody
- * that never had a GPU, two CURVE keys of one user) register GPUs at random, with and without
- * the secrets they were given; they borrow, return, answer reclaims or stay silent, die and come
- * back as new processes; links are cut; an operator releases, with --force only where it is
- * true; aquad restarts from its journal. After every step no chunk that one identity maps is
- * granted to, scrubbed for or handed back to anyone, and the books add up.
+ * Custody as an invariant. Eight identities (two processes of one uid, a producer's, uid nobody
+ * that never had a GPU, two CURVE keys of one user, a stranger of another tenant, root) register
+ * GPUs at random, with and without the secrets they were given; they borrow, return, answer
+ * reclaims or stay silent, die and come back as new processes; links are cut; an operator
+ * releases, with --force only where it is true; pins are set between whoever holds the GPUs;
+ * aquad restarts from its journal. After every step no chunk that one identity maps is granted
+ * to, scrubbed for or handed back to anyone, no chunk leased to a consumer is memory a lender of
+ * another tenant offered (root lends to all), and the books add up.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -16,7 +18,7 @@
 #include "time-util.h"
 
 #define MiB      (UINT64_C(1) << 20)
-#define IDS      6
+#define IDS      8
 #define GPUS     3 /* GPU-P (a producer), GPU-A and GPU-B (consumers) */
 #define MAX_MAPS 512
 #define E(name)  BROKER_E_##name
@@ -26,7 +28,29 @@ struct client {
 };
 
 /* The identities by role. */
-enum { PRODUCER, TENANT, NEIGHBOUR /* same uid, another process */, NOBODY, KEY, OTHER_KEY };
+enum {
+        PRODUCER,
+        TENANT,
+        NEIGHBOUR /* same uid, another process */,
+        NOBODY,
+        KEY,
+        OTHER_KEY,
+        STRANGER /* a tenant of its own (uid 1002), which would read what it lends */,
+        ROOT /* reads any memory already: lends to every tenant */,
+};
+
+/* The config's tenant "team": the producer's user, the tenant's uid and both keys. The others
+ * are tenants of their own. */
+static const char *tenant_of_ident(int k)
+{
+        static const char *const t[IDS] = {"team",     "team",     "team",      "user:65534",
+                                           "team",     "team",     "user:1002", "user:0"};
+        return t[k];
+}
+
+#define MAX_OFFERED 4096
+/* Who offered each chunk (by id, which the pool never reuses): whose memory it is. */
+static int offered_by[MAX_OFFERED];
 
 struct ident {
         struct broker_identity who;
@@ -130,11 +154,15 @@ static void new_process(int k)
 
 static void setup_idents(void)
 {
-        static const uid_t uids[4] = {1000, 1001, 1001, 65534};
+        static const uid_t uids[IDS] = {1000, 1001, 1001, 65534, 0, 0, 1002, 0};
 
         memset(ids, 0, sizeof(ids));
         for (int k = 0; k < IDS; k++) {
-                if (k < 4)
+                /* As the transport gives them: a tenant the config names, else none. */
+                if (strcmp(tenant_of_ident(k), "team") == 0)
+                        snprintf(ids[k].who.tenant, sizeof(ids[k].who.tenant), "team");
+                ids[k].who.lends_to_all = k == ROOT;
+                if (k != KEY && k != OTHER_KEY)
                         ids[k].who.uid = uids[k];
                 else {
                         ids[k].who.remote = true;
@@ -163,12 +191,37 @@ static struct gpu *by_serial(uint64_t s)
         return NULL;
 }
 
+/* The identity w names as it is now, or -1. */
+static int ident_of(const struct broker_identity *w)
+{
+        for (int k = 0; k < IDS; k++)
+                if (is_ident(w, k))
+                        return k;
+        return -1;
+}
+
 static void check_invariant(void)
 {
         char err[BROKER_ERR_MAX];
 
         if (broker_check(pool, err))
                 violation("books:", err, 0);
+        /* Tenancy: what a consumer is leased is memory of a lender of its tenant, or root's. */
+        for (struct list_node *x = pool->leases.next; x != &pool->leases; x = x->next) {
+                struct lease *l = list_entry(x, struct lease, broker_node);
+                int c = l->consumer->custody.held ? ident_of(&l->consumer->custody.who) : -1;
+
+                for (struct list_node *y = l->chunks.next; y != &l->chunks; y = y->next) {
+                        struct chunk *ch = list_entry(y, struct chunk, lease_node);
+                        int p = ch->id < MAX_OFFERED ? offered_by[ch->id] : -1;
+
+                        if (c < 0 || p < 0)
+                                continue; /* a holder gone: nobody maps it through this lease */
+                        if (p != ROOT && strcmp(tenant_of_ident(p), tenant_of_ident(c)) != 0)
+                                violation("a chunk in another tenant's memory is leased to",
+                                          l->consumer->uuid, ch->id);
+                }
+        }
         for (size_t i = 0; i < n_maps; i++) {
                 struct chunk *c = broker_find_chunk(pool, maps[i].chunk);
                 int k = maps[i].ident;
@@ -311,6 +364,13 @@ static int hello(int k, int g, bool with_secret)
         return r;
 }
 
+static void offered(size_t n, const uint64_t *out)
+{
+        for (size_t i = 0; i < n; i++)
+                if (out[i] < MAX_OFFERED)
+                        offered_by[out[i]] = owner_of[0];
+}
+
 static void offer_n(size_t n)
 {
         uint64_t sizes[4], refs[4], out[4];
@@ -322,7 +382,8 @@ static void offer_n(size_t n)
         if (reg[0]->fabric) {
                 for (size_t i = 0; i < n; i++)
                         sizes[i] = 2 * MiB, refs[i] = i;
-                (void)broker_offer(pool, reg[0], sizes, refs, NULL, fabric_handles, n, out, err);
+                if (broker_offer(pool, reg[0], sizes, refs, NULL, fabric_handles, n, out, err) == 0)
+                        offered(n, out);
                 return;
         }
         for (size_t i = 0; i < n; i++) {
@@ -333,6 +394,8 @@ static void offer_n(size_t n)
         if (broker_offer(pool, reg[0], sizes, refs, fds, NULL, n, out, err) != 0)
                 for (size_t i = 0; i < n; i++)
                         close(fds[i]);
+        else
+                offered(n, out);
 }
 
 static void offer_one(void)
@@ -499,7 +562,12 @@ static void step(void)
                         new_process(k);
                 break;
         case 11:
-                release_random(g);
+                if (next() % 4 == 0) {
+                        /* An operator pins whoever holds the two GPUs now. */
+                        char err[BROKER_ERR_MAX];
+                        (void)broker_pin(pool, names[0], names[1 + next() % 2], err);
+                } else
+                        release_random(g);
                 break;
         case 12: {
                 struct broker_reclaim r = {0};
@@ -539,6 +607,8 @@ static void begin(uint64_t seed)
         n_maps = 0;
         clock_ns = 0;
         scrubs_asked = handed_back = 0;
+        for (size_t i = 0; i < MAX_OFFERED; i++)
+                offered_by[i] = -1;
         cr_assert_eq(broker_new(&settings, &pool), 0);
         pool->settings.liveness = liveness;
         cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
@@ -583,7 +653,7 @@ Test(custody, no_identity_ever_gets_what_another_maps, .timeout = 300)
                      (unsigned long long)violations, why);
 }
 
-enum { P, A };
+enum { P, A, B };
 
 /* The producer lends 4 chunks (a remote one to a remote tenant: fabric handles); the tenant
  * borrows and maps all of them through GPU-A. */
@@ -701,6 +771,61 @@ Test(custody, a_release_of_a_live_holder_is_refused_and_force_quarantines_until_
         deliver();
         cr_assert_eq(handed_back, 4, "its producer gets them back now");
         cr_assert_eq(pool->n_quarantined, 0);
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+/* Tenancy: a consumer borrows only from a lender of its tenant (root lends to all); no pairing
+ * joins two tenants, nor a pin, which says why. */
+Test(custody, a_consumer_borrows_only_from_a_lender_of_its_own_tenant)
+{
+        struct broker_refused_pin refused[4];
+        char err[BROKER_ERR_MAX];
+
+        begin(5);
+        cr_assert_eq(hello(STRANGER, P, true), 0, "%s", last_err);
+        offer_n(4);
+        cr_assert_eq(hello(TENANT, A, true), 0, "%s", last_err);
+        cr_assert_null(reg[A]->paired, "automatic pairing joined two tenants");
+        borrow_some(A, 8 * MiB);
+        cr_assert_eq(n_maps, 0, "the consumer was granted a stranger's memory");
+        /* An operator's pin across tenants stands as a pin but pairs nobody, and says why. */
+        cr_assert_eq(broker_pin(pool, "GPU-P", "GPU-A", err), 0, "%s", err);
+        cr_assert_null(reg[A]->paired, "a pin joined two tenants");
+        cr_assert_eq(broker_view_refused_pins(pool, refused, 4), 1);
+        cr_assert(strstr(refused[0].why, "user:1002") && strstr(refused[0].why, "team"), "%s",
+                  refused[0].why);
+        borrow_some(A, 8 * MiB);
+        cr_assert_eq(n_maps, 0);
+        /* Root's producer lends to anyone, nobody included. */
+        die(STRANGER);
+        deliver();
+        cr_assert_eq(hello(ROOT, P, true), 0, "%s", last_err);
+        offer_n(4);
+        cr_assert_eq(reg[A]->paired, reg[P], "the pin stands now");
+        cr_assert_eq(broker_view_refused_pins(pool, refused, 4), 0);
+        borrow_some(A, 4 * MiB);
+        cr_assert_eq(n_maps, 2);
+        check_invariant();
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+/* A lender's tenant is journaled: after a restart the pool still keeps tenants apart. */
+Test(custody, tenants_hold_across_a_restart_from_the_journal)
+{
+        begin(6);
+        cr_assert_eq(hello(STRANGER, P, true), 0, "%s", last_err);
+        offer_n(4);
+        restart();
+        cr_assert_eq(hello(NOBODY, B, true), 0, "%s", last_err);
+        cr_assert_null(reg[B]->paired, "a restored stranger's GPU paired with nobody's");
+        borrow_some(B, 8 * MiB);
+        cr_assert_eq(n_maps, 0);
+        cr_assert_eq(hello(STRANGER, P, true), 0, "%s", last_err);
+        borrow_some(B, 8 * MiB);
+        cr_assert_eq(n_maps, 0);
+        check_invariant();
         cr_assert_eq(violations, 0, "%s", why);
         end();
 }

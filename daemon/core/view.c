@@ -32,6 +32,7 @@ void broker_totals(const struct broker *pool, struct broker_totals *ret)
                 if (g->role < _GPU_ROLE_MAX)
                         ret->gpus_by_role[g->role]++;
                 ret->pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
+                ret->pins = pool->n_pins;
                 ret->gpus_silent += g->held_alive;
                 for (const struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         const struct chunk *c = list_entry(k, struct chunk, producer_node);
@@ -81,8 +82,28 @@ size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, 
                     .reported = g->reported,
                     .reclaim_returned_chunks = g->reclaim_returned_chunks,
                     .reclaim_returned_bytes = g->reclaim_returned_bytes,
+                    .held = g->custody.held && (g->custody.who.remote ||
+                                                g->custody.who.uid != CUSTODY_UID_UNKNOWN),
+                    .remote = g->custody.who.remote,
+                    .lends_to_all = g->custody.who.lends_to_all,
+                    .uid = g->custody.who.uid,
+                    .key = g->custody.who.key,
                 };
+                gpu_tenant(g, out[n].tenant, sizeof(out[n].tenant));
         }
+        return n;
+}
+
+size_t broker_view_refused_pins(const struct broker *pool, struct broker_refused_pin *out,
+                                size_t max)
+{
+        size_t n = 0;
+
+        for (size_t k = 0; k < pool->n_pins && n < max; k++)
+                if (pool->pins[k].refused)
+                        out[n++] = (struct broker_refused_pin){
+                            pool->pins[k].producer, pool->pins[k].consumer, pool->pins[k].source,
+                            pool->pins[k].refused};
         return n;
 }
 

@@ -26,6 +26,8 @@
 
 struct journal {
         char *path;
+        int dfd;    /* its folder: every file of the journal is opened relative to it */
+        char *name; /* its name in that folder */
         int fd;
         uint64_t size;
         uint64_t base; /* size right after the last compaction (or open) */
@@ -112,6 +114,26 @@ static int fsync_parent(const char *path)
         if (dfd < 0)
                 return -errno;
         return fsync(dfd) < 0 ? -errno : 0;
+}
+
+/* The folder of path, opened, and path's name in it. */
+static int open_parent(const char *path, int *ret_dfd, char **ret_name)
+{
+        _cleanup_free_ char *dir = strdup(path), *base = strdup(path);
+        int fd;
+
+        if (!dir || !base)
+                return -ENOMEM;
+        fd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        *ret_name = strdup(basename(base));
+        if (!*ret_name) {
+                close(fd);
+                return -ENOMEM;
+        }
+        *ret_dfd = fd;
+        return 0;
 }
 
 static int make_parent(const char *path)
@@ -222,7 +244,7 @@ static int keep_copy(const struct mapping *m, const char *copy_path)
         _cleanup_close_ int fd = -1;
         int r;
 
-        fd = open(copy_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        fd = open(copy_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0)
                 return -errno;
         r = write_at(fd, m->data, m->size, 0);
@@ -307,14 +329,18 @@ int journal_open_repair(const char *path, const char *copy_path, journal_replay_
         j = calloc(1, sizeof(*j));
         if (!j)
                 return -ENOMEM;
-        j->fd = -1;
+        j->fd = j->dfd = -1;
         j->path = strdup(path);
         if (!j->path)
                 return -ENOMEM;
         r = make_parent(path);
         if (r < 0)
                 return r;
-        j->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        r = open_parent(path, &j->dfd, &j->name);
+        if (r < 0)
+                return r;
+        /* Never through a link: the folder is aquad's (config_check_paths), and so is the file. */
+        j->fd = openat(j->dfd, j->name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (j->fd < 0)
                 return -errno;
         if (flock(j->fd, LOCK_EX | LOCK_NB) < 0)
@@ -328,9 +354,8 @@ int journal_open_repair(const char *path, const char *copy_path, journal_replay_
                 if (ftruncate(j->fd, 0) < 0 || pwrite(j->fd, MAGIC, MAGIC_LEN, 0) != MAGIC_LEN ||
                     fsync(j->fd) < 0)
                         return -errno;
-                r = fsync_parent(path);
-                if (r < 0)
-                        return r;
+                if (fsync(j->dfd) < 0)
+                        return -errno;
         } else if (memcmp(magic, MAGIC, MAGIC_LEN) != 0)
                 return -EBADMSG;
 
@@ -355,7 +380,9 @@ struct journal *journal_free(struct journal *j)
         if (!j)
                 return NULL;
         safe_close(j->fd);
+        safe_close(j->dfd);
         free(j->path);
+        free(j->name);
         free(j);
         return NULL;
 }
@@ -398,9 +425,13 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
         r = frame(snapshot, &buf, &len);
         if (r < 0)
                 return r;
-        if (asprintf(&tmp, "%s.new", j->path) < 0)
+        if (asprintf(&tmp, "%s.new", j->name) < 0)
                 return -ENOMEM;
-        fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        /* A file left by a compaction that died is ours (the folder is): made anew, never
+         * followed or truncated in place. */
+        if (unlinkat(j->dfd, tmp, 0) < 0 && errno != ENOENT)
+                return -errno;
+        fd = openat(j->dfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0)
                 return -errno;
         r = write_at(fd, MAGIC, MAGIC_LEN, 0);
@@ -410,15 +441,14 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
                 r = -errno;
         if (r >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)
                 r = -errno;
-        if (r >= 0 && rename(tmp, j->path) < 0)
+        if (r >= 0 && renameat(j->dfd, tmp, j->dfd, j->name) < 0)
                 r = -errno;
         if (r < 0) {
-                unlink(tmp);
+                unlinkat(j->dfd, tmp, 0);
                 return r;
         }
-        r = fsync_parent(j->path);
-        if (r < 0)
-                return r;
+        if (fsync(j->dfd) < 0)
+                return -errno;
         safe_close(j->fd);
         j->fd = TAKE_FD(fd);
         j->size = j->base = MAGIC_LEN + len;

@@ -2,6 +2,8 @@
 #include "config.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
+#include <limits.h>
 #include <grp.h>
 #include <pwd.h>
 #include <stdarg.h>
@@ -16,6 +18,7 @@
 #include "curve.h"
 #include "log.h"
 #include "parse-util.h"
+#include "trust.h"
 
 static const char *const pairing_names[] = {"static", "auto", NULL};
 static const char *const level_names[] = {"error", "warning", "notice", "info", "debug", NULL};
@@ -33,6 +36,19 @@ static const struct conf_field access_fields[] = {
     CONF_FIELD_END,
 };
 static const struct conf_schema access_schema = {"access", access_fields};
+
+static const struct conf_field tenant_fields[] = {
+    CONF_FIELD_STRING(struct config_tenant, name, "name", CONF_REQUIRED),
+    CONF_FIELD_LIST(struct config_tenant, members.users, members.n_users, "users",
+                    &conf_elem_string, 1024, 0),
+    CONF_FIELD_LIST(struct config_tenant, members.groups, members.n_groups, "groups",
+                    &conf_elem_string, 1024, 0),
+    CONF_FIELD_LIST(struct config_tenant, keys, n_keys, "keys", &conf_elem_string, 1024, 0),
+    CONF_FIELD_LIST(struct config_tenant, cgroups, n_cgroups, "cgroups", &conf_elem_string, 1024,
+                    0),
+    CONF_FIELD_END,
+};
+static const struct conf_schema tenant_schema = {"tenant", tenant_fields};
 
 static const struct conf_field limits_fields[] = {
     CONF_FIELD_INT(struct config_limits, clients, "clients", 1, 65536, 0),
@@ -81,6 +97,8 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_STRING(struct config, socket_group, "socket-group", 0),
     CONF_FIELD_STRUCT(struct config, allow, "allow", &access_schema, 0),
     CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
+    CONF_FIELD_LIST(struct config, tenants, n_tenants, "tenants", CONF_ELEM_STRUCT(&tenant_schema),
+                    1024, 0),
     CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
     CONF_FIELD_BOOL(struct config, scrub_chunks, "scrub-chunks", 0),
     CONF_FIELD_BOOL(struct config, colocated_lending, "colocated-lending", 0),
@@ -123,6 +141,8 @@ struct config *config_free(struct config *c)
                 return NULL;
         access_free(&c->allow);
         access_free(&c->admin);
+        for (size_t i = 0; i < c->n_tenants; i++)
+                access_free(&c->tenants[i].members);
         topology_free(&c->links);
         explicit_bzero(c->remote.secret_key, sizeof(c->remote.secret_key));
         conf_free(&config_schema, c);
@@ -379,6 +399,82 @@ static int check_remote(struct config *c, const char *name, char **ret_error)
         return 0;
 }
 
+/* A tenant's name: short, and without ':', so that it never reads as a default ("user:1000"). */
+static bool tenant_name_valid(const char *n)
+{
+        size_t len = strlen(n);
+
+        if (len == 0 || len > 48)
+                return false;
+        for (const char *p = n; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                      (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.'))
+                        return false;
+        return true;
+}
+
+static int check_tenants(struct config *c, const char *name, char **ret_error)
+{
+        char key[48];
+        int r;
+
+        for (size_t i = 0; i < c->n_tenants; i++) {
+                struct config_tenant *t = &c->tenants[i];
+
+                snprintf(key, sizeof(key), "tenants[%zu]", i);
+                if (!tenant_name_valid(t->name))
+                        return invalid(ret_error, name,
+                                       "%s.name: \"%s\" must be 1 to 48 letters, digits, '-', "
+                                       "'_' or '.'",
+                                       key, t->name);
+                for (size_t j = 0; j < i; j++)
+                        if (strcmp(c->tenants[j].name, t->name) == 0)
+                                return invalid(ret_error, name,
+                                               "%s.name: \"%s\" is already tenants[%zu]", key,
+                                               t->name, j);
+                if (!t->members.n_users && !t->members.n_groups && !t->n_keys && !t->n_cgroups)
+                        return invalid(ret_error, name,
+                                       "%s: names nobody (give users, groups, keys or cgroups)",
+                                       key);
+                r = resolve_access(&t->members, name, key, ret_error);
+                if (r < 0)
+                        return r;
+                for (size_t k = 0; k < t->n_keys; k++)
+                        if (!curve_key_valid(t->keys[k]))
+                                return invalid(ret_error, name,
+                                               "%s.keys[%zu]: \"%s\" is not a Z85 CURVE public "
+                                               "key (40 characters)",
+                                               key, k, t->keys[k]);
+                for (size_t k = 0; k < t->n_cgroups; k++)
+                        if (t->cgroups[k][0] != '/' && t->cgroups[k][0] != '*')
+                                return invalid(ret_error, name,
+                                               "%s.cgroups[%zu]: \"%s\" is neither a cgroup path "
+                                               "(\"/...\") nor a pattern that starts with '*'",
+                                               key, k, t->cgroups[k]);
+                /* A user or a key in two tenants would be in whichever is first: say so now. */
+                for (size_t j = 0; j < i; j++) {
+                        const struct config_tenant *o = &c->tenants[j];
+                        for (size_t k = 0; k < t->members.n_users; k++)
+                                for (size_t l = 0; l < o->members.n_users; l++)
+                                        if (t->members.uids[k] == o->members.uids[l])
+                                                return invalid(ret_error, name,
+                                                               "%s.users[%zu]: \"%s\" is already "
+                                                               "in tenant \"%s\"; a user is in "
+                                                               "one tenant",
+                                                               key, k, t->members.users[k],
+                                                               o->name);
+                        for (size_t k = 0; k < t->n_keys; k++)
+                                for (size_t l = 0; l < o->n_keys; l++)
+                                        if (strcmp(t->keys[k], o->keys[l]) == 0)
+                                                return invalid(ret_error, name,
+                                                               "%s.keys[%zu]: already in tenant "
+                                                               "\"%s\"; a key is in one tenant",
+                                                               key, k, o->name);
+                }
+        }
+        return 0;
+}
+
 static int check(struct config *c, const char *name, char **ret_error)
 {
         int r;
@@ -447,7 +543,10 @@ static int check(struct config *c, const char *name, char **ret_error)
         r = resolve_access(&c->allow, name, "allow", ret_error);
         if (r < 0)
                 return r;
-        return resolve_access(&c->admin, name, "admin", ret_error);
+        r = resolve_access(&c->admin, name, "admin", ret_error);
+        if (r < 0)
+                return r;
+        return check_tenants(c, name, ret_error);
 }
 
 int config_load(const char *path, const void *data, size_t size, struct config **ret,
@@ -513,6 +612,52 @@ bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, c
         return false;
 }
 
+/*
+ * Whether pattern matches the cgroup path or one of its ancestors (a pod's, a slice's). '*'
+ * matches across '/': "*pod<uid>*" finds a pod wherever the cgroup driver put it, and also in
+ * a path read from inside another cgroup namespace ("/../../kubepods-...").
+ */
+static bool cgroup_matches(const char *pattern, const char *path)
+{
+        char buf[4096];
+        size_t n;
+
+        if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+                return false;
+        for (n = strlen(buf); n > 0; n--) {
+                if (n < strlen(path) && buf[n] != '/')
+                        continue;
+                buf[n] = '\0';
+                if (fnmatch(pattern, buf, 0) == 0)
+                        return true;
+        }
+        return false;
+}
+
+const char *config_tenant_of(const struct config *c, const struct config_peer *peer)
+{
+        for (size_t i = 0; i < c->n_tenants; i++) {
+                const struct config_tenant *t = &c->tenants[i];
+
+                for (size_t k = 0; peer->remote && peer->key && k < t->n_keys; k++)
+                        if (strcmp(t->keys[k], peer->key) == 0)
+                                return t->name;
+                for (size_t k = 0; !peer->remote && peer->cgroup && k < t->n_cgroups; k++)
+                        if (cgroup_matches(t->cgroups[k], peer->cgroup))
+                                return t->name;
+                for (size_t k = 0; k < t->members.n_users; k++)
+                        if (t->members.uids[k] == peer->uid)
+                                return t->name;
+                if (!peer->remote && t->members.n_groups &&
+                    config_access_allows(&(struct config_access){.groups = t->members.groups,
+                                                                 .n_groups = t->members.n_groups,
+                                                                 .gids = t->members.gids},
+                                         peer->uid, peer->gid, peer->groups, peer->n_groups))
+                        return t->name;
+        }
+        return NULL;
+}
+
 static int path_error(char **ret, const char *fmt, ...) _printf_(2, 3);
 static int path_error(char **ret, const char *fmt, ...)
 {
@@ -567,6 +712,13 @@ static int check_socket_path(const char *what, const char *path, const char *jou
         if (!S_ISREG(st.st_mode))
                 return path_error(ret_error, "%s %s: its lock file %s is a %s; remove it", what,
                                   path, lock, file_kind(&st));
+        if (st.st_uid != geteuid()) {
+                char owner[64];
+                return path_error(ret_error,
+                                  "%s %s: its lock file %s belongs to %s, not to aquad's user; "
+                                  "aquad takes only a lock it made (remove it)",
+                                  what, path, lock, trust_user_name(st.st_uid, owner, sizeof(owner)));
+        }
         fd = open(lock, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         n = fd >= 0 ? pread(fd, buf, sizeof(buf), 0) : 0;
         if (n < 0 || (size_t)n >= sizeof(buf) || strspn(buf, "0123456789\n") < (size_t)n)
@@ -577,10 +729,48 @@ static int check_socket_path(const char *what, const char *path, const char *jou
         return 0;
 }
 
+/*
+ * The folder that holds path (or, while aquad has yet to make it, the one above): aquad's own
+ * user's or root's, and writable by no one else, as sshd's StrictModes asks of ~/.ssh. Anyone
+ * else who could write there could rename aquad's sockets away and bind their own, or plant a
+ * link where aquad writes its journal.
+ */
+static int check_folder(const char *what, const char *path, char **ret_error)
+{
+        _cleanup_free_ char *dir = strdup(path);
+        char why[PATH_MAX + 128], *slash;
+        int r;
+
+        if (!dir)
+                return -ENOMEM;
+        r = trust_parent(path, geteuid(), why, sizeof(why));
+        slash = strrchr(dir, '/');
+        if (r == -ENOENT && slash && slash != dir) {
+                *slash = '\0';
+                r = trust_parent(dir, geteuid(), why, sizeof(why));
+        }
+        if (r == -EPERM)
+                return path_error(ret_error,
+                                  "%s %s: refusing its folder: %s; aquad serves and writes only "
+                                  "in folders of its own user or root that no one else may write "
+                                  "(such as /run/aqua, which systemd's RuntimeDirectory makes)",
+                                  what, path, why);
+        if (r < 0 && r != -ENOENT)
+                return path_error(ret_error, "%s %s: %s", what, path, why);
+        return 0;
+}
+
 int config_check_paths(const struct config *c, char **ret_error)
 {
         int r;
 
+        r = check_folder("side-socket", c->side_socket, ret_error);
+        if (r == 0 && strncmp(c->endpoint, "ipc://", 6) == 0)
+                r = check_folder("endpoint", c->endpoint + 6, ret_error);
+        if (r == 0)
+                r = check_folder("journal", c->journal, ret_error);
+        if (r < 0)
+                return r;
         r = check_socket_path("side-socket", c->side_socket, c->journal, ret_error);
         if (r < 0 || strncmp(c->endpoint, "ipc://", 6) != 0 ||
             strcmp(c->endpoint + 6, c->side_socket) == 0)

@@ -56,6 +56,31 @@ struct config_remote_client {
         uid_t uid; /* resolved from user by config_load() */
 };
 
+/*
+ * A tenant (daemon/README.md, "Who may hold what"): identities whose consumers may borrow what
+ * each other lends. A local process is one by its user, its groups or its cgroup (a container's,
+ * a Kubernetes pod's); a remote client by its key or the user remote.clients maps it to.
+ */
+struct config_tenant {
+        char *name;
+        struct config_access members; /* users (local, and remote keys of them) and groups */
+        char **keys;                  /* Z85 CURVE public keys */
+        size_t n_keys;
+        char **cgroups; /* fnmatch(3) patterns ('*' spans '/') for a cgroup v2 path or an ancestor */
+        size_t n_cgroups;
+};
+
+/* What aquad knows of a peer that a tenant may name. */
+struct config_peer {
+        bool remote;
+        uid_t uid; /* local: SO_PEERCRED's; remote: the user remote.clients maps its key to */
+        gid_t gid;
+        const gid_t *groups;
+        size_t n_groups;
+        const char *cgroup; /* local: its cgroup v2 path ("/system.slice/x.service"), or NULL */
+        const char *key;    /* remote: its CURVE key in Z85 */
+};
+
 /* tcp:// with CURVE for clients on other hosts; endpoint NULL: none. */
 struct config_remote {
         char *endpoint;
@@ -77,6 +102,8 @@ struct config {
         char *socket_group; /* NULL: leave the group as created */
         struct config_access allow;
         struct config_access admin;
+        struct config_tenant *tenants; /* none: each user (or remote key) a tenant of its own */
+        size_t n_tenants;
         uint64_t dram_budget;
         bool scrub_chunks;      /* chunks a consumer mapped are scrubbed before another gets them */
         bool colocated_lending; /* a producer and a consumer on one GPU may be paired */
@@ -127,3 +154,8 @@ const struct config_remote_client *config_remote_find_text(const struct config *
 
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);
+/*
+ * The name of the first tenant in the config that names peer (by key, cgroup, user or group),
+ * or NULL: the peer is a tenant of its own (its user, or its key).
+ */
+const char *config_tenant_of(const struct config *c, const struct config_peer *peer);

@@ -399,3 +399,74 @@ Test(config, names_the_remote_key_that_is_wrong)
                       "remote.heartbeat-timeout: shorter than remote.heartbeat-interval");
         remote_teardown(&f);
 }
+
+/* Tenants: who each peer is, first tenant that names it; the default is none (its own). */
+Test(config, finds_a_peers_tenant_by_cgroup_key_user_or_group)
+{
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL;
+        const gid_t groups[] = {4242, 0};
+        const char *key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
+
+        cr_assert_eq(load("tenants:\n"
+                          "  - name: pod-a\n"
+                          "    cgroups: ['*pod1a2b*', '/system.slice/vllm.service']\n"
+                          "  - name: ops\n"
+                          "    users: [root]\n"
+                          "    keys: ['Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID']\n"
+                          "  - name: wheel\n"
+                          "    groups: [0]\n",
+                          &c, &error),
+                     0, "%s", error);
+        cr_assert_eq(c->n_tenants, 3);
+#define OF(...) config_tenant_of(c, &(struct config_peer){__VA_ARGS__})
+        /* A pod's cgroup, by systemd's driver, by cgroupfs's, read from another namespace. */
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 1000,
+                            .cgroup = "/kubepods.slice/kubepods-burstable.slice/"
+                                      "kubepods-burstable-pod1a2b_3c.slice/cri-containerd-9f.scope"),
+                         "pod-a");
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 1000, .cgroup = "/kubepods/besteffort/pod1a2b-3c/9f"),
+                         "pod-a");
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 1000, .cgroup = "/../../kubepods-pod1a2b_3c.slice"),
+                         "pod-a");
+        /* An ancestor: the service's own cgroup and what it made below it. */
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 1000, .cgroup = "/system.slice/vllm.service/w1"),
+                         "pod-a");
+        cr_assert_null(OF(.uid = 1000, .gid = 1000, .cgroup = "/system.slice/vllm.service2"));
+        /* By user, then by group (primary or supplementary). */
+        cr_assert_str_eq(OF(.uid = 0, .gid = 0), "ops");
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 0), "wheel");
+        cr_assert_str_eq(OF(.uid = 1000, .gid = 1000, .groups = groups, .n_groups = 2), "wheel");
+        cr_assert_null(OF(.uid = 1000, .gid = 1000, .groups = groups, .n_groups = 1));
+        /* A remote key, or its user; never a group or cgroup for a remote peer. */
+        cr_assert_str_eq(OF(.remote = true, .uid = 65534, .key = key), "ops");
+        cr_assert_str_eq(OF(.remote = true, .uid = 0, .key = "x"), "ops");
+        cr_assert_null(OF(.remote = true, .uid = 65534, .gid = 0, .key = "x",
+                          .cgroup = "/kubepods/pod1a2b"));
+#undef OF
+}
+
+Test(config, names_what_is_wrong_with_a_tenant)
+{
+        expect_error("tenants:\n  - name: a\n", "aquad.yaml: tenants[0]: names nobody (give users, "
+                                                 "groups, keys or cgroups)");
+        expect_error("tenants:\n  - {name: 'a b', users: [root]}\n",
+                     "aquad.yaml: tenants[0].name: \"a b\" must be 1 to 48 letters, digits, '-', "
+                     "'_' or '.'");
+        expect_error("tenants:\n  - {name: 'user:0', users: [root]}\n",
+                     "aquad.yaml: tenants[0].name: \"user:0\" must be 1 to 48 letters, digits, "
+                     "'-', '_' or '.'");
+        expect_error("tenants:\n  - {name: a, users: [root]}\n  - {name: a, groups: [root]}\n",
+                     "aquad.yaml: tenants[1].name: \"a\" is already tenants[0]");
+        expect_error("tenants:\n  - {name: a, users: [root]}\n  - {name: b, users: [0]}\n",
+                     "aquad.yaml: tenants[1].users[0]: \"0\" is already in tenant \"a\"; a user is "
+                     "in one tenant");
+        expect_error("tenants:\n  - {name: a, users: [no-such-user-here]}\n",
+                     "aquad.yaml: tenants[0].users[0]: no user \"no-such-user-here\"");
+        expect_error("tenants:\n  - {name: a, keys: [short]}\n",
+                     "aquad.yaml: tenants[0].keys[0]: \"short\" is not a Z85 CURVE public key (40 "
+                     "characters)");
+        expect_error("tenants:\n  - {name: a, cgroups: [kubepods]}\n",
+                     "aquad.yaml: tenants[0].cgroups[0]: \"kubepods\" is neither a cgroup path "
+                     "(\"/...\") nor a pattern that starts with '*'");
+}

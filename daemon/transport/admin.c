@@ -1,5 +1,6 @@
 /* aquactl's requests: queries of the daemon's state, and the operations that change it. */
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@ struct reply_mem {
         Aqua__EventInfo *events;
         void *view; /* the core's view the entries are made from */
         void **ptrs;
+        char (*users)[80]; /* GpuInfo.user */
+        struct broker_refused_pin *refused;
 };
 
 static void reply_mem_free(struct reply_mem *m)
@@ -30,6 +33,28 @@ static void reply_mem_free(struct reply_mem *m)
         free(m->events);
         free(m->view);
         free(m->ptrs);
+        free(m->users);
+        free(m->refused);
+}
+
+/* Who holds the GPU of view v, as an operator knows them: a user name, or a key's user. */
+static void holder_name(const struct server *s, const struct broker_gpu_view *v, char *buf,
+                        size_t size)
+{
+        const struct config_remote_client *rc;
+        struct passwd pw, *found = NULL;
+        char scratch[1024];
+
+        if (!v->held)
+                snprintf(buf, size, "%s", "");
+        else if (v->remote && (rc = config_remote_find_text(s->config, v->key)))
+                snprintf(buf, size, "%s", rc->user);
+        else if (v->remote)
+                snprintf(buf, size, "key %.8s...", v->key);
+        else if (getpwuid_r(v->uid, &pw, scratch, sizeof(scratch), &found) == 0 && found)
+                snprintf(buf, size, "%s", found->pw_name);
+        else
+                snprintf(buf, size, "%u", (unsigned)v->uid);
 }
 
 static void fill_status(struct server *s, const struct broker_totals *t, Aqua__StatusInfo *st)
@@ -61,14 +86,16 @@ static size_t view_gpus(struct broker *p, const struct broker_totals *t, struct 
         return v ? broker_view_gpus(p, v, t->gpus) : 0;
 }
 
-static size_t fill_gpus(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
-                        size_t max)
+static size_t fill_gpus(const struct server *s, const struct broker_totals *t,
+                        struct reply_mem *m, size_t max)
 {
+        struct broker *p = s->broker;
         size_t all = view_gpus(p, t, m), n = MIN(all, max); /* MIN evaluates twice */
         const struct broker_gpu_view *v = m->view;
 
         m->gpus = calloc(MAX(n, 1), sizeof(*m->gpus));
-        if (!m->gpus)
+        m->users = calloc(MAX(n, 1), sizeof(*m->users));
+        if (!m->gpus || !m->users)
                 return 0;
         for (size_t k = 0; k < n; k++) {
                 const struct client *c = v[k].owner;
@@ -93,19 +120,34 @@ static size_t fill_gpus(struct broker *p, const struct broker_totals *t, struct 
                 i->barred = v[k].barred;
                 i->draining = v[k].draining;
                 i->silent = v[k].silent;
+                holder_name(s, &v[k], m->users[k], sizeof(m->users[k]));
+                i->user = m->users[k];
+                i->tenant = (char *)v[k].tenant;
+                i->lends_to_all = v[k].lends_to_all;
         }
         return n;
 }
 
-/* Every pair (a producer's side of it); the caller cuts to its limit. */
+/* Every pair (a producer's side of it), then every pin refused; the caller cuts to its limit. */
 static size_t fill_pairs(struct broker *p, const struct broker_totals *t, struct reply_mem *m)
 {
-        size_t total = view_gpus(p, t, m), n = 0;
+        size_t total = view_gpus(p, t, m), n = 0, n_refused;
         const struct broker_gpu_view *v = m->view;
 
-        m->pairs = calloc(MAX(total, 1), sizeof(*m->pairs));
-        if (!m->pairs)
+        m->pairs = calloc(total + t->pins + 1, sizeof(*m->pairs));
+        m->refused = calloc(t->pins + 1, sizeof(*m->refused));
+        if (!m->pairs || !m->refused)
                 return 0;
+        n_refused = broker_view_refused_pins(p, m->refused, t->pins);
+        for (size_t k = 0; k < n_refused; k++) {
+                Aqua__PairInfo *i = &m->pairs[total + k];
+
+                aqua__pair_info__init(i);
+                i->producer_uuid = (char *)m->refused[k].producer;
+                i->consumer_uuid = (char *)m->refused[k].consumer;
+                i->source = (char *)m->refused[k].source;
+                i->refused = (char *)m->refused[k].why;
+        }
         for (size_t k = 0; k < total; k++) {
                 Aqua__PairInfo *i = &m->pairs[n];
 
@@ -118,7 +160,8 @@ static size_t fill_pairs(struct broker *p, const struct broker_totals *t, struct
                 i->bandwidth_gbps = v[k].pair_bandwidth;
                 n++;
         }
-        return n;
+        memmove(&m->pairs[n], &m->pairs[total], n_refused * sizeof(*m->pairs));
+        return n + n_refused;
 }
 
 static size_t fill_leases(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
@@ -207,7 +250,7 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         switch (e->admin_query->what) {
         case AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS:
                 total = t.gpus;
-                n = fill_gpus(s->broker, &t, &m, max);
+                n = fill_gpus(s, &t, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_PAIRS:
                 total = n = fill_pairs(s->broker, &t, &m);

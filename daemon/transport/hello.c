@@ -6,6 +6,7 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch.h"
 #include "log.h"
@@ -105,6 +106,30 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
         dispatch_reply(s, c, request_id, &r);
 }
 
+/*
+ * The tenant of c's registration, from the config's `tenants:` (daemon/README.md, "Who may hold
+ * what"): by its key, cgroup, user or groups; none named: its own. Root and aquad's own user on
+ * this host lend to every tenant: they can read any process's memory already.
+ */
+void dispatch_identify_tenant(const struct server *s, const struct client *c,
+                              struct broker_identity *who)
+{
+        char cgroup[1024];
+        struct config_peer peer = {.remote = c->remote,
+                                   .uid = c->cred.uid,
+                                   .gid = c->cred.gid,
+                                   .groups = c->groups,
+                                   .n_groups = c->n_groups,
+                                   .key = c->remote ? c->remote_key : NULL};
+        const char *name;
+
+        if (!c->remote && c->cred.pid > 0 && proc_cgroup(c->cred.pid, cgroup, sizeof(cgroup)) == 0)
+                peer.cgroup = cgroup;
+        name = config_tenant_of(s->config, &peer);
+        snprintf(who->tenant, sizeof(who->tenant), "%s", name ? name : "");
+        who->lends_to_all = !c->remote && (c->cred.uid == 0 || c->cred.uid == geteuid());
+}
+
 void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
                            size_t n_fds)
 {
@@ -138,6 +163,7 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                 snprintf(who.key, sizeof(who.key), "%s", c->remote_key);
         else
                 who.process = c->process;
+        dispatch_identify_tenant(s, c, &who);
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
         if (code == 0 && h->custody_secret.len && h->custody_secret.len != BROKER_SECRET_LEN)
                 code = broker_fail(err, ECODE(INVALID),

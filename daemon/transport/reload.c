@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "log.h"
 #include "server.h"
 #include "settings.h"
@@ -17,6 +18,23 @@ void server_apply_settings(struct server *s)
 int server_apply_pins(struct server *s)
 {
         return settings_apply_pins(s->broker, s->config);
+}
+
+/* Every registered client's tenant as the new config says; what now crosses tenants is
+ * reclaimed, and pairs follow. */
+static void retenant(struct server *s)
+{
+        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
+                struct client *c = list_entry(n, struct client, node);
+                struct broker_identity who = {0};
+
+                if (!c->registered || !c->gpu)
+                        continue;
+                dispatch_identify_tenant(s, c, &who);
+                if (broker_set_tenant(s->broker, c->gpu, who.tenant, who.lends_to_all))
+                        log_notice("GPU %s is now of tenant %s", c->gpu->uuid,
+                                   who.tenant[0] ? who.tenant : "of its own user");
+        }
 }
 
 int server_reload(struct server *s, char *err, size_t err_len, char *kept_out, size_t kept_len)
@@ -35,6 +53,7 @@ int server_reload(struct server *s, char *err, size_t err_len, char *kept_out, s
         config_free(s->config);
         s->config = n;
         server_apply_settings(s);
+        retenant(s);
         if (server_apply_pins(s) < 0 || broker_recompute_pairs(s->broker) < 0)
                 log_error("Out of memory applying the pairs of the new configuration");
         log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);

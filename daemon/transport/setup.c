@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -18,6 +20,7 @@
 #include <zmq.h>
 
 #include "log.h"
+#include "trust.h"
 #include "time-util.h"
 
 /* Every chunk in the pool is a descriptor the daemon holds: as many as it may. Returns the
@@ -80,14 +83,28 @@ static int lock_socket(const char *path, int *ret_fd)
         ssize_t n;
         int r;
 
+        char why[PATH_MAX + 128], owner[64];
+        struct stat st;
+
         r = make_parent_dir(path);
         if (r < 0)
                 return log_error_errno(r, "Failed to create the folder of %s: %m", path);
+        /* Again now that it exists: someone else may have made it since the config's check. */
+        r = trust_parent(path, geteuid(), why, sizeof(why));
+        if (r < 0)
+                return log_error_errno(r, "Refusing to serve %s: %s", path, why);
         if (asprintf(&lock, "%s.lock", path) < 0)
                 return log_error_errno(-ENOMEM, "Failed to lock %s: %m", path);
         fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd < 0)
                 return log_error_errno(-errno, "Failed to open %s: %m", lock);
+        if (fstat(fd, &st) < 0)
+                return log_error_errno(-errno, "Failed to open %s: %m", lock);
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid())
+                return log_error_errno(-EPERM,
+                                       "Refusing the lock file %s: it belongs to %s, not to "
+                                       "aquad's user; aquad takes only a lock it made",
+                                       lock, trust_user_name(st.st_uid, owner, sizeof(owner)));
         if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
                 if (errno != EWOULDBLOCK)
                         return log_error_errno(-errno, "Failed to lock %s: %m", lock);
