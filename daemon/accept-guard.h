@@ -1,5 +1,9 @@
-/* The aquad executable's accept() and accept4(): out of descriptors, a refused connection and
- * EAGAIN instead of EMFILE, so that libzmq's listeners never abort the process. */
+/*
+ * The aquad executable's accept() and accept4(): out of descriptors, a refused connection and
+ * EAGAIN instead of EMFILE, so that libzmq's listeners never abort the process; and a share of
+ * local (AF_UNIX) connections per user, so that one user's idle ZeroMQ connections cannot use
+ * up the descriptors every other user's clients need.
+ */
 #pragma once
 
 /* Keep the spare descriptor the guard takes a connection with; call once at start. */
@@ -8,3 +12,11 @@ void accept_guard_init(void);
 void accept_guard_passthrough(int fd);
 /* Connections refused for want of a descriptor so far. */
 unsigned long accept_guard_dropped(void);
+/*
+ * At most max AF_UNIX connections held by one user at once (0: no limit); root and this
+ * process's user have no share. A connection past it is closed as it is accepted (its client
+ * sees it end and ZeroMQ tries again later), the caller told EAGAIN.
+ */
+void accept_guard_share(long max);
+/* Connections closed over a user's share so far. */
+unsigned long accept_guard_share_refused(void);

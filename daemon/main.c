@@ -107,6 +107,9 @@ int main(int argc, char **argv)
         if (r < 0)
                 return 1; /* the reason is logged */
         accept_guard_passthrough(s->side_fd);
+        s->fdg.share = accept_guard_share;
+        s->fdg.share_refused = accept_guard_share_refused;
+        server_apply_settings(s);
         config = NULL; /* the server owns it now */
         s->verbose = verbose;
         server_set_ready(s, ready, NULL);

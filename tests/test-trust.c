@@ -13,6 +13,7 @@
  * Needs root (to act as nobody); each test says so and skips where it cannot.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -27,6 +28,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "harness.h"
 #include "rawclient.h"
@@ -516,4 +518,132 @@ Test(trust, a_reload_that_splits_a_tenant_reclaims_what_now_crosses_it)
         cr_assert_str_eq(gpu_named(q->admin_reply, "GPU-C")->paired_with, "");
         cr_assert_str_eq(gpu_named(q->admin_reply, "GPU-N")->tenant, "user:65534");
         raw_free(q);
+}
+
+/* ---------------------------------------------------------------- shares */
+
+/* Descriptors aquad holds now. */
+static long aquad_fds(void)
+{
+        char path[64];
+        long n = 0;
+        DIR *d;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)aquad_pid(daemon_));
+        d = opendir(path);
+        cr_assert_not_null(d);
+        while (readdir(d))
+                n++;
+        closedir(d);
+        return n - 2;
+}
+
+/*
+ * In a child as nobody: n side channels registered as admin tools (aquactl's role), or n idle
+ * ZeroMQ connections (zmq); it writes how many aquad took, then holds them until the test ends.
+ */
+static int nobody_floods(int n, bool zmq)
+{
+        int p[2], ready[2], got = 0;
+
+        cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+        cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+        lender = fork();
+        cr_assert_geq(lender, 0);
+        if (lender == 0) {
+                static struct raw r[300];
+                void *ctx = zmq_ctx_new();
+                char c;
+
+                close(p[1]);
+                close(ready[0]);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                become_nobody();
+                raw_forget_secrets();
+                for (int i = 0; i < n; i++) {
+                        if (zmq) {
+                                void *d = zmq_socket(ctx, ZMQ_DEALER);
+                                got += d && zmq_connect(d, aquad_endpoint(daemon_)) == 0;
+                                continue;
+                        }
+                        if (i >= 300 || raw_connect_ctx(&r[i], ctx, aquad_endpoint(daemon_),
+                                                        aquad_side_path(daemon_)))
+                                break;
+                        Aqua__Envelope *w =
+                            raw_hello(&r[i], AQUA__ROLE__ROLE_ADMIN, NULL, NULL, NULL, 0, NULL);
+                        if (!w || w->body_case != AQUA__ENVELOPE__BODY_WELCOME)
+                                break;
+                        raw_free(w);
+                        got++;
+                }
+                if (zmq)
+                        sleep(1); /* ZeroMQ connects in the background */
+                (void)!write(ready[1], &got, sizeof(got));
+                (void)!read(p[0], &c, 1);
+                _exit(0);
+        }
+        close(p[0]);
+        close(ready[1]);
+        lender_pipe = p[1];
+        cr_assert_eq(read(ready[0], &got, sizeof(got)), (ssize_t)sizeof(got));
+        close(ready[0]);
+        return got;
+}
+
+/* root's aquactl status: its exit status, and what it printed in out. */
+static int ctl_status(char *out, size_t size)
+{
+        char cmd[1024];
+        FILE *p;
+        size_t n;
+
+        snprintf(cmd, sizeof(cmd), "%s -t 3s -e %s --side %s status 2>&1", getenv("AQUACTL"),
+                 aquad_endpoint(daemon_), aquad_side_path(daemon_));
+        p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        n = fread(out, 1, size - 1, p);
+        out[n] = 0;
+        return WEXITSTATUS(pclose(p));
+}
+
+Test(trust, one_user_takes_no_more_than_its_share_of_clients)
+{
+        char out[4096];
+
+        need_nobody();
+        if (!getenv("AQUACTL"))
+                cr_skip_test("AQUACTL is not set");
+        /* The defaults: 256 clients, 64 a user. */
+        start(NULL);
+        cr_assert_eq(nobody_floods(255, false), 64, "nobody took more than its share");
+        cr_assert_eq(ctl_status(out, sizeof(out)), 0, "root's aquactl: %s", out);
+}
+
+Test(trust, the_last_client_slots_are_kept_for_admins)
+{
+        char out[4096];
+
+        need_nobody();
+        if (!getenv("AQUACTL"))
+                cr_skip_test("AQUACTL is not set");
+        start("limits: {clients: 10, clients-per-user: 64, admin-reserve: 3}\n");
+        cr_assert_eq(nobody_floods(30, false), 7, "nobody took the admins' reserve");
+        cr_assert_eq(ctl_status(out, sizeof(out)), 0, "root's aquactl: %s", out);
+}
+
+Test(trust, one_users_idle_zeromq_connections_hold_no_more_than_its_share)
+{
+        char out[4096];
+        long before, after;
+
+        need_nobody();
+        if (!getenv("AQUACTL"))
+                cr_skip_test("AQUACTL is not set");
+        start(NULL); /* 64 clients a user: 128 ipc:// connections */
+        before = aquad_fds();
+        cr_assert_eq(nobody_floods(300, true), 300);
+        after = aquad_fds();
+        cr_assert_leq(after - before, 2 * 64 + 4, "aquad holds %ld more descriptors",
+                      after - before);
+        cr_assert_eq(ctl_status(out, sizeof(out)), 0, "root's aquactl: %s", out);
 }

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <grp.h>
@@ -52,6 +53,8 @@ static const struct conf_schema tenant_schema = {"tenant", tenant_fields};
 
 static const struct conf_field limits_fields[] = {
     CONF_FIELD_INT(struct config_limits, clients, "clients", 1, 65536, 0),
+    CONF_FIELD_INT(struct config_limits, clients_per_user, "clients-per-user", 1, 65536, 0),
+    CONF_FIELD_INT(struct config_limits, admin_reserve, "admin-reserve", 0, 65535, 0),
     CONF_FIELD_INT(struct config_limits, unregistered, "unregistered", 1, 4096, 0),
     CONF_FIELD_INT(struct config_limits, chunks, "chunks", 1, 1 << 24, 0),
     CONF_FIELD_INT(struct config_limits, leases, "leases", 1, 1 << 24, 0),
@@ -158,6 +161,8 @@ static int defaults(struct config *c)
             .limits =
                 {
                     .clients = 256,
+                    .clients_per_user = 64,
+                    .admin_reserve = -1, /* 8, at most a quarter of clients */
                     .unregistered = 1024,
                     .chunks = 65536,
                     .leases = 16384,
@@ -500,6 +505,13 @@ static int check(struct config *c, const char *name, char **ret_error)
                                sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
         if (!c->journal || c->journal[0] == '\0')
                 return invalid(ret_error, name, "journal: empty path");
+        if (c->limits.admin_reserve < 0)
+                c->limits.admin_reserve = MIN(8, c->limits.clients / 4);
+        if (c->limits.admin_reserve >= c->limits.clients)
+                return invalid(ret_error, name,
+                               "limits.admin-reserve: %" PRId64 " leaves no client slot of "
+                               "limits.clients (%" PRId64 ") to anyone but admins",
+                               c->limits.admin_reserve, c->limits.clients);
         if (c->socket_mode & ~0777u)
                 return invalid(ret_error, name, "socket-mode: %o has bits beyond 0777",
                                c->socket_mode);

@@ -38,6 +38,8 @@ struct config_access {
 
 struct config_limits {
         int64_t clients;          /* connected clients, admin tools included */
+        int64_t clients_per_user; /* the share of one user (root and aquad's user have none) */
+        int64_t admin_reserve;    /* the last slots of `clients`: only admins take them */
         int64_t unregistered;     /* side channels that have not sent Hello yet */
         int64_t chunks;           /* chunks in the lending pool, all producers together */
         int64_t leases;           /* live leases */

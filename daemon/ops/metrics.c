@@ -332,6 +332,10 @@ static void render_server(struct prom_text *t, const struct metrics_view *v)
                 st->custody_undelivered);
         counter(t, "aqua_side_channels_evicted_total",
                 "Side channels closed before their Hello to make room for new ones.", st->evicted);
+        counter(t, "aqua_share_refused_total",
+                "Connections refused because their user holds its share (limits.clients-per-user): "
+                "side channels, and ipc:// connections closed as they were accepted.",
+                st->share_refused + st->ipc_share_refused);
         counter(t, "aqua_fd_exhausted_total",
                 "Times aquad ran out of descriptors accepting a connection (it pauses).",
                 st->fd_exhausted);

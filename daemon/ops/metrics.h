@@ -33,6 +33,8 @@ struct server_stats {
         uint64_t hijacks;            /* Hellos from another process than the token's side channel */
         uint64_t side_malformed;     /* side frames that did not decode (ignored) */
         uint64_t evicted;            /* side channels closed for others before their Hello */
+        uint64_t share_refused;      /* side channels refused over a user's share */
+        uint64_t ipc_share_refused;  /* ipc:// connections closed over a user's share */
         uint64_t fd_exhausted;       /* times aquad ran out of descriptors accepting a connection */
         uint64_t fds_refused;        /* descriptors refused over a budget or the headroom */
         uint64_t remote_refused;     /* tcp peers refused: unknown keys, failed handshakes */

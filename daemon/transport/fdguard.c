@@ -204,6 +204,17 @@ void fdguard_check(struct server *s, uint64_t now)
                 tcp_pause(s, true, free_fds, "too many connections wait for their handshake");
         else if (free_fds >= 4 * reserve)
                 tcp_pause(s, false, free_fds, NULL);
+        if (s->fdg.share_refused) {
+                unsigned long n = s->fdg.share_refused();
+                if (n != s->stats.ipc_share_refused &&
+                    (!s->fdg.share_log_ns || now - s->fdg.share_log_ns >= NSEC_PER_SEC * 10)) {
+                        s->fdg.share_log_ns = now;
+                        log_notice("%lu ipc:// connections closed as they came, their user "
+                                   "holding its share (twice limits.clients-per-user)",
+                                   n);
+                }
+                s->stats.ipc_share_refused = n;
+        }
         if (free_fds < reserve)
                 ipc_pause(s, true, free_fds);
         else if (free_fds >= 2 * reserve)

@@ -13,6 +13,9 @@ void server_apply_settings(struct server *s)
 
         s->limits = st.limits;
         broker_set_settings(s->broker, &st.broker, st.compact_threshold);
+        /* A client is a side channel and one ipc:// connection; twice for reconnects. */
+        if (s->fdg.share)
+                s->fdg.share((long)s->config->limits.clients_per_user * 2);
 }
 
 int server_apply_pins(struct server *s)

@@ -201,19 +201,51 @@ static size_t count_unregistered(const struct server *s, struct client **ret_old
 
 static void client_free(struct server *s, struct client *c);
 
+/* The oldest unregistered side channel of the user holding the most of them (the newcomer's
+ * own counted too), or NULL. */
+static struct client *oldest_of_top_user(const struct server *s, uid_t newcomer)
+{
+        struct client *best = NULL;
+        size_t best_n = 0;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                struct client *c = list_entry(x, struct client, node), *first = NULL;
+                size_t n = c->cred.uid == newcomer;
+
+                if (c->registered || c->remote)
+                        continue;
+                for (struct list_node *y = s->clients.next; y != &s->clients; y = y->next) {
+                        struct client *d = list_entry(y, struct client, node);
+                        if (d->registered || d->remote || d->cred.uid != c->cred.uid)
+                                continue;
+                        if (!first)
+                                first = d;
+                        n++;
+                }
+                if (n > best_n) {
+                        best_n = n;
+                        best = first;
+                }
+        }
+        return best;
+}
+
 /*
  * A side channel that has not sent Hello holds nothing: when too many wait, the oldest makes
  * room if it has had UNREGISTERED_GRACE_NS to say Hello (a client sends it within
  * milliseconds; it may connect again). Idle connections cannot lock out the clients that
  * register. False when all are younger: the new connection is refused (a burst of clients).
  */
-static bool make_room_for_unregistered(struct server *s)
+static bool make_room_for_unregistered(struct server *s, uid_t newcomer)
 {
         struct client *oldest;
         uint64_t now = now_mono_ns();
 
         if ((int64_t)count_unregistered(s, &oldest) < s->config->limits.unregistered || !oldest)
                 return true;
+        /* The one to go is the oldest of the user who holds the most: a user's flood of idle
+         * connections evicts its own before anyone else's. */
+        oldest = oldest_of_top_user(s, newcomer) ?: oldest;
         if (now - oldest->accepted_ns < UNREGISTERED_GRACE_NS)
                 return false;
         s->stats.evicted++;
@@ -225,6 +257,74 @@ static bool make_room_for_unregistered(struct server *s)
                            s->stats.evicted);
         }
         client_free(s, oldest);
+        return true;
+}
+
+/* Root and aquad's own user: the operator, who has no share to keep to. */
+static bool unlimited(uid_t uid)
+{
+        return uid == 0 || uid == geteuid();
+}
+
+/* Side channels (registered or not) of uid. */
+static size_t count_of_user(const struct server *s, uid_t uid)
+{
+        size_t n = 0;
+
+        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
+                const struct client *c = list_entry(x, struct client, node);
+                n += !c->remote && c->cred.uid == uid;
+        }
+        return n;
+}
+
+/*
+ * Whether a new side channel fits the shares (daemon/README.md, "Who may hold what"): no user
+ * but root and aquad's own holds more than limits.clients-per-user, and the last
+ * limits.admin-reserve slots of limits.clients are only for admins, so that one user's flood
+ * never locks out the others or the operator. Rejects (and says why) where it does not.
+ */
+static bool within_share(struct server *s, int fd, const struct side_cred *cred,
+                         const gid_t *groups, size_t n_groups)
+{
+        const struct config_limits *l = &s->config->limits;
+        struct client *oldest;
+        int64_t registered = (int64_t)(s->n_clients - count_unregistered(s, &oldest));
+        bool admin = config_access_allows(&s->config->admin, cred->uid, cred->gid, groups,
+                                          n_groups);
+        size_t mine;
+
+        if (registered >= l->clients) {
+                reject(s, fd, REJECT(CLIENT_LIMIT), "the limit of %" PRId64 " clients is reached",
+                       l->clients);
+                return false;
+        }
+        if (!admin && registered >= l->clients - l->admin_reserve) {
+                reject(s, fd, REJECT(CLIENT_LIMIT),
+                       "%" PRId64 " clients: the last %" PRId64 " of limits.clients (%" PRId64
+                       ") are kept for admins",
+                       registered, l->admin_reserve, l->clients);
+                return false;
+        }
+        if (unlimited(cred->uid))
+                return true;
+        mine = count_of_user(s, cred->uid);
+        if ((int64_t)mine >= l->clients_per_user) {
+                uint64_t now = now_mono_ns();
+
+                s->stats.share_refused++;
+                if (!s->share_log_ns || now - s->share_log_ns >= LOG_INTERVAL_NS) {
+                        s->share_log_ns = now;
+                        log_notice("uid %u holds its share of %" PRId64 " clients "
+                                   "(limits.clients-per-user): refusing more (%" PRIu64
+                                   " refused so far)",
+                                   cred->uid, l->clients_per_user, s->stats.share_refused);
+                }
+                reject(s, fd, REJECT(CLIENT_LIMIT),
+                       "uid %u holds %zu clients, its share (limits.clients-per-user %" PRId64 ")",
+                       cred->uid, mine, l->clients_per_user);
+                return false;
+        }
         return true;
 }
 
@@ -283,15 +383,9 @@ static void accept_side(struct server *s)
                                cred.uid, cred.gid, (int)cred.pid);
                         continue;
                 }
-                struct client *oldest;
-                if ((int64_t)(s->n_clients - count_unregistered(s, &oldest)) >=
-                    s->config->limits.clients) {
-                        reject(s, fd, REJECT(CLIENT_LIMIT),
-                               "the limit of %" PRId64 " clients is reached",
-                               s->config->limits.clients);
+                if (!within_share(s, fd, &cred, groups, n_groups))
                         continue;
-                }
-                if (!make_room_for_unregistered(s)) {
+                if (!make_room_for_unregistered(s, cred.uid)) {
                         reject(s, fd, REJECT(CLIENT_LIMIT),
                                "%" PRId64 " side channels are waiting to register; retry",
                                s->config->limits.unregistered);

@@ -109,6 +109,11 @@ struct fdguard {
         size_t n_pending;
         bool ipc_paused, tcp_paused;
         uint64_t tcp_paused_ns;
+        /* The executable's accept guard (daemon/accept-guard.h), where it has one: a user's
+         * share of ipc:// connections, and how many it closed over a share so far. */
+        void (*share)(long max);
+        unsigned long (*share_refused)(void);
+        uint64_t share_log_ns;
 };
 
 struct server {
@@ -148,7 +153,7 @@ struct server {
         size_t n_held_parts;       /* HelloHeld entries kept for all clients before their Hello */
         uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
         uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
-        uint64_t evict_log_ns, fd_log_ns;
+        uint64_t evict_log_ns, fd_log_ns, share_log_ns;
 };
 
 enum {
