@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alog.h"
 #include "ctx.h"
 #include "curve.h"
+#include "gpunode.h"
 #include "time-util.h"
 #include "wire.h"
 
@@ -198,6 +200,29 @@ static int hello_prepare(aqua_ctx *ctx, const uint8_t token[SIDE_TOKEN_LEN], Aqu
                 hello->held = held->ptrs + first;
                 hello->n_held = held->n - first;
                 hello->held_total = (uint32_t)held->n;
+        }
+
+        /* The host's evidence that this process may use its GPU: the GPU's device node,
+         * which only a process the host lets use it can open. None where the host lists no
+         * such GPU (aquad then asks for none); a node this process may not open is not sent,
+         * and aquad refuses the Hello saying so. */
+        if (!ctx->fabric) {
+                int fd = gpunode_open(gpunode_root(), gi->uuid);
+
+                if (fd >= 0) {
+                        Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+
+                        f.kind = AQUA__SIDE_FRAME__KIND__KIND_DEVICE_FD;
+                        f.request_id = env->request_id;
+                        r = transport_side_send(ctx->t, &f, &fd, 1);
+                        close(fd);
+                        if (r != 0)
+                                return r > 0 ? -ECONNRESET : r;
+                        hello->device_node = true;
+                } else if (fd != -ENOENT)
+                        alog_notice("cannot open the device node of %s (%s): aquad will refuse to "
+                                    "register it",
+                                    gi->uuid, strerror(-fd));
         }
 
         /* The fds go first so the daemon has them when it reads the Hello; at most

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "account.h"
+#include "gpunode.h"
 #include "sim.h"
 
 struct sim sim = {
@@ -17,6 +18,31 @@ static _Thread_local struct CUctx_st *current;
 struct CUctx_st *sim_current_ctx(void)
 {
         return current;
+}
+
+/*
+ * The driver's files for each device under $AQUA_DRIVER_ROOT (common/gpunode.h): what a host
+ * shows of its GPUs, so that aquad can tell which process may use which simulated GPU. A failure
+ * is reported and leaves the machine as it is: no node, no evidence, refused where it counts.
+ */
+static void publish_nodes(void)
+{
+        for (int i = 0; i < sim.n_devices; i++) {
+                const unsigned char *b = (const unsigned char *)sim.devices[i].uuid.bytes;
+                char uuid[GPUNODE_UUID_LEN], bus[32];
+                int r;
+
+                snprintf(uuid, sizeof(uuid),
+                         "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
+                snprintf(bus, sizeof(bus), "%04x:%02x:%02x.0", sim.devices[i].pci_domain,
+                         sim.devices[i].pci_bus, sim.devices[i].pci_device);
+                r = gpunode_publish(gpunode_root(), (unsigned)i, uuid, bus);
+                if (r < 0)
+                        fprintf(stderr, "simcuda: cannot write device %d's files under %s: %s\n", i,
+                                gpunode_root(), strerror(-r));
+        }
 }
 
 /*
@@ -58,6 +84,8 @@ SIM_API cuInit(unsigned int Flags)
                 failed = CUDA_ERROR_OPERATING_SYSTEM;
                 goto out;
         }
+        if (getenv(GPUNODE_ROOT_ENV))
+                publish_nodes();
         for (int i = 0; i < sim.n_devices; i++) {
                 struct CUctx_st *ctx = calloc(1, sizeof(*ctx));
 

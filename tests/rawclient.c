@@ -230,6 +230,14 @@ Aqua__Envelope *raw_hello(struct raw *r, Aqua__Role role, const char *uuid, cons
         e.body_case = AQUA__ENVELOPE__BODY_HELLO;
         e.hello = &h;
         e.request_id = r->next_id++;
+        if (r->device_node) {
+                Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
+                f.kind = AQUA__SIDE_FRAME__KIND__KIND_DEVICE_FD;
+                f.request_id = e.request_id;
+                h.device_node = true;
+                if (side_send(r->side, &f, &r->device_fd, 1) < 0)
+                        return NULL;
+        }
         if (role == AQUA__ROLE__ROLE_PRODUCER && n_held > 0) {
                 Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
                 f.kind = AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS;

@@ -28,6 +28,9 @@ struct raw {
         /* A stranger: present no custody secret. Otherwise raw_hello presents the one the last
          * Welcome for the uuid gave in this process, as libaqua keeps it in memory. */
         bool no_secret;
+        /* Pass device_fd as the GPU's device node with the next Hello (Hello.device_node). */
+        bool device_node;
+        int device_fd;
 };
 
 /* Forget every custody secret this process was given (a new process, as far as aquad can tell

@@ -647,3 +647,119 @@ Test(trust, one_users_idle_zeromq_connections_hold_no_more_than_its_share)
                       after - before);
         cr_assert_eq(ctl_status(out, sizeof(out)), 0, "root's aquactl: %s", out);
 }
+
+/* ---------------------------------------------------------------- a GPU is its holder's */
+
+/* The uuid simcuda gave device i, from the driver's files under root. */
+static void uuid_of(const char *root, int i, char *uuid, size_t size)
+{
+        char path[512], line[256];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/proc/driver/nvidia/gpus/0000:%02x:00.0/information", root,
+                 0x10 + i);
+        f = fopen(path, "r");
+        cr_assert_not_null(f, "simcuda wrote no %s", path);
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "GPU UUID: %63s", uuid) == 1)
+                        break;
+        fclose(f);
+        cr_assert(strncmp(uuid, "GPU-", 4) == 0 && strlen(uuid) < size);
+}
+
+/* In a child as nobody: claim uuid as a producer, passing node (NULL: none); the Hello's error
+ * code (0: welcomed), and its message in msg. */
+static int nobody_claims(const char *uuid, const char *node, char *msg, size_t size)
+{
+        int p[2], code = -1;
+        pid_t pid;
+
+        cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+        pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                struct raw r = {0};
+                Aqua__Envelope *w;
+                char out[600] = {0};
+
+                close(p[0]);
+                become_nobody();
+                raw_forget_secrets();
+                if (raw_connect(&r, aquad_endpoint(daemon_), aquad_side_path(daemon_)) != 0)
+                        _exit(2);
+                if (node) {
+                        r.device_fd = open(node, O_RDONLY | O_CLOEXEC);
+                        r.device_node = r.device_fd >= 0;
+                }
+                w = raw_hello(&r, AQUA__ROLE__ROLE_PRODUCER, uuid, NULL, NULL, 0, NULL);
+                code = !w ? -2 : w->body_case == AQUA__ENVELOPE__BODY_WELCOME ? 0 : raw_error_code(w);
+                snprintf(out, sizeof(out), "%d %s", code,
+                         w && w->body_case == AQUA__ENVELOPE__BODY_ERROR ? w->error->message : "");
+                (void)!write(p[1], out, strlen(out) + 1);
+                _exit(0);
+        }
+        close(p[1]);
+        char buf[600] = {0};
+        cr_assert_gt(read(p[0], buf, sizeof(buf) - 1), 0);
+        close(p[0]);
+        waitpid(pid, NULL, 0);
+        cr_assert_eq(sscanf(buf, "%d", &code), 1);
+        snprintf(msg, size, "%s", strchr(buf, ' ') ? strchr(buf, ' ') + 1 : "");
+        return code;
+}
+
+Test(trust, a_gpu_of_this_host_is_registered_only_by_a_process_the_host_lets_use_it)
+{
+        char root[] = "/tmp/test-trust-driver-XXXXXX", yaml[600], uuid0[64], uuid1[64],
+            node[700], msg[600];
+        pid_t agent;
+        FILE *in, *o;
+        char line[512];
+
+        need_nobody();
+        cr_assert_not_null(mkdtemp(root));
+        cr_assert_eq(chmod(root, 0755), 0);
+        snprintf(yaml, sizeof(yaml), "driver-root: %s\n", root);
+        start(yaml);
+        /* root's engine on the simulated machine: simcuda writes the driver's files. */
+        setenv("AQUA_DRIVER_ROOT", root, 1);
+        setenv("AQUA_SIM_DEVICES", "2x1GiB", 1);
+        setenv("AQUA_SIM_MACHINE", "test-trust-nodes", 1);
+        setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
+        setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
+        test_agent_spawn(&agent, &in, &o);
+        fprintf(in, "free 1\n");
+        fflush(in);
+        cr_assert_not_null(fgets(line, sizeof(line), o));
+        cr_assert_eq(strncmp(line, "ok", 2), 0, "%s", line);
+        uuid_of(root, 0, uuid0, sizeof(uuid0));
+        uuid_of(root, 1, uuid1, sizeof(uuid1));
+
+        /* nobody names GPU 1 first with no node, with GPU 0's node, and with GPU 1's once its node is
+         * root's alone (as a host that gives GPU 1 to root only). */
+        cr_assert_eq(nobody_claims(uuid1, NULL, msg, sizeof(msg)), 5, "%s", msg);
+        cr_assert(strstr(msg, uuid1) && strstr(msg, "uid 65534") && strstr(msg, "no device node"),
+                  "%s", msg);
+        snprintf(node, sizeof(node), "%s/dev/nvidia0", root);
+        cr_assert_eq(nobody_claims(uuid1, node, msg, sizeof(msg)), 5, "%s", msg);
+        cr_assert(strstr(msg, uuid0), "the refusal names the node's GPU: %s", msg);
+        snprintf(node, sizeof(node), "%s/dev/nvidia1", root);
+        cr_assert_eq(chmod(node, 0600), 0);
+        cr_assert_eq(nobody_claims(uuid1, node, msg, sizeof(msg)), 5, "%s", msg);
+        /* root's producer on GPU 1 registers: libaqua passes the node, aquad finds it GPU 1's;
+         * nobody's claims held nothing up. */
+        fprintf(in, "open producer 1\n");
+        fflush(in);
+        cr_assert_not_null(fgets(line, sizeof(line), o));
+        cr_assert_eq(strncmp(line, "ok", 2), 0, "root's producer on its GPU: %s", line);
+        /* With GPU 0's own node, nobody registers GPU 0. */
+        snprintf(node, sizeof(node), "%s/dev/nvidia0", root);
+        cr_assert_eq(nobody_claims(uuid0, node, msg, sizeof(msg)), 0, "%s", msg);
+        /* A uuid the host has no GPU of is taken on its word, as before. */
+        cr_assert_eq(nobody_claims("GPU-not-of-this-host", NULL, msg, sizeof(msg)), 0, "%s", msg);
+
+        test_agent_kill(&agent, in, o);
+        test_sim_remove("test-trust-nodes");
+        unsetenv("AQUA_DRIVER_ROOT");
+        rm_rf(root);
+}

@@ -45,6 +45,7 @@ enum broker_error {
         BROKER_E_BARRED,     /* a consumer that missed a reclaim deadline */
         BROKER_E_BUSY,       /* the GPU is registered by another live client */
         BROKER_E_DRAINING,   /* an operator drained the producer's GPU: no offers until undrained */
+        BROKER_E_PERMISSION, /* the identity may not do it: a GPU it shows no evidence it may use */
         _BROKER_E_MAX,
 };
 
@@ -401,6 +402,18 @@ struct broker_hello {
         size_t n_held;
         int *held_fds; /* producer: one per held chunk, taken (closed or kept) on any return */
         bool fabric;   /* handles travel as fabric handles (held[].fabric), not descriptors */
+        /*
+         * Whether the host shows that this process may use the GPU it names (daemon/README.md,
+         * "Who may hold what"): the transport finds out (a device node the process passed, a
+         * remote key's binding), the core refuses a registration without it; why says what the
+         * transport found, for the refusal.
+         */
+        enum broker_evidence {
+                BROKER_EVIDENCE_NOT_ASKED, /* the host has no such GPU, or checks are off */
+                BROKER_EVIDENCE_SHOWN,
+                BROKER_EVIDENCE_MISSING,
+        } evidence;
+        const char *evidence_why;
 };
 
 struct broker_welcome {

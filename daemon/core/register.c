@@ -319,6 +319,15 @@ static int admit(struct broker *pool, const struct gpu *g, const struct broker_h
         return 0;
 }
 
+static const char *identity_text(const struct broker_identity *w, char *buf, size_t size)
+{
+        if (w->remote)
+                snprintf(buf, size, "CURVE key %.8s...", w->key);
+        else
+                snprintf(buf, size, "uid %u, pid %d", (unsigned)w->uid, (int)w->process.pid);
+        return buf;
+}
+
 int broker_register(struct broker *pool, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err)
 {
@@ -351,6 +360,14 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                 snprintf(name, sizeof(name), "%s", h->uuid);
         if (!h->who)
                 return broker_fail(err, E(INVALID), "hello: no identity");
+        /* A name is not a proof: a GPU of this host is registered only by a process the host
+         * lets use it, whatever it holds or whoever held it. */
+        if (h->evidence == BROKER_EVIDENCE_MISSING)
+                return broker_fail(err, E(PERMISSION),
+                                   "hello: GPU %s is a GPU of this host, and this process "
+                                   "(%s) shows no evidence that it may use it: %s",
+                                   h->uuid, identity_text(h->who, who, sizeof(who)),
+                                   h->evidence_why ? h->evidence_why : "none given");
         g = gpu_find(pool, name);
         r = admit(pool, g, h, &how, err);
         if (r != 0)

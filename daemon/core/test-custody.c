@@ -2,8 +2,9 @@
  * Custody as an invariant. Eight identities (two processes of one uid, a producer's, uid nobody
  * that never had a GPU, two CURVE keys of one user, a stranger of another tenant, root) register
  * GPUs at random, with and without the secrets they were given; they borrow, return, answer
- * reclaims or stay silent, die and come back as new processes; links are cut; an operator
- * releases, with --force only where it is true; pins are set between whoever holds the GPUs;
+ * reclaims or stay silent, die and come back as new processes; one claims a GPU it may not use;
+ * links are cut; an operator releases, with --force only where it is true; pins are set between
+ * whoever holds the GPUs;
  * aquad restarts from its journal. After every step no chunk that one identity maps is granted
  * to, scrubbed for or handed back to anyone, no chunk leased to a consumer is memory a lender of
  * another tenant offered (root lends to all), and the books add up.
@@ -48,6 +49,13 @@ static const char *tenant_of_ident(int k)
         return t[k];
 }
 
+/* Whether identity k may use GPU g on its host (the device node the host lets it open): nobody
+ * may not use the producer's GPU, and claims it all the same (an impostor). */
+static bool may_use(int k, int g)
+{
+        return !(k == NOBODY && g == 0);
+}
+
 #define MAX_OFFERED 4096
 /* Who offered each chunk (by id, which the pool never reuses): whose memory it is. */
 static int offered_by[MAX_OFFERED];
@@ -82,8 +90,8 @@ static uint8_t fabric_handles[4 * BROKER_FABRIC_HANDLE_SIZE]; /* a remote produc
 static size_t scrubs_asked, handed_back; /* chunks in ScrubRequests and Reclaimed notices */
 /* What the random runs did, so that a run that tries nothing shows. */
 static struct {
-        uint64_t hellos, refused, grants, remote_grants, restarts, cuts, deaths, releases,
-            quarantined;
+        uint64_t hellos, refused, impostors, grants, remote_grants, restarts, cuts, deaths,
+            releases, quarantined;
 } tally;
 
 static const struct broker_settings settings = {
@@ -311,6 +319,8 @@ static int hello(int k, int g, bool with_secret)
             .process = ids[k].who.remote ? NULL : &ids[k].who.process,
             .links = links,
             .fabric = ids[k].who.remote,
+            .evidence = may_use(k, g) ? BROKER_EVIDENCE_SHOWN : BROKER_EVIDENCE_MISSING,
+            .evidence_why = "it passed no device node",
         };
         struct gpu *known = broker_find_gpu(pool, names[g]);
         int r;
@@ -347,6 +357,9 @@ static int hello(int k, int g, bool with_secret)
         r = broker_register(pool, &h, &clients[k][g], &w, last_err);
         tally.hellos++;
         tally.refused += r == E(BUSY);
+        tally.impostors += r == E(PERMISSION);
+        if (r == 0 && !may_use(k, g))
+                violation("registered a GPU it may not use:", names[g], (uint64_t)k);
         if (r == 0) {
                 /* An earlier connection it replaced (w.replaced) is simply forgotten. */
                 reg[g] = w.gpu;
@@ -641,6 +654,8 @@ Test(custody, no_identity_ever_gets_what_another_maps, .timeout = 300)
         }
         cr_log_info("custody: %llu steps over %d runs, %llu violations", (unsigned long long)steps,
                     runs, (unsigned long long)violations);
+        cr_log_info("custody: %llu claims without evidence refused", (unsigned long long)tally.impostors);
+        cr_assert_gt(tally.impostors, 0, "no impostor tried");
         cr_log_info("custody: %llu hellos (%llu refused BUSY), %llu chunks granted (%llu to "
                     "remote identities), %llu restarts, %llu cut links, %llu deaths, %llu "
                     "releases (%llu chunks quarantined)",
@@ -826,6 +841,21 @@ Test(custody, tenants_hold_across_a_restart_from_the_journal)
         borrow_some(B, 8 * MiB);
         cr_assert_eq(n_maps, 0);
         check_invariant();
+        cr_assert_eq(violations, 0, "%s", why);
+        end();
+}
+
+/* A name is not a proof: a GPU claimed without the host's evidence is refused, saying why,
+ * however free it is; its holder registers it after. */
+Test(custody, a_gpu_claimed_without_evidence_is_refused_naming_it)
+{
+        begin(7);
+        cr_assert_eq(hello(NOBODY, P, true), E(PERMISSION));
+        cr_assert(strstr(last_err, "GPU-P") && strstr(last_err, "uid 65534") &&
+                      strstr(last_err, "no device node"),
+                  "%s", last_err);
+        cr_assert_null(broker_find_gpu(pool, "GPU-P"), "the claim left a GPU behind");
+        cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
         cr_assert_eq(violations, 0, "%s", why);
         end();
 }

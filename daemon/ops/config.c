@@ -73,6 +73,9 @@ static const struct conf_field remote_client_fields[] = {
     CONF_FIELD_STRING(struct config_remote_client, user, "user", CONF_REQUIRED),
     CONF_FIELD_LIST(struct config_remote_client, keys, n_keys, "keys", &conf_elem_string, 1024,
                     CONF_REQUIRED),
+    CONF_FIELD_LIST(struct config_remote_client, gpus, n_gpus, "gpus", &conf_elem_string, 4096, 0),
+    CONF_FIELD_LIST(struct config_remote_client, hosts, n_hosts, "hosts", &conf_elem_string, 1024,
+                    0),
     CONF_FIELD_END,
 };
 static const struct conf_schema remote_client_schema = {"remote client", remote_client_fields};
@@ -102,6 +105,8 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_STRUCT(struct config, admin, "admin", &access_schema, 0),
     CONF_FIELD_LIST(struct config, tenants, n_tenants, "tenants", CONF_ELEM_STRUCT(&tenant_schema),
                     1024, 0),
+    CONF_FIELD_BOOL(struct config, gpu_evidence, "gpu-evidence", 0),
+    CONF_FIELD_STRING(struct config, driver_root, "driver-root", 0),
     CONF_FIELD_SIZE(struct config, dram_budget, "dram-budget", 0, INT64_C(1) << 56, 0),
     CONF_FIELD_BOOL(struct config, scrub_chunks, "scrub-chunks", 0),
     CONF_FIELD_BOOL(struct config, colocated_lending, "colocated-lending", 0),
@@ -158,6 +163,7 @@ static int defaults(struct config *c)
         *c = (struct config){
             .socket_mode = 0660,
             .scrub_chunks = true,
+            .gpu_evidence = true,
             .limits =
                 {
                     .clients = 256,
@@ -188,7 +194,8 @@ static int defaults(struct config *c)
         c->endpoint = strdup(CONFIG_DEFAULT_ENDPOINT);
         c->side_socket = strdup(CONFIG_DEFAULT_SIDE);
         c->journal = strdup(CONFIG_DEFAULT_JOURNAL);
-        if (!c->endpoint || !c->side_socket || !c->journal)
+        c->driver_root = strdup("/");
+        if (!c->endpoint || !c->side_socket || !c->journal || !c->driver_root)
                 return -ENOMEM;
         return 0;
 }
@@ -593,6 +600,18 @@ const struct config_remote_client *config_remote_find(const struct config *c, co
         if (!zmq_z85_encode(z85, key, 32))
                 return NULL;
         return config_remote_find_text(c, z85);
+}
+
+bool config_remote_may_register(const struct config_remote_client *rc, const char *gpu_uuid,
+                                const char *host)
+{
+        for (size_t i = 0; gpu_uuid && i < rc->n_gpus; i++)
+                if (fnmatch(rc->gpus[i], gpu_uuid, FNM_CASEFOLD) == 0)
+                        return true;
+        for (size_t i = 0; host && *host && i < rc->n_hosts; i++)
+                if (fnmatch(rc->hosts[i], host, 0) == 0)
+                        return true;
+        return false;
 }
 
 const struct config_remote_client *config_remote_find_text(const struct config *c, const char *z85)

@@ -56,6 +56,12 @@ struct config_remote_client {
         char **keys; /* Z85 public keys */
         size_t n_keys;
         uid_t uid; /* resolved from user by config_load() */
+        /* What its keys may register: GPU uuids, and hosts (Hello.host) whose every GPU;
+         * fnmatch(3) patterns. Neither: any GPU not of aquad's host. */
+        char **gpus;
+        size_t n_gpus;
+        char **hosts;
+        size_t n_hosts;
 };
 
 /*
@@ -105,6 +111,8 @@ struct config {
         struct config_access allow;
         struct config_access admin;
         struct config_tenant *tenants; /* none: each user (or remote key) a tenant of its own */
+        bool gpu_evidence; /* a GPU of this host registers only with its device node */
+        char *driver_root; /* where the driver's files are: "/" (a test's root for simcuda) */
         size_t n_tenants;
         uint64_t dram_budget;
         bool scrub_chunks;      /* chunks a consumer mapped are scrubbed before another gets them */
@@ -153,6 +161,9 @@ int config_check_paths(const struct config *c, char **ret_error);
 /* The same by the key's Z85 text (ZeroMQ's User-Id of a CURVE connection, as aquad's ZAP sets it).
  */
 const struct config_remote_client *config_remote_find_text(const struct config *c, const char *z85);
+/* Whether rc's gpus or hosts name gpu_uuid or host (NULL: not told). */
+bool config_remote_may_register(const struct config_remote_client *rc, const char *gpu_uuid,
+                                const char *host);
 
 bool config_access_allows(const struct config_access *a, uid_t uid, gid_t gid, const gid_t *groups,
                           size_t n_groups);

@@ -470,3 +470,20 @@ Test(config, names_what_is_wrong_with_a_tenant)
                      "aquad.yaml: tenants[0].cgroups[0]: \"kubepods\" is neither a cgroup path "
                      "(\"/...\") nor a pattern that starts with '*'");
 }
+
+/* remote.clients binds a key to the GPUs or hosts it may register. */
+Test(config, binds_a_remote_key_to_its_gpus_and_hosts)
+{
+        struct config_remote_client rc = {
+            .user = (char *)"alice",
+            .gpus = (char *[]){(char *)"GPU-1234*"},
+            .n_gpus = 1,
+            .hosts = (char *[]){(char *)"node-[ab]"},
+            .n_hosts = 1,
+        };
+
+        cr_assert(config_remote_may_register(&rc, "gpu-12345678", NULL), "uuids ignore case");
+        cr_assert(config_remote_may_register(&rc, "GPU-9", "node-b"));
+        cr_assert_not(config_remote_may_register(&rc, "GPU-9", "node-c"));
+        cr_assert_not(config_remote_may_register(&rc, "GPU-9", NULL));
+}

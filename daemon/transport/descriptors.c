@@ -19,7 +19,11 @@ size_t pending_fds_needed(const Aqua__Envelope *e)
         if (e->body_case == AQUA__ENVELOPE__BODY_OFFER)
                 return e->offer->n_chunks;
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO)
-                return e->hello->held_total ? e->hello->held_total : e->hello->n_held;
+                /* A producer's handles, after its device node where it sends one. */
+                return (e->hello->role == AQUA__ROLE__ROLE_PRODUCER
+                            ? (e->hello->held_total ? e->hello->held_total : e->hello->n_held)
+                            : 0) +
+                       e->hello->device_node;
         return 0;
 }
 
@@ -61,7 +65,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
         int *a;
 
         if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&
-            f->kind != AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS) {
+            f->kind != AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS &&
+            f->kind != AQUA__SIDE_FRAME__KIND__KIND_DEVICE_FD) {
                 log_debug("Client %" PRIu64 " sent a side frame of kind %d; ignored", c->id,
                           f->kind);
                 side_close_fds(fds, n_fds);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "gpunode.h"
 #include "log.h"
 #include "server.h"
 #include "time-util.h"
@@ -130,6 +131,56 @@ void dispatch_identify_tenant(const struct server *s, const struct client *c,
         who->lends_to_all = !c->remote && (c->cred.uid == 0 || c->cred.uid == geteuid());
 }
 
+/*
+ * Whether the host shows that c may use the GPU its Hello names (daemon/README.md, "Who may
+ * hold what"): for a GPU of this host, the device node the process passed (device_fd, -1: none)
+ * must be that GPU's; a client on another host registers no GPU of this one, and only GPUs (or
+ * hosts) its remote.clients entry binds its key to, where the entry names any.
+ */
+static enum broker_evidence evidence_of(const struct server *s, const struct client *c,
+                                        const Aqua__Hello *h, int device_fd, char *why,
+                                        size_t size)
+{
+        const char *root = s->config->driver_root;
+        const struct config_remote_client *rc;
+        char uuid[GPUNODE_UUID_LEN];
+        bool here;
+
+        if (!s->config->gpu_evidence || !h->gpu_uuid || !h->gpu_uuid[0])
+                return BROKER_EVIDENCE_NOT_ASKED;
+        here = gpunode_find(root, h->gpu_uuid, NULL) == 0;
+        if (c->remote) {
+                if (here) {
+                        snprintf(why, size, "a client on another host registers only GPUs of its "
+                                            "own host");
+                        return BROKER_EVIDENCE_MISSING;
+                }
+                rc = config_remote_find_text(s->config, c->remote_key);
+                if (!rc || (!rc->n_gpus && !rc->n_hosts))
+                        return BROKER_EVIDENCE_NOT_ASKED;
+                if (config_remote_may_register(rc, h->gpu_uuid, h->host))
+                        return BROKER_EVIDENCE_SHOWN;
+                snprintf(why, size,
+                         "remote.clients binds the key of %s to its gpus and hosts, and neither "
+                         "names GPU %s on host %s",
+                         rc->user, h->gpu_uuid, h->host && h->host[0] ? h->host : "(untold)");
+                return BROKER_EVIDENCE_MISSING;
+        }
+        if (!here)
+                return BROKER_EVIDENCE_NOT_ASKED;
+        if (device_fd < 0)
+                snprintf(why, size,
+                         "it passed no device node (it may not open the GPU's node, or its "
+                         "libaqua predates the check)");
+        else if (gpunode_uuid_of_fd(root, device_fd, uuid) < 0)
+                snprintf(why, size, "the descriptor it passed is no GPU's device node");
+        else if (strcasecmp(uuid, h->gpu_uuid) != 0)
+                snprintf(why, size, "the device node it passed is GPU %s's", uuid);
+        else
+                return BROKER_EVIDENCE_SHOWN;
+        return BROKER_EVIDENCE_MISSING;
+}
+
 void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
                            size_t n_fds)
 {
@@ -159,11 +210,26 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
         };
         int code;
 
+        char why[256] = "";
+        int device_fd = -1;
+
         if (c->remote)
                 snprintf(who.key, sizeof(who.key), "%s", c->remote_key);
         else
                 who.process = c->process;
         dispatch_identify_tenant(s, c, &who);
+        /* The device node comes first, the producer's handles after it. */
+        if (h->device_node && fds && n_fds > 0) {
+                device_fd = fds[0];
+                fds[0] = -1;
+                fds++;
+                n_fds--;
+                ph.held_fds = fds;
+        }
+        ph.evidence = evidence_of(s, c, h, device_fd, why, sizeof(why));
+        ph.evidence_why = why;
+        if (device_fd >= 0)
+                close(device_fd);
         code = links ? held_all(c, h, &all, &n_all) : -ENOMEM;
         if (code == 0 && h->custody_secret.len && h->custody_secret.len != BROKER_SECRET_LEN)
                 code = broker_fail(err, ECODE(INVALID),
@@ -333,12 +399,12 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
                 reply_welcome(s, c, e->request_id, NULL, NULL, 0, NULL);
                 goto done;
         }
-        need = h->role == AQUA__ROLE__ROLE_PRODUCER ? pending_fds_needed(e) : 0;
+        need = pending_fds_needed(e);
         if (need == 0) {
                 dispatch_finish_hello(s, c, e, NULL, 0);
                 goto done;
         }
-        /* A producer re-registering: its handles come as REREGISTER_FDS frames. */
+        /* Its device node (a DEVICE_FD frame) and a producer's handles (REREGISTER_FDS). */
         p = pending_find(c, e->request_id);
         if (p && !p->env && p->n_fds == need) {
                 int *fds = TAKE_PTR(p->fds);
@@ -353,7 +419,7 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
         if (p && (p->env || p->n_fds > need)) {
                 client_queue_error(s, c, e->request_id, ECODE(SIDE_CHANNEL), "hello",
                                    p->env ? "request id already waiting"
-                                          : "more descriptors than held chunks");
+                                          : "more descriptors than the Hello names");
                 client_free_pending(c, p);
                 goto done;
         }

@@ -18,6 +18,7 @@ int translate_outcome(int r)
             [BROKER_E_BARRED] = ECODE(BARRED),
             [BROKER_E_BUSY] = ECODE(BUSY),
             [BROKER_E_DRAINING] = ECODE(DRAINING),
+            [BROKER_E_PERMISSION] = ECODE(PERMISSION),
         };
 
         if (r <= 0)
