@@ -12,7 +12,8 @@ LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json
 UPSTREAM_LOGS = $(addsuffix /meson-logs/pytest-vllm-upstream.xml,$(BUILD) $(RELEASE_BUILD) \
                 $(ASAN_BUILD))
 
-.PHONY: check build build-release build-asan test test-release test-asan fuzz bootstrap clean demo
+.PHONY: check build build-demo build-release build-asan test test-release test-asan fuzz bootstrap \
+        clean demo
 
 # Every suite in the normal (debugoptimized) build, again in a release build (deploy/README.md's
 # install: -O3, no assertions, -Werror) and under ASan+UBSan, then the fuzzers for a bounded
@@ -27,11 +28,23 @@ check: bootstrap
 	  scripts/test-summary $(LOGS); exit $$rc
 
 bootstrap:
-	@scripts/bootstrap
+	@scripts/bootstrap check
 
 # The burst demo (examples/README.md): aquad, a producer and a consumer engine on (simulated) GPUs.
-demo: bootstrap build
+# Only what it runs: the Debian packages of the build and the demo, and the demo's programs.
+DEMO_FIRST_RUN = the first run installs the Debian packages of the build and the demo, builds the \
+                 demo's programs, then runs it
+DEMO_TARGETS = daemon/aquad aquactl/aquactl examples/engine/aqua-engine examples/engine/aqua-cases \
+               examples/producer/aqua-producer simcuda/libcuda.so.1
+demo:
+	@echo "make demo: $(DEMO_FIRST_RUN)"
+	@scripts/bootstrap demo
+	@$(MAKE) --no-print-directory build-demo
 	@AQUA_BUILD=$(CURDIR)/$(BUILD) examples/demo/run
+
+build-demo: $(BUILD)/build.ninja
+	meson setup --reconfigure $(BUILD) >/dev/null
+	ninja -C $(BUILD) $(DEMO_TARGETS)
 
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) $(CUDA_INCLUDE)
