@@ -12,8 +12,8 @@ LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json
 UPSTREAM_LOGS = $(addsuffix /meson-logs/pytest-vllm-upstream.xml,$(BUILD) $(RELEASE_BUILD) \
                 $(ASAN_BUILD))
 
-.PHONY: check build build-demo build-release build-asan test test-release test-asan fuzz bootstrap \
-        clean demo
+.PHONY: check build build-demo build-release build-asan test test-release test-asan fuzz fuzz-long \
+        bootstrap clean demo
 
 # Every suite in the normal (debugoptimized) build, again in a release build (deploy/README.md's
 # install: -O3, no assertions, -Werror) and under ASan+UBSan, then the fuzzers for a bounded
@@ -32,8 +32,9 @@ bootstrap:
 
 # The burst demo (examples/README.md): aquad, a producer and a consumer engine on (simulated) GPUs.
 # Only what it runs: the Debian packages of the build and the demo, and the demo's programs.
-DEMO_FIRST_RUN = the first run installs the Debian packages of the build and the demo, builds the \
-                 demo's programs, then runs it
+DEMO_FIRST_RUN = on a fresh Debian 12 machine with 2 cores the first run took 74 s (apt-get 18 s \
+                 for 18 packages, the build about 8 s, the demo 48 s) and 658 MiB of disk; later \
+                 runs take the demo's time
 DEMO_TARGETS = daemon/aquad aquactl/aquactl examples/engine/aqua-engine examples/engine/aqua-cases \
                examples/producer/aqua-producer simcuda/libcuda.so.1
 demo:
@@ -85,6 +86,13 @@ fuzz: $(FUZZ_BUILD)/build.ninja
 	meson configure $(FUZZ_BUILD) -Dfuzz_seconds=$(FUZZ_SECONDS)
 	ninja -C $(FUZZ_BUILD)
 	meson test -C $(FUZZ_BUILD) --suite fuzz --print-errorlogs --num-processes 1
+
+# Every harness for FUZZ_SECONDS (make fuzz-long FUZZ_SECONDS=600), leak detection on, two at a
+# time; what reaches new coverage is merged into the kept corpora (tests/fuzz/long).
+fuzz-long: $(FUZZ_BUILD)/build.ninja
+	meson configure $(FUZZ_BUILD) -Dfuzz_seconds=$(FUZZ_SECONDS)
+	ninja -C $(FUZZ_BUILD)
+	tests/fuzz/long $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD) $(RELEASE_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
