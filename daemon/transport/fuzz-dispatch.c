@@ -226,7 +226,8 @@ static void setup(void)
         atexit(cleanup);
 }
 
-/* Clients registered over tcp go as their grace ends; they hold nothing. */
+/* Clients registered over tcp go as their grace ends; they hold nothing. Through the server's
+ * own removal, which frees what a client owns (held parts, pending requests, its outbox). */
 static void drop_remote(void)
 {
         struct list_node *pos, *tmp;
@@ -239,10 +240,7 @@ static void drop_remote(void)
                         continue;
                 if (c->gpu)
                         die("a remote client registered a GPU", NULL);
-                server_outbox_clear(srv, c);
-                list_unlink(&c->node);
-                srv->n_clients--;
-                free(c);
+                server_drop_client(srv, c);
         }
 }
 
@@ -296,17 +294,13 @@ static void reset(void)
                         local_envelope(i, hello[i], hello_len[i]);
 }
 
-/* The client's process ends: what server.c does on EOF, but the client connects again. */
-static void kill_client(struct client *c)
+/* Client i's process ends: the server removes it as on EOF (server_drop_client), then the same
+ * process connects again, a new client with a new side channel. */
+static void kill_client(size_t i)
 {
-        server_turn_barrier(srv);
-        while (!list_empty(&c->pending))
-                client_free_pending(c, list_entry(c->pending.next, struct pending, node));
-        if (c->gpu)
-                broker_gpu_gone(srv->broker, c->gpu);
-        c->gpu = NULL;
-        c->registered = false;
-        c->routing_id_len = 0;
+        server_drop_client(srv, fake[i]);
+        close(peer[i]);
+        add_client(i);
         server_end_turn(srv);
 }
 
@@ -392,7 +386,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         side_frame(fake[who], data, len, h >> 4);
                         break;
                 case FUZZ_OP_DIE:
-                        kill_client(fake[who]);
+                        kill_client(who);
                         break;
                 default:
                         time_passes((size ? data[0] : 1) * 100 * NSEC_PER_MSEC);
@@ -409,7 +403,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         time_passes(UINT64_C(3600) * NSEC_PER_SEC);
         check("after the deadlines");
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
-                kill_client(fake[i]);
+                kill_client(i);
         drop_remote();
         drain();
         check("after every client left");
