@@ -69,10 +69,16 @@ static void need_nobody(void)
                 cr_skip_test("this machine has no user nobody (uid 65534)");
 }
 
+/* In a forked child: become nobody, and die with the test (after the change of credentials,
+ * which clears a parent-death signal set before it). */
 static void become_nobody(void)
 {
+        pid_t parent = getppid();
+
         if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
                 _exit(99);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                _exit(98);
 }
 
 /* In a forked child: become nobody and register uuid (linked to peer) with the test's aquad;
@@ -123,7 +129,6 @@ static void nobody_lends(void)
 
                 close(p[1]);
                 close(ready[0]);
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 nobody_registers(&r, AQUA__ROLE__ROLE_PRODUCER, "GPU-N", "GPU-C");
                 w = raw_offer(&r, 4, 2 * MiB, fds);
                 if (!w || w->body_case != AQUA__ENVELOPE__BODY_OFFER_REPLY)
@@ -423,7 +428,6 @@ static pid_t impostor(char *dir, size_t size)
                 int fd, c;
 
                 close(ready[0]);
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 become_nobody();
                 if (!mkdtemp(d) || chmod(d, 0755) < 0)
                         _exit(2);
@@ -552,14 +556,14 @@ static int nobody_floods(int n, bool zmq)
         cr_assert_geq(lender, 0);
         if (lender == 0) {
                 static struct raw r[300];
-                void *ctx = zmq_ctx_new();
+                void *ctx;
                 char c;
 
                 close(p[1]);
                 close(ready[0]);
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 become_nobody();
                 raw_forget_secrets();
+                ctx = zmq_ctx_new();
                 for (int i = 0; i < n; i++) {
                         if (zmq) {
                                 void *d = zmq_socket(ctx, ZMQ_DEALER);

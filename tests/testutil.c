@@ -50,10 +50,11 @@ void test_agent_spawn_as(uid_t uid, pid_t *ret_pid, FILE **ret_in, FILE **ret_ou
         pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 if (uid != (uid_t)-1 &&
                     (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid(uid) < 0))
                         _exit(126);
+                /* After the change of credentials, which would clear it. */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 dup2(to[0], 0);
                 dup2(from[1], 1);
                 execl(bin, "aqua-agent", (char *)NULL);
