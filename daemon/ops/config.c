@@ -720,7 +720,7 @@ static int check_socket_path(const char *what, const char *path, const char *jou
         _cleanup_free_ char *lock = NULL;
         _cleanup_close_ int fd = -1;
         struct stat st;
-        char buf[32];
+        char buf[32] = {0}; /* a NUL after what pread() reads, for strspn() */
         ssize_t n;
 
         if (journal && strcmp(path, journal) == 0)
