@@ -9,6 +9,8 @@
  *   - no lease is lost or duplicated: what aquad has leased is what the live consumer maps, also
  *     while it is silent after a restart, and no lease it was granted is unknown after one;
  *   - every byte the consumer wrote reads back, from peer memory or from DRAM;
+ *   - pins hold: the two GPUs are paired only by the config's pin (`pairing: static`), and
+ *     whenever both are registered they are paired, in aquad's books and the consumer's view;
  *   - once everything is returned and reclaimed, the producer's GPU has all its memory back
  *     (cuMemGetInfo), and aquad holds no chunk and no lease.
  * Prints the cycles run and the violations, which must be 0. AQUA_FAULT_SEED replays a run;
@@ -123,16 +125,6 @@ static const char *agent_ask(struct agent *a, const char *fmt, ...)
         fputc('\n', a->in);
         fflush(a->in);
         return agent_read(a, 60000);
-}
-
-static uint64_t field(const char *reply, const char *key)
-{
-        char k[64];
-        const char *p;
-
-        snprintf(k, sizeof(k), "%s=", key);
-        p = reply ? strstr(reply, k) : NULL;
-        return p ? strtoull(p + strlen(k), NULL, 0) : UINT64_MAX;
 }
 
 static void agent_kill(struct agent *a)
@@ -276,6 +268,46 @@ out:
         return ok;
 }
 
+/* Pins hold: with both GPUs registered, aquad pairs them and the consumer knows it. */
+static void check_pin(struct run *r)
+{
+        Aqua__Envelope *q = NULL;
+        const char *producer_uuid = NULL, *paired = NULL;
+        bool both = consumer.pid > 0 && producer.pid > 0;
+        struct raw a;
+
+        if (!admin_connect(&a)) {
+                violation(r, "aquad does not answer an admin");
+                raw_close(&a);
+                return;
+        }
+        q = raw_admin_query(&a, AQUA__ADMIN_QUERY__WHAT__WHAT_GPUS);
+        for (size_t i = 0;
+             q && q->body_case == AQUA__ENVELOPE__BODY_ADMIN_REPLY && i < q->admin_reply->n_gpus;
+             i++) {
+                const Aqua__GpuInfo *g = q->admin_reply->gpus[i];
+                both &= g->client_id != 0;
+                if (g->ordinal == (uint32_t)producer.device)
+                        producer_uuid = g->uuid;
+                else if (g->ordinal == (uint32_t)consumer.device)
+                        paired = g->paired_with;
+        }
+        if (both && (!producer_uuid || !paired || strcmp(paired, producer_uuid) != 0))
+                violation(r, "the pinned consumer is paired with '%s', not with producer %s",
+                          paired ? paired : "?", producer_uuid ? producer_uuid : "?");
+        for (int i = 0; both && producer_uuid && i < 100; i++) {
+                const char *info = agent_ask(&consumer, "info");
+                if (info && strstr(info, producer_uuid))
+                        break;
+                if (i == 99 || !info)
+                        violation(r, "the pinned consumer says '%s'; aquad pairs it with %s",
+                                  info ? info : "nothing", producer_uuid);
+                agent_ask(&consumer, "poll 20");
+        }
+        raw_free(q);
+        raw_close(&a);
+}
+
 /* Poll an agent until it is connected to aquad (after a restart it reconnects on its own). */
 static bool settle(struct agent *a, int timeout_ms)
 {
@@ -287,9 +319,9 @@ static bool settle(struct agent *a, int timeout_ms)
                 const char *polled = agent_ask(a, "poll 100");
                 if (!is_ok(polled))
                         return false;
-                a->lost += field(polled, "lost");
+                a->lost += test_field(polled, "lost");
                 info = agent_ask(a, "info");
-                if (field(info, "connected") == 1)
+                if (test_field(info, "connected") == 1)
                         return true;
                 if (now_mono_ns() > deadline)
                         return false;
@@ -448,17 +480,18 @@ static void cycle(struct run *r, unsigned *rnd)
                 sleep_ns((RECONCILE_MS + 300) * NSEC_PER_MSEC);
                 agent_ask(&producer, "poll 100");
                 reply = agent_ask(&consumer, "info");
-                if (check_books(r, &b) && reply && b.leased_bytes < field(reply, "borrowed"))
+                if (check_books(r, &b) && reply && b.leased_bytes < test_field(reply, "borrowed"))
                         violation(r,
                                   "with the consumer silent, aquad has %" PRIu64
                                   " bytes leased, the consumer maps %" PRIu64,
-                                  b.leased_bytes, field(reply, "borrowed"));
+                                  b.leased_bytes, test_field(reply, "borrowed"));
         }
         if (consumer.pid > 0 && !settle(&consumer, 20000))
                 violation(r, "the consumer did not reconnect");
         /* A dead producer's chunks are moved off; scrub requests get done. */
         agent_ask(&consumer, "poll 300");
         agent_ask(&producer, "poll 300");
+        check_pin(r);
 
         /* Every byte written is still readable, wherever it lives now. */
         if (filled && !returned && consumer.pid > 0) {
@@ -476,7 +509,7 @@ static void cycle(struct run *r, unsigned *rnd)
                 if (!check_books(r, &b))
                         break;
                 reply = consumer.pid > 0 ? agent_ask(&consumer, "info") : NULL;
-                mapped = reply ? field(reply, "borrowed") : 0;
+                mapped = reply ? test_field(reply, "borrowed") : 0;
                 if (b.leased_bytes == mapped)
                         break;
                 if (i == 100) {
@@ -547,7 +580,10 @@ static void setup(void)
         setenv("AQUA_SIM_DEVICES", "2x2GiB", 1);
         unsetenv("AQUA_SIM_TOPOLOGY");
         unsetenv("AQUA_SIM_RUNTIME_DIR");
-        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 500ms\n", &daemon_), 0);
+        cr_assert_eq(aquad_start("reclaim-deadline: 10s\nreconcile-timeout: 500ms\n"
+                                 "pairing: static\npairs: [{producer: 1, consumer: 0}]\n",
+                                 &daemon_),
+                     0);
         setenv("AQUA_ENDPOINT", aquad_endpoint(daemon_), 1);
         setenv("AQUA_SIDE_PATH", aquad_side_path(daemon_), 1);
         cr_assert(agent_start(&observer));

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +66,16 @@ void test_agent_spawn_as(uid_t uid, pid_t *ret_pid, FILE **ret_in, FILE **ret_ou
         *ret_pid = pid;
         *ret_in = fdopen(to[1], "w");
         *ret_out = fdopen(from[0], "r");
+}
+
+uint64_t test_field(const char *reply, const char *key)
+{
+        char k[64];
+        const char *p;
+
+        snprintf(k, sizeof(k), "%s=", key);
+        p = reply ? strstr(reply, k) : NULL;
+        return p ? strtoull(p + strlen(k), NULL, 0) : UINT64_MAX;
 }
 
 void test_agent_kill(pid_t *pid, FILE *in, FILE *out)

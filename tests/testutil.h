@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -28,6 +29,9 @@ void test_agent_spawn(pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
 void test_agent_spawn_as(uid_t uid, pid_t *ret_pid, FILE **ret_in, FILE **ret_out);
 /* SIGKILL the agent *pid (when > 0), reap it, close its streams and set *pid to 0. */
 void test_agent_kill(pid_t *pid, FILE *in, FILE *out);
+
+/* The number after "KEY=" in an agent's reply, or UINT64_MAX where the reply has none. */
+uint64_t test_field(const char *reply, const char *key);
 
 /* Remove simcuda's shared state of machine: the folder /dev/shm/aqua-sim-<uid>-<machine>. */
 void test_sim_remove(const char *machine);

@@ -488,9 +488,10 @@ static int apply_op(struct broker *pool, const Aquaj__JOp *op)
         switch (op->op_case) {
         case AQUAJ__JOP__OP_SNAPSHOT: {
                 const Aquaj__JSnapshot *s = op->snapshot;
-                /* A snapshot replaces all state; config pins are set again after replay. */
+                /* A snapshot replaces all journaled state: the operator's pins, not the
+                 * config's. */
                 broker_clear(pool);
-                pins_clear(pool, false);
+                pins_clear(pool, "aquactl");
                 for (size_t i = 0; i < s->n_leases; i++)
                         if ((r = apply_lease(pool, s->leases[i])) < 0)
                                 return r;

@@ -52,9 +52,9 @@ void journal_pin(struct broker *pool, const char *producer, const char *consumer
 /* Destroy without journaling (replay, snapshots, teardown). */
 void chunk_destroy(struct broker *pool, struct chunk *c);
 void lease_destroy(struct broker *pool, struct lease *l);
-/* Forget all chunks, leases and per-GPU state; drop config pins (config_only) or all pins. */
+/* Forget all chunks, leases and per-GPU state (not the pins). */
 void broker_clear(struct broker *pool);
-void pins_clear(struct broker *pool, bool config_only);
+void pins_clear(struct broker *pool, const char *source); /* NULL: every pin */
 void broker_ops_clear(struct broker *pool);
 
 /* scrub.c: consumer stopped mapping c, which is free again: dirty with its data. */

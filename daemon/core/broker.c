@@ -531,21 +531,16 @@ static void pin_free(struct broker_pin *p)
         free(p->refused);
 }
 
-void pins_clear(struct broker *pool, bool config_only)
+void pins_clear(struct broker *pool, const char *source)
 {
         size_t k = 0;
 
         for (size_t i = 0; i < pool->n_pins; i++) {
-                if (!config_only || strcmp(pool->pins[i].source, "config") != 0) {
+                if (source && strcmp(pool->pins[i].source, source) != 0) {
                         pool->pins[k++] = pool->pins[i];
                         continue;
                 }
                 pin_free(&pool->pins[i]);
-        }
-        if (!config_only) {
-                for (size_t i = 0; i < k; i++)
-                        pin_free(&pool->pins[i]);
-                k = 0;
         }
         pool->n_pins = k;
 }
@@ -583,7 +578,7 @@ struct broker *broker_free(struct broker *pool)
         }
         broker_ops_clear(pool);
         free(pool->ops);
-        pins_clear(pool, false);
+        pins_clear(pool, NULL);
         free(pool->pins);
         events_deinit(&pool->events);
         journal_free(pool->journal);
@@ -641,7 +636,7 @@ int broker_set_config_pins(struct broker *pool, const char *const *producers,
 {
         int r;
 
-        pins_clear(pool, true);
+        pins_clear(pool, "config");
         for (size_t i = 0; i < n; i++) {
                 /* An operator's pin on either GPU wins over the config. */
                 bool taken = false;

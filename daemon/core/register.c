@@ -465,10 +465,41 @@ fail:
 
 /* ------------------------------------------------------------------------------ pairing */
 
+/*
+ * The GPU key names: a registered one before one restored from the journal before one that is
+ * gone, where an ordinal (or a device's two roles) names more than one.
+ */
 static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
 {
-        for (size_t i = 0; i < n; i++)
-                if (gpu_is(gpus[i], key))
+        size_t best = SIZE_MAX;
+        int best_rank = -1;
+
+        for (size_t i = 0; key[0] && i < n; i++) {
+                int rank = gpus[i]->owner ? 2 : gpus[i]->restored ? 1 : 0;
+                if (rank > best_rank && gpu_is(gpus[i], key)) {
+                        best = i;
+                        best_rank = rank;
+                }
+        }
+        return best;
+}
+
+/*
+ * The order pins are taken in: an operator's, newest first, then the config's and the plan's in
+ * their order. A pin naming a GPU that an earlier one named is passed over, however either names
+ * it (uuid, ordinal, HOST:ORDINAL), so no GPU is ever in two pins.
+ */
+static size_t pin_at(const struct broker *pool, size_t k)
+{
+        size_t n_operator = 0;
+
+        for (size_t i = 0; i < pool->n_pins; i++)
+                n_operator += strcmp(pool->pins[i].source, "aquactl") == 0;
+        for (size_t i = pool->n_pins, seen = 0; k < n_operator && i-- > 0;)
+                if (strcmp(pool->pins[i].source, "aquactl") == 0 && seen++ == k)
+                        return i;
+        for (size_t i = 0, seen = n_operator; i < pool->n_pins; i++)
+                if (strcmp(pool->pins[i].source, "aquactl") != 0 && seen++ == k)
                         return i;
         return SIZE_MAX;
 }
@@ -482,6 +513,12 @@ static double link_bandwidth(const struct broker *pool, const struct gpu *g, siz
         return (double)topology_link_by_host(pool->settings.links, g->host, g->device, g->host,
                                              g->links[k].uuid) /
                1e9;
+}
+
+/* Registered, or restored from the journal and not yet given up: a GPU that may pair. */
+static bool live(const struct gpu *g)
+{
+        return g->owner || g->restored;
 }
 
 /* Both hosts known and different: a link between them crosses the NVLink fabric. */
@@ -532,6 +569,7 @@ int broker_recompute_pairs(struct broker *pool)
         _cleanup_free_ const char **source = NULL;
         _cleanup_free_ struct gpu **mate = NULL;
         _cleanup_free_ double *bw = NULL;
+        _cleanup_free_ bool *pinned_gpu = NULL;
         size_t n = 0, n_links = 0, n_pinned = 0, n_current = 0, n_out = 0, max_links = 0;
         int r;
 
@@ -542,6 +580,7 @@ int broker_recompute_pairs(struct broker *pool)
         mate = calloc(pool->n_gpus + 1, sizeof(*mate));
         source = calloc(pool->n_gpus + 1, sizeof(*source));
         bw = calloc(pool->n_gpus + 1, sizeof(*bw));
+        pinned_gpu = calloc(pool->n_gpus + 1, sizeof(*pinned_gpu));
         /*
          * A reported link may name a device's two registrations; a device's two are linked;
          * with a topology file, any two GPUs on different hosts may be (no client reports those).
@@ -551,40 +590,51 @@ int broker_recompute_pairs(struct broker *pool)
                        sizeof(*links));
         pinned = calloc(pool->n_pins + 1, sizeof(*pinned));
         current = calloc(pool->n_gpus + 1, sizeof(*current));
-        if (!gpus || !roles || !mate || !source || !bw || !links || !pinned || !current)
+        if (!gpus || !roles || !mate || !source || !bw || !pinned_gpu || !links || !pinned ||
+            !current)
                 return -ENOMEM;
 
         for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next)
                 gpus[n++] = list_entry(x, struct gpu, node);
         for (size_t i = 0; i < n; i++) {
                 struct gpu *g = gpus[i];
-                bool live = g->owner || g->restored;
-                roles[i] = !live                          ? PAIRING_OTHER
+                roles[i] = !live(g)                       ? PAIRING_OTHER
                            : g->role == GPU_ROLE_PRODUCER ? PAIRING_PRODUCER
                            : g->role == GPU_ROLE_CONSUMER ? PAIRING_CONSUMER
                                                           : PAIRING_OTHER;
         }
         for (size_t k = 0; k < pool->n_pins; k++) {
-                size_t a = index_of(gpus, n, pool->pins[k].producer);
-                size_t b = index_of(gpus, n, pool->pins[k].consumer);
-                /* A pin with one side empty keeps that GPU unpaired. */
-                if (!pool->pins[k].consumer[0] && a != SIZE_MAX) {
+                struct broker_pin *p = &pool->pins[pin_at(pool, k)];
+                size_t a = index_of(gpus, n, p->producer), b = index_of(gpus, n, p->consumer);
+
+                if ((a != SIZE_MAX && pinned_gpu[a]) || (b != SIZE_MAX && pinned_gpu[b])) {
+                        free(p->refused); /* not refused: given way to a pin taken first */
+                        p->refused = NULL;
+                        continue;
+                }
+                /*
+                 * A pinned GPU pairs with its pin's other side or with nobody: while that one is
+                 * not here (not registered, not restored from the journal), it waits unpaired,
+                 * so that the plan's pairs never lend to a stranger only to reclaim at once when
+                 * the planned GPU comes. A pin with one side empty keeps its GPU unpaired.
+                 */
+                if (a != SIZE_MAX) {
+                        pinned_gpu[a] = true;
                         roles[a] = PAIRING_OTHER;
-                        continue;
                 }
-                if (a == SIZE_MAX || b == SIZE_MAX)
-                        continue;
-                if (gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
-                        continue;
-                if (!pin_trusted(pool, &pool->pins[k], gpus[a], gpus[b])) {
-                        /* Kept apart: the consumer pairs with nobody while its pin stands. */
+                if (b != SIZE_MAX) {
+                        pinned_gpu[b] = true;
                         roles[b] = PAIRING_OTHER;
-                        continue;
                 }
+                if (a == SIZE_MAX || b == SIZE_MAX || !live(gpus[a]) || !live(gpus[b]) ||
+                    gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
+                        continue;
+                if (!pin_trusted(pool, p, gpus[a], gpus[b]))
+                        continue; /* kept apart, both, while the pin stands */
                 roles[a] = PAIRING_PRODUCER;
                 roles[b] = PAIRING_CONSUMER;
                 pinned[n_pinned++] = (struct pairing_pair){a, b};
-                source[a] = source[b] = pool->pins[k].source;
+                source[a] = source[b] = p->source;
         }
         for (size_t i = 0; pool->settings.auto_pairing && i < n; i++) {
                 if (!gpus[i]->owner)

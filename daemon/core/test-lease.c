@@ -1129,3 +1129,99 @@ Test(pins, pairs_by_ordinal_hold_for_restored_gpus)
         cr_assert_eq(system(cmd), 0);
         dir[0] = '\0';
 }
+
+/* A GPU of the pins' tests, with a peer link to every other one of them. */
+static struct gpu *hello_linked(const char *uuid, uint32_t ordinal, enum gpu_role role,
+                                struct client *owner)
+{
+        static const char *const all[] = {"GPU-A", "GPU-B", "GPU-C", "GPU-D",
+                                          "GPU-O", "GPU-X", "GPU-Y"};
+        struct broker_link links[ARRAY_SIZE(all)];
+        struct broker_hello h = {.who = &tenant,
+                                 .uuid = uuid,
+                                 .ordinal = ordinal,
+                                 .role = role,
+                                 .granularity = 2 * MiB,
+                                 .links = links,
+                                 .n_links = ARRAY_SIZE(all),
+                                 .client_name = uuid};
+        struct broker_welcome w = {0};
+
+        for (size_t i = 0; i < ARRAY_SIZE(all); i++)
+                links[i] = (struct broker_link){.uuid = all[i], .bandwidth = 400};
+        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        free(w.lost_leases);
+        return w.gpu;
+}
+
+/* A snapshot in the journal (every SIGTERM writes one) replaces the operator's pins, never the
+ * config's, whichever of the two was set first. */
+Test(pins, a_snapshot_keeps_the_configs_pins)
+{
+        static const char *const prod[] = {"2"}, *const cons[] = {"0"};
+        Aquaj__JournalRecord *snap = NULL;
+        struct broker *copy;
+
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        cr_assert_eq(broker_snapshot(pool, &snap), 0);
+        cr_assert_eq(broker_new(&settings, &copy), 0);
+        cr_assert_eq(broker_set_config_pins(copy, prod, cons, 1), 0);
+        cr_assert_eq(broker_apply(snap, copy), 0);
+        cr_assert_eq(copy->n_pins, 1, "the config's pin is still there");
+        cr_assert_str_eq(copy->pins[0].source, "config");
+        aquaj__journal_record__free_unpacked(snap, NULL);
+        broker_free(copy);
+        pool = broker_free(pool);
+}
+
+/* One GPU is in one pin however pins name it: an operator's pin by uuid wins over the config's by
+ * ordinal, and the pairing neither fails nor pairs a GPU twice. */
+Test(pins, an_operators_pin_by_uuid_wins_over_the_configs_by_ordinal)
+{
+        static const char *const prod[] = {"2", "3"}, *const cons[] = {"0", "1"};
+        struct client owners[4];
+        struct gpu *g[4];
+
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 2), 0);
+        g[0] = hello_linked("GPU-A", 0, GPU_ROLE_CONSUMER, &owners[0]);
+        g[1] = hello_linked("GPU-B", 1, GPU_ROLE_CONSUMER, &owners[1]);
+        g[2] = hello_linked("GPU-C", 2, GPU_ROLE_PRODUCER, &owners[2]);
+        g[3] = hello_linked("GPU-D", 3, GPU_ROLE_PRODUCER, &owners[3]);
+        cr_assert_eq(g[0]->paired, g[2]);
+        cr_assert_eq(g[1]->paired, g[3]);
+        cr_assert_eq(broker_pin(pool, "GPU-C", "GPU-B", err), 0, "%s", err);
+        cr_assert_eq(g[1]->paired, g[2], "the operator's pin");
+        /* Both config pins give way (each names a GPU of the operator's): 3 and 0 are free. */
+        cr_assert_eq(g[0]->paired, g[3], "paired automatically once their pins gave way");
+        cr_assert_eq(broker_unpin(pool, "GPU-C", err), 0, "%s", err);
+        cr_assert_null(g[2]->paired, "unpinned: kept apart");
+        cr_assert_null(g[0]->paired, "no producer is free for GPU 0");
+        cr_assert_eq(g[3]->paired, g[1], "the config's pin of GPUs 3 and 1 stands again");
+        drain_notices();
+        pool = broker_free(pool);
+}
+
+/* A pinned GPU waits for its pin's other side: it is never lent to a stranger in the meantime,
+ * only to be reclaimed when the planned GPU comes. */
+Test(pins, a_pinned_producer_waits_for_its_consumer)
+{
+        static const char *const prod[] = {"2"}, *const cons[] = {"0"};
+        struct client owners[3];
+        struct gpu *p, *c, *other;
+
+        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        p = hello_linked("GPU-X", 2, GPU_ROLE_PRODUCER, &owners[0]);
+        other = hello_linked("GPU-O", 1, GPU_ROLE_CONSUMER, &owners[1]);
+        cr_assert_null(p->paired, "GPU 2 waits for GPU 0");
+        cr_assert_null(other->paired, "and GPU 1 gets no producer of another's pin");
+        c = hello_linked("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[2]);
+        cr_assert_eq(c->paired, p);
+        broker_gpu_gone(pool, p);
+        cr_assert_null(c->paired, "its producer gone, the consumer waits");
+        cr_assert_null(other->paired);
+        drain_notices();
+        pool = broker_free(pool);
+}

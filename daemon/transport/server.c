@@ -585,12 +585,13 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
                 return r;
         s->config = config;
         server_apply_settings(s);
-        r = server_apply_pins(s);
         /* The sockets' locks first: an aquad that may not serve them touches nothing. */
-        if (r >= 0 && !(flags & SERVER_UNBOUND))
-                r = server_lock_sockets(s);
+        r = flags & SERVER_UNBOUND ? 0 : server_lock_sockets(s);
         if (r >= 0)
                 r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
+        /* After the journal, whose operator pins win over the config's on the same GPUs. */
+        if (r >= 0)
+                r = server_apply_pins(s);
         if (r < 0) {
                 s->config = NULL; /* the caller still owns it on failure */
                 return r;
