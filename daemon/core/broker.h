@@ -603,6 +603,8 @@ struct broker_gpu_view {
         uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
 };
 size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max);
+/* The name a GPU is registered under (its uuid, or "UUID/ROLE" with colocated lending). */
+const char *broker_gpu_uuid(const struct gpu *g);
 
 /* A pin that cannot stand now (its sides are of two tenants), and why. */
 struct broker_refused_pin {

@@ -12,6 +12,11 @@ static const char *or_empty(const char *s)
         return s ? s : "";
 }
 
+const char *broker_gpu_uuid(const struct gpu *g)
+{
+        return g->uuid;
+}
+
 void broker_totals(const struct broker *pool, struct broker_totals *ret)
 {
         *ret = (struct broker_totals){

@@ -429,11 +429,15 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
 
         r = wire_decode(data, size, &s->limits, &e, err, sizeof(err));
         if (r != 0) {
+                s->request = "message that did not decode";
                 server_queue_error(s, o->rid, o->rlen, 0,
                                    r < 0 ? ECODE(INTERNAL) : wire_error_code(r), "%s",
                                    r < 0 ? "out of memory decoding" : err);
+                s->request = NULL;
                 return;
         }
+        /* What an error reply answers, for the log. */
+        s->request = wire_body_name(e);
         /* Only what cannot touch them may join a turn that holds custody changes (turn.c):
          * more of them, and the return of a lease granted before this turn. */
         switch (e->body_case) {
@@ -453,6 +457,7 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
                 dispatch_hello(s, o, e);
+                s->request = NULL;
                 return;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO_HELD) {
@@ -524,6 +529,7 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
                 break;
         }
 done:
+        s->request = NULL;
         if (e)
                 aqua__envelope__free_unpacked(e, NULL);
 }

@@ -577,6 +577,8 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         list_init(&s->turn_custody);
         s->next_client_id = 1;
         s->start_ns = now_mono_ns();
+        s->error_log = RATELIMIT_INIT(10 * NSEC_PER_SEC, 10);
+        s->drop_log = RATELIMIT_INIT(10 * NSEC_PER_SEC, 10);
         s->config_path = strdup(config_path);
         if (!s->config_path)
                 return -ENOMEM;

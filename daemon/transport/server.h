@@ -15,6 +15,7 @@
 #include "list.h"
 #include "metrics.h"
 #include "proc.h"
+#include "ratelimit.h"
 #include "side.h"
 #include "wire.h"
 
@@ -154,6 +155,10 @@ struct server {
         uint64_t fd_limit;         /* RLIMIT_NOFILE as aquad started (after raising it) */
         uint64_t accept_paused_ns; /* out of descriptors: no accepting before this */
         uint64_t evict_log_ns, fd_log_ns, share_log_ns;
+        /* Every error reply and every dropped send has a line in the log (turn.c), within these
+         * budgets; request: the kind of request being dispatched, which an error answers. */
+        struct ratelimit error_log, drop_log;
+        const char *request;
 };
 
 enum {

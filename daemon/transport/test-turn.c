@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fuzz-dispatch.h"
+#include "log.h"
 #include "server.h"
 #include "time-util.h"
 
@@ -459,4 +460,100 @@ Test(turn, a_refused_turn_undoes_its_grants_and_keeps_its_returns)
         cr_assert_eq(grant_frames(), 0);
         cr_assert_eq(srv->broker->n_leases, 0);
         cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
+}
+
+/* What aquad logged while fn ran (stderr, where its log goes). */
+static char *logged_during(void (*fn)(void))
+{
+        char path[] = "/tmp/test-turn-log-XXXXXX";
+        int fd = mkstemp(path), saved = dup(2);
+        static char text[16384];
+        ssize_t n;
+
+        cr_assert_geq(fd, 0);
+        unlink(path);
+        fflush(stderr);
+        dup2(fd, 2);
+        fn();
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        n = pread(fd, text, sizeof(text) - 1, 0);
+        close(fd);
+        text[n > 0 ? n : 0] = '\0';
+        return text;
+}
+
+static size_t count_lines(const char *text, const char *needle)
+{
+        size_t n = 0;
+
+        for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+                n++;
+        return n;
+}
+
+static void errors_and_a_drop(void)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Borrow b = AQUA__BORROW__INIT;
+
+        /* An Offer of nothing, a Borrow before a Hello, and a grant the ROUTER does not take. */
+        offer(0, 5);
+        e.body_case = AQUA__ENVELOPE__BODY_BORROW;
+        e.borrow = &b;
+        e.request_id = 6;
+        send_env(3, &e);
+        offer(1, 10);
+        server_end_turn(srv);
+        refuse_errno = -EHOSTUNREACH;
+        refuse_body = AQUA__ENVELOPE__BODY_GRANT;
+        borrow(20);
+        server_end_turn(srv);
+        refuse_body = 0;
+        refuse_errno = -EAGAIN;
+}
+
+static void many_errors(void)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Borrow b = AQUA__BORROW__INIT;
+
+        e.body_case = AQUA__ENVELOPE__BODY_BORROW;
+        e.borrow = &b;
+        for (uint64_t i = 0; i < 500; i++) {
+                e.request_id = 100 + i;
+                send_env(3, &e);
+                if (i % 50 == 49) {
+                        server_end_turn(srv);
+                        n_out = 0;
+                }
+        }
+}
+
+/* Each error reply and each dropped send has a line naming the client, the request and why, so
+ * that every counter of the metrics can be explained; a flood costs a few lines, which count
+ * what they held back. */
+Test(turn, every_error_reply_and_dropped_send_has_a_line_in_the_log)
+{
+        uint64_t errors = srv->stats.errors, dropped = srv->stats.send_dropped;
+        const char *log;
+
+        log_setup("aquad", LOG_LEVEL_INFO);
+        log = logged_during(errors_and_a_drop);
+        cr_assert_eq(srv->stats.errors - errors, 2, "%s", log);
+        cr_assert_eq(srv->stats.send_dropped - dropped, 1);
+        cr_assert_eq(count_lines(log, "Error "), 2, "%s", log);
+        cr_assert_eq(count_lines(log, "Dropped a grant to client "), 1, "%s", log);
+        cr_assert_not_null(strstr(log, "Error ERROR_CODE_NOT_REGISTERED to a connection without a "
+                                       "Hello, answering its borrow (request 6): "),
+                           "%s", log);
+        cr_assert_not_null(strstr(log, "answering its offer (request 5): "), "%s", log);
+        cr_assert_not_null(strstr(log, "the reply to its borrow could not be sent"), "%s", log);
+
+        errors = srv->stats.errors;
+        log = logged_during(many_errors);
+        cr_assert_eq(srv->stats.errors - errors, 500);
+        cr_assert_leq(count_lines(log, "Error ERROR_CODE_NOT_REGISTERED"), 10, "%s", log);
+        cr_assert_geq(count_lines(log, "Error ERROR_CODE_NOT_REGISTERED"), 1, "%s", log);
 }

@@ -43,6 +43,69 @@ struct queued {
         struct turn_change *change;
 };
 
+/* Who a routing id names, for the log. */
+static const char *peer_text(struct server *s, const void *rid, size_t len, char *buf, size_t size)
+{
+        struct client *c = server_find_by_routing(s, rid, len);
+        const char *gpu = c && c->gpu ? broker_gpu_uuid(c->gpu) : NULL;
+
+        if (!c)
+                snprintf(buf, size, "a connection without a Hello");
+        else if (c->remote)
+                snprintf(buf, size, "client %" PRIu64 " (CURVE key %.8s...%s%s)", c->id,
+                         c->remote_key, gpu ? ", GPU " : "", gpu ? gpu : "");
+        else
+                snprintf(buf, size, "client %" PRIu64 " (pid %d uid %u%s%s)", c->id,
+                         (int)c->cred.pid, (unsigned)c->cred.uid, gpu ? ", GPU " : "",
+                         gpu ? gpu : "");
+        return buf;
+}
+
+static const char *error_code_name(int code)
+{
+        const ProtobufCEnumValue *v =
+            protobuf_c_enum_descriptor_get_value(&aqua__error_code__descriptor, code);
+
+        return v ? v->name : "an unknown code";
+}
+
+/*
+ * Every error reply is findable in the log, with whom it went to, what it answered and why, so
+ * that each error counter of the metrics has lines that explain it (at most s->error_log's
+ * budget; the lines held back are counted in the next one).
+ */
+static void log_error_reply(struct server *s, const void *rid, size_t len, const char *what,
+                            uint64_t request_id, int code, const char *msg)
+{
+        char who[160], more[80] = "";
+        uint64_t held = 0;
+
+        if (!ratelimit_take(&s->error_log, now_mono_ns(), &held))
+                return;
+        if (held)
+                snprintf(more, sizeof(more), " (%" PRIu64 " error replies before it not logged)",
+                         held);
+        log_notice("Error %s to %s, answering its %s (request %" PRIu64 "): %s%s",
+                   error_code_name(code), peer_text(s, rid, len, who, sizeof(who)),
+                   what ? what : "message", request_id, msg, more);
+}
+
+/* Likewise every send aquad drops: to whom, what and why. */
+static void log_dropped(struct server *s, const void *rid, size_t len, const char *body,
+                        const char *why)
+{
+        char who[160], more[80] = "";
+        uint64_t held = 0;
+
+        if (!ratelimit_take(&s->drop_log, now_mono_ns(), &held))
+                return;
+        if (held)
+                snprintf(more, sizeof(more), " (%" PRIu64 " dropped sends before it not logged)",
+                         held);
+        log_notice("Dropped a %s to %s: %s%s", body, peer_text(s, rid, len, who, sizeof(who)), why,
+                   more);
+}
+
 static void queued_free(struct queued *q)
 {
         list_unlink(&q->node);
@@ -81,7 +144,8 @@ int server_queue_to(struct server *s, const void *routing_id, size_t len, Aqua__
 
         if (r < 0) {
                 s->stats.send_dropped++;
-                log_warning_errno(r, "Dropped a %s message: %m", wire_body_name(e));
+                log_dropped(s, routing_id, len, wire_body_name(e),
+                            r == -ENOMEM ? "out of memory encoding it" : strerror(-r));
         }
         return r;
 }
@@ -105,7 +169,6 @@ static void error_env_init(struct server *s, struct error_env *x, uint64_t reque
         s->stats.errors++;
         if (code >= 0 && (size_t)code < ARRAY_SIZE(s->stats.errors_by_code))
                 s->stats.errors_by_code[code]++;
-        log_debug("Error %d to request %" PRIu64 ": %s", code, request_id, msg);
         x->e = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
         x->err = (Aqua__Error)AQUA__ERROR__INIT;
         x->err.code = code;
@@ -126,6 +189,7 @@ int server_queue_error(struct server *s, const void *routing_id, size_t len, uin
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
         error_env_init(s, &x, request_id, code, msg);
+        log_error_reply(s, routing_id, len, s->request, request_id, code, msg);
         return server_queue_to(s, routing_id, len, &x.e);
 }
 
@@ -189,6 +253,8 @@ static void custody_refuse(struct server *s, struct turn_change *k, int code, co
         custody_undo(s, k);
         snprintf(text, sizeof(text), "%s: %s", k->kind == CUSTODY_GRANT ? "borrow" : "offer", msg);
         error_env_init(s, &x, k->request_id, code, text);
+        log_error_reply(s, q->rid, q->rlen, k->kind == CUSTODY_GRANT ? "borrow" : "offer",
+                        k->request_id, code, text);
         if (wire_encode(&x.e, &buf, &len) == 0) {
                 free(q->buf);
                 q->buf = buf;
@@ -231,7 +297,7 @@ static int router_send(struct server *s, const void *rid, size_t rlen, const voi
         /* A full queue is retried by those who can (outboxes); for the others it is a drop. */
         if (r < 0 && r != -EAGAIN) {
                 s->stats.send_dropped++;
-                log_debug("Dropped a %s message: %s", body, zmq_strerror(-r));
+                log_dropped(s, rid, rlen, body, zmq_strerror(-r));
         }
         return r;
 }
@@ -320,8 +386,11 @@ static void send_queued(struct server *s, struct queued *q)
                 turn_change_free(k);
                 return;
         }
-        if (r == -EAGAIN)
+        if (r == -EAGAIN) {
                 s->stats.send_dropped++;
+                log_dropped(s, q->rid, q->rlen, q->body,
+                            "its queue is full (ZeroMQ's high-water mark)");
+        }
         if (r < 0 && k) {
                 /* A grant or an offer its client never hears of would be custody nobody knows
                  * it has: taken back (the client's request times out). */
