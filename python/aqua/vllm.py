@@ -49,6 +49,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 import aqua
 from aqua import kvcopy
+from aqua._tier import Followed, Tier
 from aqua._args import SizeError, parse_size
 
 __all__ = ["AquaOffloadingSpec", "AquaOffloadingWorker", "AquaSettings", "AquaStats"]
@@ -307,9 +308,6 @@ class AquaOffloadingWorker(OffloadingWorker):
         self.nbytes = offset
         self._jobs: deque[_Job] = deque()
         self._tickets: dict[int, _Job] = {}
-        # Runs of the tensor that a reclaim moved to host memory the device address range does
-        # not map (drivers that cannot map host memory): offset -> (nbytes, host address).
-        self._moved: dict[int, tuple[int, int]] = {}
         device = settings.device
         if device is None:
             device = torch.cuda.current_device() if torch.cuda.is_available() else 0
@@ -346,43 +344,22 @@ class AquaOffloadingWorker(OffloadingWorker):
         self._sync_copier = kvcopy.Copier(self.ctx, sync, priority=-1)
 
     def _open_tensor(self) -> None:
-        """Borrow, then make the tensor: its chunks are then the lease's (a lender's chunk size
-        is its own), and the first borrow's rounding to whole chunks is topped up."""
+        """The tier's tensor of the slots' bytes (aqua._tier: borrowed, then mapped whole)."""
         s = self.settings
-        want = max(self.nbytes, 1)
-        self.grants: list[aqua.Grant] = []
+        self.tier = Tier(self.ctx, "aqua.vllm")
         try:
-            self.grants.append(self.ctx.borrow(want, allow_dram=s.allow_dram, tensors=True))
-            self.grant = self.grants[0]
-            lease = self.grant.lease
-            lease_chunk = lease.info().chunk_bytes if lease is not None else 0
-            if s.chunk_bytes and lease_chunk and s.chunk_bytes != lease_chunk:
-                raise RuntimeError(
-                    f"aqua.vllm: 'chunk_bytes' ({s.chunk_bytes}) is not the lease's chunk size "
-                    f"({lease_chunk} bytes, the lender's) on device {self.ctx.device}: an aqua "
-                    "tensor maps whole lease chunks; leave 'chunk_bytes' unset to take the "
-                    "lease's")
-            self.tensor = self.ctx.tensor(want, chunk_bytes=s.chunk_bytes)
-            size = self.tensor.info().max_bytes
-            granted = self.grant.nbytes + self.grant.dram_bytes
-            if granted < size:
-                self.grants.append(self.ctx.borrow(size - granted, allow_dram=s.allow_dram,
-                                                   tensors=True))
-            self.tensor.grow(size)
+            self.tier.open(self.nbytes, allow_dram=s.allow_dram, chunk_bytes=s.chunk_bytes)
         except aqua.NoMemoryError as e:
-            held = sum(g.nbytes for g in self.grants)
-            dram = sum(g.dram_bytes for g in self.grants)
-            self._give_back()
+            held, dram = e.held_bytes, e.dram_bytes  # type: ignore[attr-defined]
             raise RuntimeError(
-                f"aqua.vllm: aquad could not back {max(want, held + dram)} bytes of offloaded KV "
-                f"on device {self.ctx.device} ('capacity_bytes' {s.capacity_bytes}, "
-                f"'allow_dram' {s.allow_dram}): peers lent {held} bytes and the DRAM budget "
-                f"{dram}; lower capacity_bytes, offer more from a producer, or raise aquad's "
-                f"dram-budget ({e})") from e
-        except BaseException:
-            self._give_back()
-            raise
-        self.dptr = self.tensor.dptr
+                f"aqua.vllm: aquad could not back {max(self.nbytes, held + dram)} bytes of "
+                f"offloaded KV on device {self.ctx.device} ('capacity_bytes' "
+                f"{s.capacity_bytes}, 'allow_dram' {s.allow_dram}): peers lent {held} bytes and "
+                f"the DRAM budget {dram}; lower capacity_bytes, offer more from a producer, or "
+                f"raise aquad's dram-budget ({e})") from e
+        self.tensor = self.tier.tensor
+        self.dptr = self.tier.dptr
+        size = self.tensor.info().max_bytes
         self._refresh_tiers()
         logger.info("aqua.vllm: %d slots of %d bytes in an aqua tensor of %d bytes at %#x "
                     "(peer %d, DRAM %d)", self.num_slots, self._stats.slot_bytes, size, self.dptr,
@@ -397,8 +374,7 @@ class AquaOffloadingWorker(OffloadingWorker):
         rows, nbytes = kvcopy.rows(self.regions, self.groups, self.dptr, self.blocks_per_chunk,
                                    gpu_spec.block_ids, slots.block_ids, gpu_spec.group_sizes,
                                    gpu_spec.block_indices, store)
-        if self._moved:
-            kvcopy.relocate(rows[:, 0 if store else 1], self.dptr, self._moved)
+        self.tier.relocate(rows[:, 0 if store else 1])
         return rows, nbytes
 
     # --------------------------------------------------------------------------- transfers
@@ -467,32 +443,15 @@ class AquaOffloadingWorker(OffloadingWorker):
         self._poll_due = bool(events)  # until a poll finds nothing, as the fd is edge-like
         if not events:
             return events
+        seen = Followed()
+        self.tier.follow(events, seen, logger)
         s = self._stats
-        for e in events:
-            if isinstance(e, aqua.TensorMigrated) and e.tensor is self.tensor:
-                s.migrations += 1
-                s.bytes_migrated += e.nbytes
-                if e.host is not None:
-                    self._moved[e.offset] = (e.nbytes, e.host)
-                else:
-                    self._moved.pop(e.offset, None)
-            elif isinstance(e, aqua.LeaseLost):
-                s.leases_lost += 1
-                try:  # its chunks are in host memory now; the lease itself is of no more use
-                    e.lease.give_back()
-                except aqua.AquaError as err:
-                    logger.info("aqua.vllm: a lost lease stays until its chunks are free: %s",
-                                err)
-            elif isinstance(e, aqua.ReclaimFailed):
-                s.reclaims_failed += 1
-                logger.warning("aqua.vllm: a reclaim could not be honoured (%s); the offloaded "
-                               "blocks stay where they are", os.strerror(e.errno))
-            elif isinstance(e, aqua.Disconnected):
-                s.disconnects += 1
-                logger.warning("aqua.vllm: aquad is gone; offloaded blocks stay mapped")
-            elif isinstance(e, aqua.Reconnected):
-                s.reconnects += 1
-                logger.info("aqua.vllm: reconnected to aquad")
+        s.migrations += seen.migrations
+        s.bytes_migrated += seen.bytes_migrated
+        s.leases_lost += seen.leases_lost
+        s.reclaims_failed += seen.reclaims_failed
+        s.disconnects += seen.disconnects
+        s.reconnects += seen.reconnects
         self._refresh_tiers()
         logger.info("aqua.vllm: %s", self._stats)
         return events
@@ -530,18 +489,5 @@ class AquaOffloadingWorker(OffloadingWorker):
     def _give_back(self) -> None:
         """Return the leases the worker borrowed (once its tensor is gone), so that a worker
         on a shared consumer leaves nothing behind."""
-        if getattr(self, "tensor", None) is not None and not self.tensor.closed:
-            self.tensor.free()
-        for g in getattr(self, "grants", []):
-            if g.lease is not None and not g.lease.closed and not self.ctx.closed:
-                try:
-                    g.lease.give_back()
-                except aqua.AquaError as err:
-                    logger.info("aqua.vllm: a lease stays until aquad hears of it: %s", err)
-            if g.dram_bytes and not self.ctx.closed:
-                try:
-                    self.ctx.return_dram(g.dram_bytes)
-                except aqua.AquaError as err:
-                    logger.info("aqua.vllm: DRAM budget stays until aquad hears of it: %s", err)
-        self.grants = []
-
+        if getattr(self, "tier", None) is not None:
+            self.tier.give_back(logger)
