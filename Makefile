@@ -8,9 +8,10 @@ MESON_TEST  = meson test --print-errorlogs --num-processes 2
 CUDA_INCLUDE = -Dtoolkit_include=$${AQUA_CUDA_INCLUDE:-/usr/local/cuda/include}
 LOGS = $(BUILD)/meson-logs/testlog.json $(RELEASE_BUILD)/meson-logs/testlog.json \
        $(ASAN_BUILD)/meson-logs/testlog-asan.json $(FUZZ_BUILD)/meson-logs/testlog.json
-# vLLM's own suites' counts (python-vllm-upstream), which the summary prints per build.
-UPSTREAM_LOGS = $(addsuffix /meson-logs/pytest-vllm-upstream.xml,$(BUILD) $(RELEASE_BUILD) \
-                $(ASAN_BUILD))
+# The engines' own suites' counts (python-vllm-upstream, python-lmcache-upstream), which the
+# summary prints per build.
+UPSTREAM_LOGS = $(foreach b,$(BUILD) $(RELEASE_BUILD) $(ASAN_BUILD),\
+                  $(b)/meson-logs/pytest-vllm-upstream.xml $(b)/meson-logs/pytest-lmcache-upstream.xml)
 
 .PHONY: check build build-demo build-release build-asan test test-release test-asan fuzz fuzz-long \
         bootstrap clean demo
