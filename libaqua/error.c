@@ -44,6 +44,7 @@ static const char *const outcome_text[_AQUA_OUTCOME_MAX] = {
     [AQUA_LIMIT] = "a limit of the daemon was reached",
     [AQUA_THROTTLED] = "too many requests in flight",
     [AQUA_DRAINING] = "drained by an operator: no offers until aquactl undrain",
+    [AQUA_JOURNAL] = "aquad could not make the change durable: refused and undone",
 };
 
 _public_ const char *aqua_strerror(int r)
@@ -116,8 +117,14 @@ int error_from_code(Aqua__ErrorCode code)
                 return AQUA_DRAINING;
         case AQUA__ERROR_CODE__ERROR_CODE_STOPPING:
                 return -ESHUTDOWN;
+        case AQUA__ERROR_CODE__ERROR_CODE_JOURNAL:
+                return AQUA_JOURNAL;
+        case AQUA__ERROR_CODE__ERROR_CODE_INTERNAL:
+                /* aquad failed (out of memory, say), not this host's I/O: told apart from -EIO. */
+                return -EREMOTEIO;
         default:
-                return -EIO;
+                /* A code of a newer aquad: a failure, not one this library can name. */
+                return -EPROTO;
         }
 }
 

@@ -20,6 +20,7 @@ class Outcome(IntEnum):
     LIMIT = 5
     THROTTLED = 6
     DRAINING = 7
+    JOURNAL = 8
 
 
 def strerror(code: int) -> str:
@@ -82,6 +83,12 @@ class DrainingError(AquaError):
     ``aquactl undrain`` ends the drain (it outlives this process)."""
 
 
+class JournalError(AquaError):
+    """AQUA_JOURNAL: aquad could not make the change durable (its journal could not be
+    written): the request was refused and undone, nothing changed; it may succeed once aquad
+    can write again."""
+
+
 class NotConnectedError(AquaError):
     """No daemon: -ENOTCONN, or at open -ECONNREFUSED / -ENOENT (nothing at the endpoint) and
     -ESHUTDOWN (the daemon is stopping)."""
@@ -122,6 +129,7 @@ _BY_OUTCOME: dict[int, type[AquaError]] = {
     Outcome.LIMIT: LimitError,
     Outcome.THROTTLED: ThrottledError,
     Outcome.DRAINING: DrainingError,
+    Outcome.JOURNAL: JournalError,
 }
 _BY_ERRNO: dict[int, type[AquaError]] = {
     _errno.ENOTCONN: NotConnectedError,

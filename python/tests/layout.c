@@ -68,7 +68,7 @@ int main(void)
         C(AQUA_VERSION_MAJOR, ""); C(AQUA_VERSION_MINOR, ", ");
         C(AQUA_PENDING, ", "); C(AQUA_TIMEOUT, ", "); C(AQUA_NO_MEMORY, ", ");
         C(AQUA_BARRED, ", "); C(AQUA_LIMIT, ", "); C(AQUA_THROTTLED, ", ");
-        C(AQUA_DRAINING, ", ");
+        C(AQUA_DRAINING, ", "); C(AQUA_JOURNAL, ", ");
         C(AQUA_ROLE_PRODUCER, ", "); C(AQUA_ROLE_CONSUMER, ", "); C(AQUA_ROLE_NEUTRAL, ", ");
         C(AQUA_TIER_NONE, ", "); C(AQUA_TIER_PEER, ", "); C(AQUA_TIER_DRAM, ", ");
         C(AQUA_TIER_LOCAL, ", "); C(AQUA_LOG_ERROR, ", "); C(AQUA_LOG_WARNING, ", ");

@@ -189,3 +189,27 @@ def test_close_wakes_a_thread_blocked_in_poll(aquad):
     th.join(5)
     assert not th.is_alive(), "poll(None) stayed blocked after close()"
     assert raised, "poll() did not say the context was closed"
+
+
+def test_a_borrow_aquad_cannot_journal_is_a_journal_error_and_changes_nothing(aquad, producer):
+    """aquad's disk is full (its journal may grow no more): the borrow is refused and undone, and
+    the engine can tell that from a broken disk of its own (AQUA_JOURNAL, not -EIO)."""
+    import resource
+    producer.eval("ctx.offer(256 << 20)")
+    with aqua.Consumer(0) as ctx:
+        size = os.path.getsize(os.path.join(aquad.dir, "journal"))
+        resource.prlimit(aquad.proc.pid, resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+        with pytest.raises(aqua.JournalError) as e:
+            ctx.borrow(32 * MiB)
+        assert e.value.outcome == aqua.Outcome.JOURNAL and e.value.errno is None
+        assert "durable" in str(e.value)
+        assert ctx.info().borrowed_bytes == 0
+        resource.prlimit(aquad.proc.pid, resource.RLIMIT_FSIZE,
+                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        for _ in range(100):  # aquad tries its journal again within a second
+            try:
+                ctx.borrow(32 * MiB)
+                break
+            except aqua.JournalError:
+                time.sleep(0.05)
+        assert ctx.info().borrowed_bytes == 32 * MiB

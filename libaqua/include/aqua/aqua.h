@@ -55,6 +55,8 @@ enum {
         AQUA_LIMIT,       /* a limit of the daemon (chunks, leases, clients) was reached */
         AQUA_THROTTLED,   /* too many requests in flight; try again later */
         AQUA_DRAINING,    /* offer: an operator drained this GPU; no offers until aquactl undrain */
+        AQUA_JOURNAL,     /* aquad could not make the change durable (its journal): refused and
+                           * undone, nothing changed; it may succeed once aquad can write again */
         _AQUA_OUTCOME_MAX,
 };
 
