@@ -256,7 +256,7 @@ _public_ int aqua_return(aqua_ctx *ctx, aqua_lease *lease)
         copies_wait_all(ctx);
         /* Unmapped first: the daemon may hand the memory back to its producer at once. */
         ctx_forget_lease_events(ctx, lease);
-        lease_destroy(&ctx->consumer.leases, ctx->gpu, lease);
+        lease_table_remove(&ctx->consumer.leases, ctx->gpu, lease);
         if (n == 0)
                 return 0;
 
@@ -450,7 +450,7 @@ static size_t migrate_chunks(aqua_ctx *ctx, aqua_lease *l, const uint64_t *chunk
         return n_done;
 }
 
-static int handle_reclaim(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
+static int consumer_reclaim_notice(aqua_ctx *ctx, const Aqua__ReclaimNotice *rn)
 {
         _cleanup_free_ uint64_t *all = NULL, *done = NULL;
         aqua_lease *l = lease_get(&ctx->consumer.leases, rn->lease_id);
@@ -486,7 +486,7 @@ static int consumer_dispatch(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled
         *ret_handled = e->body_case == AQUA__ENVELOPE__BODY_RECLAIM_NOTICE;
         if (!*ret_handled)
                 return 0;
-        return handle_reclaim(ctx, e->reclaim_notice);
+        return consumer_reclaim_notice(ctx, e->reclaim_notice);
 }
 
 static void consumer_late_grant(aqua_ctx *ctx, Aqua__Envelope *e)
@@ -557,7 +557,7 @@ static void consumer_lease_lost(aqua_ctx *ctx, uint64_t lease_id)
         ctx_push_event(ctx, &ev);
 }
 
-static void consumer_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+static void consumer_reply(aqua_ctx *ctx, const struct ctx_pending *p, Aqua__Envelope *e)
 {
         if (p->kind == PENDING_BORROW && e->body_case == AQUA__ENVELOPE__BODY_GRANT)
                 consumer_late_grant(ctx, e);

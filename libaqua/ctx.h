@@ -28,7 +28,7 @@ enum pending_kind {
         PENDING_BORROW,  /* a borrow whose caller timed out: a late grant must go back */
 };
 
-struct pending {
+struct ctx_pending {
         uint64_t request_id;
         enum pending_kind kind;
         /* PENDING_OFFER: the offers ref of the batch's first chunk; PENDING_RECLAIM: the token
@@ -108,7 +108,7 @@ struct aqua_ctx {
         int timeout_ms;
         uint64_t chunk_bytes;
 
-        struct gpu *gpu;
+        struct gpu_dev *gpu;
         struct transport *t;
 
         enum session_state state;
@@ -143,7 +143,7 @@ struct aqua_ctx {
         struct aqua_event *events;
         size_t ev_head, ev_n, ev_cap;
 
-        struct pending *pending;
+        struct ctx_pending *pending;
         size_t n_pending, cap_pending;
 };
 
@@ -156,7 +156,7 @@ void ctx_forget_lease_events(aqua_ctx *ctx, const aqua_lease *lease);
 
 int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, uint64_t arg);
 /* Remove and return the pending request with this id; false when unknown. */
-bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct pending *ret);
+bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct ctx_pending *ret);
 
 /* Reconnect (if the session was lost) before deadline_ns; 0 or -ENOTCONN. */
 int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns);
@@ -187,7 +187,7 @@ struct role_ops {
         int (*dispatch)(aqua_ctx *ctx, Aqua__Envelope *e, bool *ret_handled);
         /* The reply (or error) to a request the role tracks: PENDING_OFFER, PENDING_BORROW
          * (their callers stopped waiting) or PENDING_RECLAIM (aqua_reclaim's or async). */
-        void (*reply)(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e);
+        void (*reply)(aqua_ctx *ctx, const struct ctx_pending *p, Aqua__Envelope *e);
         /* The daemon went away: forget what only it knew. */
         void (*session_lost)(aqua_ctx *ctx);
         /* A restarted daemon does not know this lease any more. */

@@ -11,7 +11,7 @@
 #include "cuda-driver.h"
 #include "util.h"
 
-struct gpu {
+struct gpu_dev {
         const struct cuda_driver *d;
         CUdevice dev;
         CUcontext primary;
@@ -21,7 +21,7 @@ struct gpu {
 
 /* The caller's current context, restored when a scope that switched ends. */
 struct ctx_scope {
-        const struct gpu *g;
+        const struct gpu_dev *g;
         CUcontext saved;
         bool switched;
 };
@@ -44,13 +44,13 @@ static void ctx_scope_end(struct ctx_scope *s)
 /* The name of the last error a driver call returned on this thread, for reports. */
 static _Thread_local const char *last_error;
 
-const char *gpu_last_error(const struct gpu *g)
+const char *gpu_last_error(const struct gpu_dev *g)
 {
         (void)g;
         return last_error ? last_error : "no CUDA error";
 }
 
-static int cu_errno(const struct gpu *g, CUresult r, const char *what)
+static int cu_errno(const struct gpu_dev *g, CUresult r, const char *what)
 {
         const char *name = NULL;
 
@@ -90,7 +90,7 @@ static void format_uuid(const CUuuid *u, char *buf, size_t len)
                  b[14], b[15]);
 }
 
-static CUmemAllocationProp device_prop(const struct gpu *g, bool exportable)
+static CUmemAllocationProp device_prop(const struct gpu_dev *g, bool exportable)
 {
         return (CUmemAllocationProp){
             .type = CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -100,7 +100,7 @@ static CUmemAllocationProp device_prop(const struct gpu *g, bool exportable)
         };
 }
 
-static int gpu_query(struct gpu *g)
+static int gpu_query(struct gpu_dev *g)
 {
         CUmemAllocationProp prop = device_prop(g, true);
         struct gpu_info *gi = &g->info;
@@ -143,10 +143,10 @@ static int gpu_query(struct gpu *g)
         return 0;
 }
 
-int gpu_open(int ordinal, struct gpu **ret)
+int gpu_open(int ordinal, struct gpu_dev **ret)
 {
         _cleanup_free_ char *err = NULL;
-        struct gpu *g;
+        struct gpu_dev *g;
         int count = 0, r;
 
         g = calloc(1, sizeof(*g));
@@ -188,7 +188,7 @@ int gpu_open(int ordinal, struct gpu **ret)
         return 0;
 }
 
-struct gpu *gpu_free(struct gpu *g)
+struct gpu_dev *gpu_free(struct gpu_dev *g)
 {
         if (!g)
                 return NULL;
@@ -202,12 +202,12 @@ struct gpu *gpu_free(struct gpu *g)
         return NULL;
 }
 
-const struct gpu_info *gpu_info(const struct gpu *g)
+const struct gpu_info *gpu_info(const struct gpu_dev *g)
 {
         return &g->info;
 }
 
-int gpu_alloc_exportable(struct gpu *g, uint64_t size, bool fabric, gpu_handle *ret)
+int gpu_alloc_exportable(struct gpu_dev *g, uint64_t size, bool fabric, gpu_handle *ret)
 {
         CUmemAllocationProp prop = device_prop(g, true);
         CUmemGenericAllocationHandle h;
@@ -228,7 +228,7 @@ int gpu_alloc_exportable(struct gpu *g, uint64_t size, bool fabric, gpu_handle *
         return 0;
 }
 
-int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd)
+int gpu_export(struct gpu_dev *g, gpu_handle h, int *ret_fd)
 {
         int fd = -1, r;
 
@@ -241,7 +241,7 @@ int gpu_export(struct gpu *g, gpu_handle h, int *ret_fd)
         return 0;
 }
 
-int gpu_export_fabric(struct gpu *g, gpu_handle h, uint8_t ret[GPU_FABRIC_HANDLE_LEN])
+int gpu_export_fabric(struct gpu_dev *g, gpu_handle h, uint8_t ret[GPU_FABRIC_HANDLE_LEN])
 {
         CUmemFabricHandle fh;
         int r;
@@ -254,13 +254,13 @@ int gpu_export_fabric(struct gpu *g, gpu_handle h, uint8_t ret[GPU_FABRIC_HANDLE
         return 0;
 }
 
-int gpu_release(struct gpu *g, gpu_handle h)
+int gpu_release(struct gpu_dev *g, gpu_handle h)
 {
         WITH_PRIMARY(g);
         return CU(g, cuMemRelease(h));
 }
 
-int gpu_import(struct gpu *g, int fd, gpu_handle *ret)
+int gpu_import(struct gpu_dev *g, int fd, gpu_handle *ret)
 {
         CUmemGenericAllocationHandle h;
         int r;
@@ -274,7 +274,8 @@ int gpu_import(struct gpu *g, int fd, gpu_handle *ret)
         return 0;
 }
 
-int gpu_import_fabric(struct gpu *g, const uint8_t fabric[GPU_FABRIC_HANDLE_LEN], gpu_handle *ret)
+int gpu_import_fabric(struct gpu_dev *g, const uint8_t fabric[GPU_FABRIC_HANDLE_LEN],
+                      gpu_handle *ret)
 {
         CUmemGenericAllocationHandle h;
         CUmemFabricHandle fh;
@@ -293,7 +294,7 @@ int gpu_import_fabric(struct gpu *g, const uint8_t fabric[GPU_FABRIC_HANDLE_LEN]
         return 0;
 }
 
-int gpu_reserve(struct gpu *g, uint64_t size, uint64_t *ret_dptr)
+int gpu_reserve(struct gpu_dev *g, uint64_t size, uint64_t *ret_dptr)
 {
         CUdeviceptr p;
         int r;
@@ -306,13 +307,13 @@ int gpu_reserve(struct gpu *g, uint64_t size, uint64_t *ret_dptr)
         return 0;
 }
 
-int gpu_unreserve(struct gpu *g, uint64_t dptr, uint64_t size)
+int gpu_unreserve(struct gpu_dev *g, uint64_t dptr, uint64_t size)
 {
         WITH_PRIMARY(g);
         return CU(g, cuMemAddressFree(dptr, size));
 }
 
-int gpu_map(struct gpu *g, uint64_t dptr, uint64_t size, gpu_handle h)
+int gpu_map(struct gpu_dev *g, uint64_t dptr, uint64_t size, gpu_handle h)
 {
         CUmemAccessDesc desc = {
             .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = g->info.ordinal},
@@ -330,13 +331,13 @@ int gpu_map(struct gpu *g, uint64_t dptr, uint64_t size, gpu_handle h)
         return r;
 }
 
-int gpu_unmap(struct gpu *g, uint64_t dptr, uint64_t size)
+int gpu_unmap(struct gpu_dev *g, uint64_t dptr, uint64_t size)
 {
         WITH_PRIMARY(g);
         return CU(g, cuMemUnmap(dptr, size));
 }
 
-int gpu_alloc_host_mappable(struct gpu *g, uint64_t size, gpu_handle *ret)
+int gpu_alloc_host_mappable(struct gpu_dev *g, uint64_t size, gpu_handle *ret)
 {
         CUmemAllocationProp prop = {
             .type = CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -357,7 +358,7 @@ int gpu_alloc_host_mappable(struct gpu *g, uint64_t size, gpu_handle *ret)
         return 0;
 }
 
-int gpu_host_alloc(struct gpu *g, uint64_t size, void **ret)
+int gpu_host_alloc(struct gpu_dev *g, uint64_t size, void **ret)
 {
         void *p = NULL;
         int r;
@@ -370,13 +371,13 @@ int gpu_host_alloc(struct gpu *g, uint64_t size, void **ret)
         return 0;
 }
 
-int gpu_host_free(struct gpu *g, void *p)
+int gpu_host_free(struct gpu_dev *g, void *p)
 {
         WITH_PRIMARY(g);
         return CU(g, cuMemFreeHost(p));
 }
 
-int gpu_copy(struct gpu *g, uint64_t dst, uint64_t src, uint64_t size)
+int gpu_copy(struct gpu_dev *g, uint64_t dst, uint64_t src, uint64_t size)
 {
         int r;
 
@@ -388,7 +389,7 @@ int gpu_copy(struct gpu *g, uint64_t dst, uint64_t src, uint64_t size)
         return CU(g, cuStreamSynchronize(g->stream));
 }
 
-int gpu_alloc_local(struct gpu *g, uint64_t size, gpu_handle *ret)
+int gpu_alloc_local(struct gpu_dev *g, uint64_t size, gpu_handle *ret)
 {
         CUmemAllocationProp prop = device_prop(g, false);
         CUmemGenericAllocationHandle h;
@@ -402,12 +403,12 @@ int gpu_alloc_local(struct gpu *g, uint64_t size, gpu_handle *ret)
         return 0;
 }
 
-CUstream gpu_stream(struct gpu *g, CUstream s)
+CUstream gpu_stream(struct gpu_dev *g, CUstream s)
 {
         return s ? s : g->stream;
 }
 
-int gpu_stream_new(struct gpu *g, CUstream *ret)
+int gpu_stream_new(struct gpu_dev *g, CUstream *ret)
 {
         CUstream s;
         int r;
@@ -420,19 +421,19 @@ int gpu_stream_new(struct gpu *g, CUstream *ret)
         return 0;
 }
 
-void gpu_stream_free(struct gpu *g, CUstream s)
+void gpu_stream_free(struct gpu_dev *g, CUstream s)
 {
         WITH_PRIMARY(g);
         g->d->cuStreamDestroy(s);
 }
 
-int gpu_stream_sync(struct gpu *g, CUstream s)
+int gpu_stream_sync(struct gpu_dev *g, CUstream s)
 {
         WITH_PRIMARY(g);
         return CU(g, cuStreamSynchronize(gpu_stream(g, s)));
 }
 
-int gpu_event_new(struct gpu *g, CUevent *ret)
+int gpu_event_new(struct gpu_dev *g, CUevent *ret)
 {
         CUevent e;
         int r;
@@ -445,13 +446,13 @@ int gpu_event_new(struct gpu *g, CUevent *ret)
         return 0;
 }
 
-void gpu_event_free(struct gpu *g, CUevent e)
+void gpu_event_free(struct gpu_dev *g, CUevent e)
 {
         WITH_PRIMARY(g);
         g->d->cuEventDestroy(e);
 }
 
-int gpu_event_query(struct gpu *g, CUevent e)
+int gpu_event_query(struct gpu_dev *g, CUevent e)
 {
         CUresult cr;
 
@@ -462,14 +463,14 @@ int gpu_event_query(struct gpu *g, CUevent e)
         return cu_errno(g, cr, "cuEventQuery");
 }
 
-int gpu_event_sync(struct gpu *g, CUevent e)
+int gpu_event_sync(struct gpu_dev *g, CUevent e)
 {
         WITH_PRIMARY(g);
         return CU(g, cuEventSynchronize(e));
 }
 
 /* One cuMemcpyBatchAsync for the pieces: their addresses go into three parallel arrays. */
-static int copy_batch_call(struct gpu *g, CUstream s, const struct aqua_copy_piece *p, size_t n)
+static int copy_batch_call(struct gpu_dev *g, CUstream s, const struct aqua_copy_piece *p, size_t n)
 {
         _cleanup_free_ CUdeviceptr *addrs = malloc(2 * n * sizeof(*addrs));
         _cleanup_free_ size_t *sizes = malloc(n * sizeof(*sizes));
@@ -486,8 +487,9 @@ static int copy_batch_call(struct gpu *g, CUstream s, const struct aqua_copy_pie
         return CU(g, cuMemcpyBatchAsync(addrs, addrs + n, sizes, n, &attr, &attr_idx, 1, s));
 }
 
-int gpu_copy_batch(struct gpu *g, CUstream s, CUevent wait, const struct aqua_copy_piece *pieces,
-                   size_t n, bool use_batch, CUevent const *record, size_t n_record)
+int gpu_copy_batch(struct gpu_dev *g, CUstream s, CUevent wait,
+                   const struct aqua_copy_piece *pieces, size_t n, bool use_batch,
+                   CUevent const *record, size_t n_record)
 {
         int r;
 
@@ -529,7 +531,7 @@ static bool all_zero(const void *buf, size_t len)
         return true;
 }
 
-int gpu_scrub(struct gpu *g, gpu_handle h, uint64_t size, void *buf, size_t len)
+int gpu_scrub(struct gpu_dev *g, gpu_handle h, uint64_t size, void *buf, size_t len)
 {
         uint64_t dptr = 0;
         int r, verdict = 0;
@@ -560,7 +562,7 @@ int gpu_scrub(struct gpu *g, gpu_handle h, uint64_t size, void *buf, size_t len)
         return r < 0 ? r : verdict;
 }
 
-int gpu_mem_info(struct gpu *g, uint64_t *ret_free, uint64_t *ret_total)
+int gpu_mem_info(struct gpu_dev *g, uint64_t *ret_free, uint64_t *ret_total)
 {
         size_t free_b = 0, total = 0;
         int r;

@@ -28,7 +28,7 @@ static void lease_unlink(struct lease_table *t, struct aqua_lease *l)
 }
 
 /* Undo whatever of chunk c exists; the lease's counters are the caller's. */
-static void chunk_drop(struct gpu *g, struct aqua_lease *l, struct lease_chunk *c)
+static void lease_chunk_drop(struct gpu_dev *g, struct aqua_lease *l, struct lease_chunk *c)
 {
         if (c->mapped)
                 gpu_unmap(g, l->dptr + c->offset, c->size);
@@ -40,12 +40,12 @@ static void chunk_drop(struct gpu *g, struct aqua_lease *l, struct lease_chunk *
         c->host = NULL;
 }
 
-static void lease_free_parts(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
+static void lease_free_parts(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l)
 {
         for (size_t i = 0; i < l->n_chunks; i++) {
                 struct lease_chunk *c = &l->chunks[i];
 
-                chunk_drop(g, l, c);
+                lease_chunk_drop(g, l, c);
                 /* A lease that failed half-way was never entered for all its chunks. */
                 if (idmap_get(&t->chunk_by_id, c->id) == c)
                         idmap_remove(&t->chunk_by_id, c->id);
@@ -55,7 +55,7 @@ static void lease_free_parts(struct lease_table *t, struct gpu *g, struct aqua_l
         free(l);
 }
 
-int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
+int lease_create(struct lease_table *t, struct gpu_dev *g, uint64_t lease_id,
                  struct lease_grant_chunk *chunks, size_t n, bool tensor_pool,
                  struct aqua_lease **ret)
 {
@@ -157,8 +157,8 @@ void lease_move_prepare(const struct aqua_lease *l, const struct lease_chunk *c,
         *m = (struct move){.at = l->dptr + c->offset, .size = c->size, .old = c->handle};
 }
 
-void lease_moved(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c,
-                 struct move *m)
+void lease_moved(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
+                 struct lease_chunk *c, struct move *m)
 {
         gpu_release(g, c->handle);
         c->has_handle = m->has_handle;
@@ -172,7 +172,8 @@ void lease_moved(struct lease_table *t, struct gpu *g, struct aqua_lease *l, str
         t->dram_bytes += c->size;
 }
 
-int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c)
+int lease_migrate(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
+                  struct lease_chunk *c)
 {
         struct move m;
         int r;
@@ -189,7 +190,7 @@ int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l, st
         return 0;
 }
 
-void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
+void lease_chunk_give_back(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
                            struct lease_chunk *c)
 {
         if (c->tier != AQUA_TIER_PEER)
@@ -199,7 +200,7 @@ void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lea
                 t->pool_free_bytes -= c->size;
         }
         c->user = NULL;
-        chunk_drop(g, l, c);
+        lease_chunk_drop(g, l, c);
         c->tier = AQUA_TIER_NONE;
         l->peer_bytes -= c->size;
         t->peer_bytes -= c->size;
@@ -247,7 +248,7 @@ bool lease_in_use(const struct aqua_lease *l)
         return false;
 }
 
-void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
+void lease_table_remove(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l)
 {
         if (!l)
                 return;
@@ -262,10 +263,10 @@ void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l)
         lease_free_parts(t, g, l);
 }
 
-void lease_table_clear(struct lease_table *t, struct gpu *g)
+void lease_table_clear(struct lease_table *t, struct gpu_dev *g)
 {
         while (t->head)
-                lease_destroy(t, g, t->head);
+                lease_table_remove(t, g, t->head);
         idmap_clear(&t->by_id);
         idmap_clear(&t->chunk_by_id);
         t->peer_bytes = t->dram_bytes = t->pool_free_bytes = 0;

@@ -65,7 +65,7 @@ struct lease_grant_chunk {
  * back and grant g access. On failure nothing is left behind. Returns 0, -EIO (chunks whose
  * descriptor could not be imported are marked unusable), -ENOMEM.
  */
-int lease_create(struct lease_table *t, struct gpu *g, uint64_t lease_id,
+int lease_create(struct lease_table *t, struct gpu_dev *g, uint64_t lease_id,
                  struct lease_grant_chunk *chunks, size_t n, bool tensor_pool,
                  struct aqua_lease **ret);
 
@@ -78,17 +78,17 @@ struct lease_chunk *lease_chunk_by_id(const struct lease_table *t, uint64_t chun
  * device address where the driver maps host allocations, else in pinned host memory (the
  * range is then unmapped there). Returns 0 or a negative errno with the chunk untouched.
  */
-int lease_migrate(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
+int lease_migrate(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
                   struct lease_chunk *c);
 
 /* What move_out() needs to move chunk c of a plain lease off its producer. */
 void lease_move_prepare(const struct aqua_lease *l, const struct lease_chunk *c, struct move *m);
 /* Take the result of a successful move of c: its new backing, counters; the peer handle goes. */
-void lease_moved(struct lease_table *t, struct gpu *g, struct aqua_lease *l, struct lease_chunk *c,
-                 struct move *m);
+void lease_moved(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
+                 struct lease_chunk *c, struct move *m);
 
 /* A pool chunk goes back to its producer: unmap and release it (its user must be gone). */
-void lease_chunk_give_back(struct lease_table *t, struct gpu *g, struct aqua_lease *l,
+void lease_chunk_give_back(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l,
                            struct lease_chunk *c);
 
 /* Pool chunks: the first free one of `size` in any pool lease, or NULL; take it and let it go. */
@@ -101,5 +101,5 @@ void lease_chunk_unuse(struct lease_table *t, struct aqua_lease *l, struct lease
 bool lease_in_use(const struct aqua_lease *l);
 
 /* Unmap and release everything of l, remove it and free it. */
-void lease_destroy(struct lease_table *t, struct gpu *g, struct aqua_lease *l);
-void lease_table_clear(struct lease_table *t, struct gpu *g);
+void lease_table_remove(struct lease_table *t, struct gpu_dev *g, struct aqua_lease *l);
+void lease_table_clear(struct lease_table *t, struct gpu_dev *g);

@@ -21,7 +21,7 @@ size_t copy_merge(struct aqua_copy_piece *p, size_t n)
         return k;
 }
 
-void move_free(struct gpu *g, struct move *m)
+void move_free(struct gpu_dev *g, struct move *m)
 {
         if (m->has_handle)
                 gpu_release(g, m->handle);
@@ -31,7 +31,7 @@ void move_free(struct gpu *g, struct move *m)
         m->host = NULL;
 }
 
-static int move_alloc(struct gpu *g, struct move *m, bool *no_host_map)
+static int move_alloc(struct gpu_dev *g, struct move *m, bool *no_host_map)
 {
         int r;
 
@@ -54,7 +54,7 @@ static int move_alloc(struct gpu *g, struct move *m, bool *no_host_map)
         return gpu_host_alloc(g, m->size, &m->host);
 }
 
-int move_out(struct gpu *g, struct move *m, size_t n, bool *no_host_map)
+int move_out(struct gpu_dev *g, struct move *m, size_t n, bool *no_host_map)
 {
         _cleanup_free_ struct aqua_copy_piece *pieces = calloc(n ? n : 1, sizeof(*pieces));
         uint64_t staging = 0, staging_size = 0, off = 0;

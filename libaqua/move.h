@@ -34,10 +34,10 @@ struct move {
  * host memory is used, and `at` is left unmapped). Returns 0 (see each error), or a negative
  * errno when the copy failed: then no chunk moved.
  */
-int move_out(struct gpu *g, struct move *m, size_t n, bool *no_host_map);
+int move_out(struct gpu_dev *g, struct move *m, size_t n, bool *no_host_map);
 
 /* Undo what a successful move holds (for callers that drop the result). */
-void move_free(struct gpu *g, struct move *m);
+void move_free(struct gpu_dev *g, struct move *m);
 
 /*
  * Merge pieces that continue each other (dst and src both contiguous) in place; returns the new

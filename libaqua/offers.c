@@ -6,7 +6,7 @@
 
 #include "util.h"
 
-int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, bool fabric,
+int offers_alloc(struct offers *p, struct gpu_dev *g, uint64_t size, bool fabric,
                  struct offered_chunk **ret)
 {
         _cleanup_free_ struct offered_chunk *c = NULL;
@@ -52,7 +52,7 @@ struct offered_chunk *offers_get(const struct offers *p, uint64_t id)
         return idmap_get(&p->by_id, id);
 }
 
-void offers_release(struct offers *p, struct gpu *g, struct offered_chunk *c)
+void offers_release(struct offers *p, struct gpu_dev *g, struct offered_chunk *c)
 {
         if (c->id) {
                 idmap_remove(&p->by_id, c->id);
@@ -64,7 +64,7 @@ void offers_release(struct offers *p, struct gpu *g, struct offered_chunk *c)
         free(c);
 }
 
-void offers_clear(struct offers *p, struct gpu *g)
+void offers_clear(struct offers *p, struct gpu_dev *g)
 {
         while (p->n > 0)
                 offers_release(p, g, p->chunks[p->n - 1]);

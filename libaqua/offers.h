@@ -40,12 +40,12 @@ struct offers {
 
 /* Allocate an exportable chunk of size bytes on g (with fabric: as a fabric handle too) and add it
  * (state OFFERING). */
-int offers_alloc(struct offers *p, struct gpu *g, uint64_t size, bool fabric,
+int offers_alloc(struct offers *p, struct gpu_dev *g, uint64_t size, bool fabric,
                  struct offered_chunk **ret);
 /* Record the daemon's id: the chunk is OFFERED. */
 int offers_set_id(struct offers *p, struct offered_chunk *c, uint64_t id);
 struct offered_chunk *offers_get(const struct offers *p, uint64_t id);
 /* Release the chunk's memory on g and forget it. */
-void offers_release(struct offers *p, struct gpu *g, struct offered_chunk *c);
+void offers_release(struct offers *p, struct gpu_dev *g, struct offered_chunk *c);
 /* Release everything. */
-void offers_clear(struct offers *p, struct gpu *g);
+void offers_clear(struct offers *p, struct gpu_dev *g);

@@ -262,7 +262,7 @@ static int reclaim_request(aqua_ctx *ctx, uint64_t bytes, uint64_t token)
 {
         Aqua__Envelope env;
         Aqua__ReclaimRequest req;
-        struct pending p;
+        struct ctx_pending p;
         int r;
 
         reclaim_send(ctx, bytes, &env, &req);
@@ -582,7 +582,7 @@ static void producer_late_offer(aqua_ctx *ctx, uint64_t first_ref, Aqua__Envelop
         }
 }
 
-static void producer_reply(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+static void producer_reply(aqua_ctx *ctx, const struct ctx_pending *p, Aqua__Envelope *e)
 {
         if (p->kind == PENDING_OFFER)
                 producer_late_offer(ctx, p->arg, e);

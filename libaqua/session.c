@@ -79,7 +79,7 @@ int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, 
 {
         if (ctx->n_pending == ctx->cap_pending) {
                 size_t cap = ctx->cap_pending ? ctx->cap_pending * 2 : 8;
-                struct pending *a = realloc(ctx->pending, cap * sizeof(*a));
+                struct ctx_pending *a = realloc(ctx->pending, cap * sizeof(*a));
 
                 if (!a)
                         return -ENOMEM;
@@ -87,11 +87,11 @@ int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, 
                 ctx->cap_pending = cap;
         }
         ctx->pending[ctx->n_pending++] =
-            (struct pending){.request_id = request_id, .kind = kind, .arg = arg};
+            (struct ctx_pending){.request_id = request_id, .kind = kind, .arg = arg};
         return 0;
 }
 
-bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct pending *ret)
+bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct ctx_pending *ret)
 {
         for (size_t i = 0; i < ctx->n_pending; i++)
                 if (ctx->pending[i].request_id == request_id) {
@@ -514,7 +514,7 @@ retry:
 
 /* ---------------------------------------------------------------- dispatch */
 
-static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envelope *e)
+static void dispatch_pending(aqua_ctx *ctx, const struct ctx_pending *p, Aqua__Envelope *e)
 {
         bool handled = false;
 
@@ -558,7 +558,7 @@ static void dispatch_pending(aqua_ctx *ctx, const struct pending *p, Aqua__Envel
 
 int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
 {
-        struct pending p;
+        struct ctx_pending p;
         bool handled = false;
         int r = 0;
 

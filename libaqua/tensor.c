@@ -19,7 +19,7 @@ static bool tensor_valid(const aqua_ctx *ctx, const aqua_tensor *t)
         return false;
 }
 
-static int check(aqua_ctx *ctx, const aqua_tensor *t)
+static int tensor_check(aqua_ctx *ctx, const aqua_tensor *t)
 {
         if (!ctx)
                 return -EINVAL;
@@ -40,7 +40,7 @@ static void account(aqua_ctx *ctx, aqua_tensor *t, enum aqua_tier tier, int64_t 
 }
 
 /* Give chunk i's memory back to where it came from; the chunk becomes NONE. */
-static void chunk_release(aqua_ctx *ctx, aqua_tensor *t, size_t i)
+static void tensor_chunk_release(aqua_ctx *ctx, aqua_tensor *t, size_t i)
 {
         struct tensor_chunk *c = &t->chunks[i];
 
@@ -159,7 +159,7 @@ _public_ int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
         size_t n;
         int r;
 
-        r = check(ctx, NULL);
+        r = tensor_check(ctx, NULL);
         if (r < 0)
                 return r;
         if (!ret || max_bytes == 0 || (opts && opts->size < sizeof(o)))
@@ -205,11 +205,11 @@ _public_ int aqua_tensor_new(aqua_ctx *ctx, uint64_t max_bytes,
 
 _public_ aqua_tensor *aqua_tensor_free(aqua_ctx *ctx, aqua_tensor *t)
 {
-        if (!t || check(ctx, t) < 0)
+        if (!t || tensor_check(ctx, t) < 0)
                 return NULL;
         copies_wait_all(ctx);
         for (size_t i = 0; i < t->n_chunks; i++)
-                chunk_release(ctx, t, i);
+                tensor_chunk_release(ctx, t, i);
         gpu_unreserve(ctx->gpu, t->dptr, t->max_bytes);
         if (t->prev)
                 t->prev->next = t->next;
@@ -235,7 +235,7 @@ _public_ uint64_t aqua_tensor_dptr(const aqua_tensor *t)
 
 _public_ int aqua_tensor_get_info(aqua_ctx *ctx, const aqua_tensor *t, struct aqua_tensor_info *ret)
 {
-        int r = check(ctx, t);
+        int r = tensor_check(ctx, t);
 
         if (r < 0)
                 return r;
@@ -257,7 +257,7 @@ _public_ int aqua_tensor_get_info(aqua_ctx *ctx, const aqua_tensor *t, struct aq
 _public_ int aqua_tensor_grow(aqua_ctx *ctx, aqua_tensor *t, uint64_t end)
 {
         size_t want, i;
-        int r = check(ctx, t);
+        int r = tensor_check(ctx, t);
 
         if (r < 0)
                 return r;
@@ -274,7 +274,7 @@ _public_ int aqua_tensor_grow(aqua_ctx *ctx, aqua_tensor *t, uint64_t end)
         if (r != 0) {
                 /* All or nothing: what this call mapped goes again. */
                 while (i-- > t->tail)
-                        chunk_release(ctx, t, i);
+                        tensor_chunk_release(ctx, t, i);
                 return r;
         }
         if (want > t->tail)
@@ -285,7 +285,7 @@ _public_ int aqua_tensor_grow(aqua_ctx *ctx, aqua_tensor *t, uint64_t end)
 _public_ int aqua_tensor_trim(aqua_ctx *ctx, aqua_tensor *t, uint64_t begin, uint64_t end)
 {
         size_t head, tail;
-        int r = check(ctx, t);
+        int r = tensor_check(ctx, t);
 
         if (r < 0)
                 return r;
@@ -301,7 +301,7 @@ _public_ int aqua_tensor_trim(aqua_ctx *ctx, aqua_tensor *t, uint64_t begin, uin
                 return r;
         for (size_t i = t->head; i < t->tail; i++)
                 if (i < head || i >= tail)
-                        chunk_release(ctx, t, i);
+                        tensor_chunk_release(ctx, t, i);
         t->head = MAX(t->head, head);
         t->tail = MIN(t->tail, tail);
         if (t->head >= t->tail)
@@ -315,7 +315,7 @@ _public_ int aqua_tensor_get_range(aqua_ctx *ctx, const aqua_tensor *t, uint64_t
 {
         const struct tensor_chunk *c;
         size_t i, j;
-        int r = check(ctx, t);
+        int r = tensor_check(ctx, t);
 
         if (r < 0)
                 return r;
@@ -443,7 +443,7 @@ _public_ int aqua_tensor_promote(aqua_ctx *ctx, aqua_tensor *t, bool include_loc
         _cleanup_free_ struct aqua_copy_piece *pieces = NULL;
         size_t n = 0, cap = 0, n_pieces;
         uint64_t budget = max_bytes, moved = 0;
-        int r = check(ctx, t);
+        int r = tensor_check(ctx, t);
 
         if (r < 0)
                 return r;

@@ -368,7 +368,7 @@ Test(api, reconnects_and_registers_again_after_the_daemon_restarts)
 
 /* ---------------------------------------------------------------- consumer */
 
-static struct gpu *peer, *local;
+static struct gpu_dev *peer, *local;
 static gpu_handle peer_mem[3];
 
 /* Three chunks of the other GPU, as a producer would have offered them. */
@@ -567,7 +567,7 @@ Test(api, reports_a_refused_borrow_as_its_outcome)
 
 static uint64_t used_on(int device)
 {
-        struct gpu *g;
+        struct gpu_dev *g;
         uint64_t free_b, total;
 
         cr_assert_eq(gpu_open(device, &g), 0);

@@ -18,7 +18,7 @@ static struct fake fk;
 static aqua_ctx *ctx;
 static aqua_tensor *tensor;
 static aqua_arena *arena;
-static struct gpu *local;
+static struct gpu_dev *local;
 
 static void setup(void)
 {

@@ -13,7 +13,7 @@
 #define CHUNK   (UINT64_C(2) << 20)
 #define NCHUNKS 4
 
-static struct gpu *prod, *cons;
+static struct gpu_dev *prod, *cons;
 static struct lease_table table;
 static gpu_handle handles[NCHUNKS];
 static int fds[NCHUNKS];
@@ -146,7 +146,7 @@ Test(lease, frees_everything_when_destroyed)
         cr_assert_eq(lease_create(&table, cons, 7, grant, NCHUNKS, false, &l), 0);
         cr_assert_eq(lease_migrate(&table, cons, l, &l->chunks[0]), 0);
         producer_lets_go();
-        lease_destroy(&table, cons, l);
+        lease_table_remove(&table, cons, l);
         cr_assert_null(lease_get(&table, 7));
         cr_assert_null(lease_chunk_by_id(&table, 101));
         cr_assert_eq(table.peer_bytes, 0);

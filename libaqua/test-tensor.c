@@ -24,7 +24,7 @@
 
 static struct fake fk;
 static aqua_ctx *ctx;
-static struct gpu *peer, *local;
+static struct gpu_dev *peer, *local;
 
 /* Chunks of GPU 1 as a producer would offer them; ids are 1000 + index. */
 static gpu_handle peer_mem[MAX_PEER];
