@@ -524,27 +524,6 @@ int broker_new(const struct broker_settings *settings, struct broker **ret)
         return 0;
 }
 
-static void pin_free(struct broker_pin *p)
-{
-        free(p->producer);
-        free(p->consumer);
-        free(p->refused);
-}
-
-void pins_clear(struct broker *pool, const char *source)
-{
-        size_t k = 0;
-
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (source && strcmp(pool->pins[i].source, source) != 0) {
-                        pool->pins[k++] = pool->pins[i];
-                        continue;
-                }
-                pin_free(&pool->pins[i]);
-        }
-        pool->n_pins = k;
-}
-
 /* Forget all state (a snapshot replaces it, or the pool goes away). */
 void broker_clear(struct broker *pool)
 {
@@ -584,73 +563,4 @@ struct broker *broker_free(struct broker *pool)
         journal_free(pool->journal);
         free(pool);
         return NULL;
-}
-
-static int pin_add(struct broker *pool, const char *producer, const char *consumer,
-                   const char *source)
-{
-        struct broker_pin *pins = reallocarray(pool->pins, pool->n_pins + 1, sizeof(*pins));
-
-        if (!pins)
-                return -ENOMEM;
-        pool->pins = pins;
-        pins[pool->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source, NULL};
-        if (!pins[pool->n_pins].producer || !pins[pool->n_pins].consumer) {
-                pin_free(&pins[pool->n_pins]);
-                return -ENOMEM;
-        }
-        pool->n_pins++;
-        return 0;
-}
-
-/* Remove every pin that names uuid on either side; returns how many. */
-size_t broker_pins_remove(struct broker *pool, const char *uuid)
-{
-        size_t k = 0, removed = 0;
-
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (strcmp(pool->pins[i].producer, uuid) == 0 ||
-                    strcmp(pool->pins[i].consumer, uuid) == 0) {
-                        pin_free(&pool->pins[i]);
-                        removed++;
-                        continue;
-                }
-                pool->pins[k++] = pool->pins[i];
-        }
-        pool->n_pins = k;
-        return removed;
-}
-
-int broker_pins_add(struct broker *pool, const char *producer, const char *consumer,
-                    const char *source)
-{
-        if (producer[0])
-                broker_pins_remove(pool, producer);
-        if (consumer[0])
-                broker_pins_remove(pool, consumer);
-        return pin_add(pool, producer, consumer, source);
-}
-
-int broker_set_config_pins(struct broker *pool, const char *const *producers,
-                           const char *const *consumers, size_t n)
-{
-        int r;
-
-        pins_clear(pool, "config");
-        for (size_t i = 0; i < n; i++) {
-                /* An operator's pin on either GPU wins over the config. */
-                bool taken = false;
-                for (size_t k = 0; k < pool->n_pins; k++)
-                        if (strcmp(pool->pins[k].producer, producers[i]) == 0 ||
-                            strcmp(pool->pins[k].consumer, consumers[i]) == 0 ||
-                            strcmp(pool->pins[k].producer, consumers[i]) == 0 ||
-                            strcmp(pool->pins[k].consumer, producers[i]) == 0)
-                                taken = true;
-                if (taken)
-                        continue;
-                r = pin_add(pool, producers[i], consumers[i], "config");
-                if (r < 0)
-                        return r;
-        }
-        return 0;
 }
