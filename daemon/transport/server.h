@@ -98,6 +98,9 @@ struct origin {
 /* Called once aquad serves requests: where sd_notify(READY=1) belongs. */
 typedef void (*server_ready_fn)(struct server *s, void *userdata);
 
+/* Work done per wakeup before looking at the other sources again: no source starves another. */
+#define SERVER_BATCH 256
+
 /* Connections the ROUTER's listeners may have queued (ZMQ_BACKLOG): fewer than the descriptors
  * fdguard.c keeps free. */
 #define FDGUARD_BACKLOG 16
@@ -168,6 +171,11 @@ enum {
          * a test or a fuzzer, whose sink takes what aquad sends (it cannot run its loop). */
         SERVER_UNBOUND = 1 << 1,
 };
+
+/* admission.c: a side channel that connects (accepted or refused), and one that is readable;
+ * false: that client is gone. */
+void admission_accept_side(struct server *s);
+bool admission_read_side(struct server *s, struct client *c);
 
 /* Set up from config (taken on success): sockets' locks, journal replay, sockets, signals. */
 int server_new(struct config *config, const char *config_path, unsigned flags, struct server **ret);
