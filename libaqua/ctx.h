@@ -158,6 +158,12 @@ int ctx_add_pending(aqua_ctx *ctx, uint64_t request_id, enum pending_kind kind, 
 /* Remove and return the pending request with this id; false when unknown. */
 bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct ctx_pending *ret);
 
+/* session.c: connect, register and wait for the Welcome before deadline_ns (aqua_open()); a
+ * step of reconnecting when it is due; a keepalive when one is due (aqua_poll()). */
+int session_connect(aqua_ctx *ctx, uint64_t deadline_ns);
+void session_step(aqua_ctx *ctx);
+void session_keepalive(aqua_ctx *ctx);
+
 /* Reconnect (if the session was lost) before deadline_ns; 0 or -ENOTCONN. */
 int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns);
 
