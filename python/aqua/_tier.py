@@ -7,15 +7,75 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
 from . import kvcopy
+from ._ffi import CopyPiece
+from ._args import SizeError, parse_size
 from .context import Consumer, Grant
-from .errors import AquaError
+from .errors import AquaError, NoMemoryError, NotConnectedError
 from ._values import (Disconnected, Event, LeaseLost, Reconnected, ReclaimFailed,
                       TensorMigrated)
+
+
+def config_size(name: str, key: str, value: Any) -> int:
+    """A size from an engine's config (an int, or a string such as "8GiB"), more than 0 bytes;
+    ValueError naming name and key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name}: '{key}' must be a size in bytes such as 8GiB, not {value!r}")
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except SizeError as e:
+            raise ValueError(f"{name}: '{key}': {e}") from None
+    if value <= 0 or value >= 1 << 63:
+        raise ValueError(f"{name}: '{key}' must be more than 0 bytes, not {value}")
+    return value
+
+
+def tier_settings(name: str, d: dict, *, device: int, client_name: str,
+                  strings: tuple[str, ...] = ()) -> dict:
+    """The settings every engine's tier takes, from its config object d (unknown keys and a
+    missing capacity_bytes are the caller's to refuse): capacity_bytes and slot_bytes (sizes),
+    device (CUDA ordinal, default device), endpoint, side_path, client_name (default
+    client_name), allow_dram (default true), timeout (seconds), and the engine's own strings.
+    ValueError naming name and the key."""
+    dev = d.get("device", device)
+    if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
+        raise ValueError(f"{name}: 'device' must be a CUDA ordinal, not {dev!r}")
+    allow_dram = d.get("allow_dram", True)
+    if not isinstance(allow_dram, bool):
+        raise ValueError(f"{name}: 'allow_dram' must be true or false, not {allow_dram!r}")
+    timeout = d.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or
+                                not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"{name}: 'timeout' must be seconds, not {timeout!r}")
+    for k in ("endpoint", "side_path", "client_name", *strings):
+        if d.get(k) is not None and not isinstance(d[k], str):
+            raise ValueError(f"{name}: '{k}' must be a string, not {d[k]!r}")
+    return {"capacity_bytes": config_size(name, "capacity_bytes", d["capacity_bytes"]),
+            "slot_bytes": config_size(name, "slot_bytes", d["slot_bytes"])
+            if d.get("slot_bytes") else 0,
+            "device": dev, "endpoint": d.get("endpoint"), "side_path": d.get("side_path"),
+            "client_name": d.get("client_name") or client_name, "allow_dram": allow_dram,
+            "timeout": timeout, **{k: d.get(k) or "" for k in strings}}
+
+
+def open_consumer(name: str, device: int, *, endpoint: Optional[str], side_path: Optional[str],
+                  client_name: str, timeout: Optional[float], where: str) -> Consumer:
+    """A consumer on device; with no aquad there, a RuntimeError that says where aquad was
+    looked for and where the engine's config names it (where)."""
+    try:
+        return Consumer(device, endpoint=endpoint, side_path=side_path, client_name=client_name,
+                        timeout=timeout)
+    except NotConnectedError as e:
+        at = endpoint or os.environ.get("AQUA_ENDPOINT") or "ipc:///run/aqua/aquad.sock"
+        raise RuntimeError(f"{name}: no aquad at {at} for device {device} ({e}); start aquad, "
+                           f"or set 'endpoint' {where} (or $AQUA_ENDPOINT)") from e
 
 
 @dataclass
@@ -70,6 +130,28 @@ class Tier:
             self.give_back()
             raise
         self.dptr = self.tensor.dptr
+
+    def open_capacity(self, nbytes: int, *, allow_dram: bool) -> None:
+        """open(), with aquad's refusal said as an engine's operator can act on it."""
+        try:
+            self.open(nbytes, allow_dram=allow_dram)
+        except NoMemoryError as e:
+            raise RuntimeError(
+                f"{self.name}: aquad could not back {nbytes} bytes on device {self.ctx.device} "
+                f"('allow_dram' {allow_dram}): lower capacity_bytes, offer more from a "
+                f"producer, or raise aquad's dram-budget ({e})") from e
+
+    def copy_rows(self, rows: list[tuple[int, int, int]], *, to_tensor: bool) -> int:
+        """Copy (dst, src, nbytes) rows as one aqua copy batch and wait for it; the tensor's
+        side (dst to_tensor, else src) is relocated first. Returns the nanoseconds the copy
+        took."""
+        if not rows:
+            return 0
+        a = np.ascontiguousarray(np.array(rows, dtype=np.uint64))
+        self.relocate(a[:, 0 if to_tensor else 1])
+        t0 = time.perf_counter_ns()
+        self.ctx.copy((CopyPiece * len(rows)).from_buffer(a.data)).wait()
+        return time.perf_counter_ns() - t0
 
     def relocate(self, col: np.ndarray) -> None:
         """Point the tensor's addresses in col that a reclaim moved to host memory there."""

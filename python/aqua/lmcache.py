@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
-import numpy as np
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
@@ -36,9 +35,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
 import aqua
-from aqua import _ffi
-from aqua._tier import Followed, Tier
-from aqua._args import SizeError, parse_size
+from aqua._tier import Followed, Tier, open_consumer, tier_settings
 
 __all__ = ["AquaL2Adapter", "AquaL2AdapterConfig"]
 
@@ -46,20 +43,6 @@ logger = logging.getLogger("aqua.lmcache")
 
 _KEYS = ("capacity_bytes", "slot_bytes", "device", "endpoint", "side_path", "client_name",
          "allow_dram", "timeout")
-
-
-def _size(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"aqua.lmcache: '{key}' must be a size in bytes such as 8GiB, "
-                         f"not {value!r}")
-    if isinstance(value, str):
-        try:
-            value = parse_size(value)
-        except SizeError as e:
-            raise ValueError(f"aqua.lmcache: '{key}': {e}") from None
-    if value <= 0 or value >= 1 << 63:
-        raise ValueError(f"aqua.lmcache: '{key}' must be more than 0 bytes, not {value}")
-    return value
 
 
 class AquaL2AdapterConfig(L2AdapterConfigBase):
@@ -91,25 +74,7 @@ class AquaL2AdapterConfig(L2AdapterConfigBase):
         if "capacity_bytes" not in d:
             raise ValueError("aqua.lmcache: adapter_params needs 'capacity_bytes' (such as "
                              "\"8GiB\"): the bytes of KV this tier keeps")
-        device = d.get("device", 0)
-        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-            raise ValueError(f"aqua.lmcache: 'device' must be a CUDA ordinal, not {device!r}")
-        allow_dram = d.get("allow_dram", True)
-        if not isinstance(allow_dram, bool):
-            raise ValueError(f"aqua.lmcache: 'allow_dram' must be true or false, not "
-                             f"{allow_dram!r}")
-        timeout = d.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool) or
-                                    not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"aqua.lmcache: 'timeout' must be seconds, not {timeout!r}")
-        for k in ("endpoint", "side_path", "client_name"):
-            if d.get(k) is not None and not isinstance(d[k], str):
-                raise ValueError(f"aqua.lmcache: '{k}' must be a string, not {d[k]!r}")
-        return cls(capacity_bytes=_size("capacity_bytes", d["capacity_bytes"]),
-                   slot_bytes=_size("slot_bytes", d["slot_bytes"]) if d.get("slot_bytes") else 0,
-                   device=device, endpoint=d.get("endpoint"), side_path=d.get("side_path"),
-                   client_name=d.get("client_name") or "lmcache", allow_dram=allow_dram,
-                   timeout=timeout)
+        return cls(**tier_settings("aqua.lmcache", d, device=0, client_name="lmcache"))
 
     @classmethod
     def help(cls) -> str:
@@ -171,16 +136,10 @@ class AquaL2Adapter(L2AdapterInterface):
         self._closed = False
         self.followed = Followed()
         self._own_ctx = consumer is None
-        try:
-            self.ctx = consumer or aqua.Consumer(
-                config.device, endpoint=config.endpoint, side_path=config.side_path,
-                client_name=config.client_name, timeout=config.timeout)
-        except aqua.NotConnectedError as e:
-            endpoint = config.endpoint or os.environ.get("AQUA_ENDPOINT") or \
-                "ipc:///run/aqua/aquad.sock"
-            raise RuntimeError(f"aqua.lmcache: no aquad at {endpoint} for device "
-                               f"{config.device} ({e}); start aquad, or set 'endpoint' in "
-                               "adapter_params (or $AQUA_ENDPOINT)") from e
+        self.ctx = consumer or open_consumer(
+            "aqua.lmcache", config.device, endpoint=config.endpoint,
+            side_path=config.side_path, client_name=config.client_name, timeout=config.timeout,
+            where="in adapter_params")
         try:
             self._open_tensor()
         except BaseException:
@@ -199,13 +158,7 @@ class AquaL2Adapter(L2AdapterInterface):
     def _open_tensor(self) -> None:
         c = self.config
         self.tier = Tier(self.ctx, "aqua.lmcache")
-        try:
-            self.tier.open(c.capacity_bytes, allow_dram=c.allow_dram)
-        except aqua.NoMemoryError as e:
-            raise RuntimeError(
-                f"aqua.lmcache: aquad could not back {c.capacity_bytes} bytes on device "
-                f"{c.device} ('allow_dram' {c.allow_dram}): lower capacity_bytes, offer more "
-                f"from a producer, or raise aquad's dram-budget ({e})") from e
+        self.tier.open_capacity(c.capacity_bytes, allow_dram=c.allow_dram)
         self.tensor = self.tier.tensor
         self.dptr = self.tier.dptr
         i = self.tensor.info()
@@ -359,13 +312,7 @@ class AquaL2Adapter(L2AdapterInterface):
         return bool(events)
 
     def _copy(self, rows: list[tuple[int, int, int]], to_tensor: bool) -> None:
-        if not rows:
-            return
-        a = np.ascontiguousarray(np.array(rows, dtype=np.uint64))
-        self.tier.relocate(a[:, 0 if to_tensor else 1])
-        t0 = time.perf_counter_ns()
-        self.ctx.copy((_ffi.CopyPiece * len(rows)).from_buffer(a.data)).wait()
-        self.stats.copy_ns += time.perf_counter_ns() - t0
+        self.stats.copy_ns += self.tier.copy_rows(rows, to_tensor=to_tensor)
 
     def _do_store(self, tid: L2TaskId, keys: list, objects: list) -> None:
         stored, sizes, rows, evicted, evicted_sizes = [], [], [], [], []

@@ -211,6 +211,18 @@ def producer(aquad: Aquad, agents: list[Agent]) -> Agent:
     return a
 
 
+def assert_signatures(cls: Any, base: Any, names: Any) -> None:
+    """Each method of names takes the parameters base's does, in order, and only ones with
+    defaults after them: an engine release that changes its interface fails here first."""
+    import inspect
+    for name in sorted(names):
+        want = inspect.signature(getattr(base, name))
+        got = inspect.signature(getattr(cls, name))
+        assert list(got.parameters)[:len(want.parameters)] == list(want.parameters), name
+        for p in list(got.parameters.values())[len(want.parameters):]:
+            assert p.default is not inspect.Parameter.empty, (name, p)
+
+
 def wait_for(cond: Any, timeout: float = 30, step: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while True:

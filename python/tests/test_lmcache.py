@@ -5,7 +5,6 @@ GPU 1 and the adapter's consumer on GPU 0."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import select
 import time
@@ -22,7 +21,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, Tensor
 from lmcache.v1.platform import consume_fd
 
 from aqua.lmcache import AquaL2Adapter, AquaL2AdapterConfig
-from conftest import wait_for
+from conftest import assert_signatures, wait_for
 
 MiB = 1 << 20
 OBJ = 4096  # float32 elements: 16 KiB objects
@@ -112,12 +111,7 @@ def test_the_class_matches_every_abstract_method_of_lmcaches_interface():
     abstract = {n for n, v in vars(L2AdapterInterface).items()
                 if getattr(v, "__isabstractmethod__", False)}
     assert abstract and not AquaL2Adapter.__abstractmethods__
-    for name in sorted(abstract):
-        want = inspect.signature(getattr(L2AdapterInterface, name))
-        got = inspect.signature(getattr(AquaL2Adapter, name))
-        assert list(got.parameters)[:len(want.parameters)] == list(want.parameters), name
-        for p in list(got.parameters.values())[len(want.parameters):]:
-            assert p.default is not inspect.Parameter.empty, (name, p)
+    assert_signatures(AquaL2Adapter, L2AdapterInterface, abstract)
 
 
 def test_bad_adapter_params_are_refused_by_name():
