@@ -1,7 +1,7 @@
 /* Operators' requests (aquactl): the GPU they name is looked up and checked, then acted on. */
 #include <string.h>
 
-#include "broker.h"
+#include "broker-private.h"
 
 #define E(name) BROKER_E_##name
 

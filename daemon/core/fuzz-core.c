@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "broker.h"
+#include "broker-private.h"
 #include "log.h"
 #include "time-util.h"
 

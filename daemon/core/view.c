@@ -5,7 +5,7 @@
  */
 #include <string.h>
 
-#include "broker.h"
+#include "broker-private.h"
 
 static const char *or_empty(const char *s)
 {
@@ -15,6 +15,63 @@ static const char *or_empty(const char *s)
 const char *broker_gpu_uuid(const struct gpu *g)
 {
         return g->uuid;
+}
+
+enum gpu_role broker_gpu_role(const struct gpu *g)
+{
+        return g->role;
+}
+
+struct client *broker_gpu_owner(const struct gpu *g)
+{
+        return g->owner;
+}
+
+const char *broker_gpu_paired_device(const struct gpu *g)
+{
+        return g->paired ? g->paired->device : "";
+}
+
+uint64_t broker_gpu_dram_bytes(const struct gpu *g)
+{
+        return g->dram_bytes;
+}
+
+size_t broker_gpu_leases(const struct gpu *g)
+{
+        return list_length(&g->leases);
+}
+
+void broker_counts(const struct broker *pool, struct broker_counts *ret)
+{
+        *ret = (struct broker_counts){
+            .gpus = pool->n_gpus,
+            .leases = pool->n_leases,
+            .chunks = pool->n_chunks,
+            .pool_bytes = pool->pool_bytes,
+            .lent_bytes = pool->lent_bytes,
+            .dram_granted = pool->dram_granted,
+            .deadline_misses = pool->stats.deadline_misses,
+            .journal_error = pool->journal_error,
+            .compact_error = pool->compact_error,
+            .next_deadline_ns = pool->next_deadline_ns,
+            .uncommitted = pool->n_ops,
+        };
+}
+
+const struct broker_settings *broker_settings_in_force(const struct broker *pool)
+{
+        return &pool->settings;
+}
+
+struct events *broker_events(struct broker *pool)
+{
+        return &pool->events;
+}
+
+struct journal *broker_journal(struct broker *pool)
+{
+        return pool->journal;
 }
 
 void broker_totals(const struct broker *pool, struct broker_totals *ret)

@@ -35,16 +35,19 @@ static bool sent;
 
 static struct status_figures figures(const struct broker *p, size_t n_clients)
 {
+        struct broker_counts n;
+
+        broker_counts(p, &n);
         return (struct status_figures){
             .clients = n_clients,
-            .gpus = p->n_gpus,
-            .leases = p->n_leases,
-            .pool_bytes = p->pool_bytes,
-            .lent_bytes = p->lent_bytes,
-            .dram_granted = p->dram_granted,
-            .deadline_misses = p->stats.deadline_misses,
-            .journal_error = p->journal_error,
-            .compact_error = p->compact_error,
+            .gpus = n.gpus,
+            .leases = n.leases,
+            .pool_bytes = n.pool_bytes,
+            .lent_bytes = n.lent_bytes,
+            .dram_granted = n.dram_granted,
+            .deadline_misses = n.deadline_misses,
+            .journal_error = n.journal_error,
+            .compact_error = n.compact_error,
         };
 }
 

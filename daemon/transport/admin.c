@@ -217,7 +217,7 @@ static size_t fill_chunks(struct broker *p, const struct broker_totals *t, struc
 
 static size_t fill_events(struct broker *p, struct reply_mem *m, size_t max)
 {
-        const struct events *ev = &p->events;
+        const struct events *ev = broker_events(p);
         size_t n = 0, first = ev->count > max ? ev->count - max : 0;
 
         m->events = calloc(MAX(ev->count, 1), sizeof(*m->events));
@@ -265,7 +265,7 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
                 n = fill_chunks(s->broker, &t, &m, max);
                 break;
         case AQUA__ADMIN_QUERY__WHAT__WHAT_EVENTS:
-                total = s->broker->events.count;
+                total = broker_events(s->broker)->count;
                 n = fill_events(s->broker, &m, max);
                 break;
         default:
@@ -398,6 +398,7 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
         }
         log_notice("Admin request %s from uid %u (pid %d) done", wire_body_name(e), c->cred.uid,
                    (int)c->cred.pid);
-        events_add(&s->broker->events, "admin", "%s by uid %u", wire_body_name(e), c->cred.uid);
+        events_add(broker_events(s->broker), "admin", "%s by uid %u", wire_body_name(e),
+                   c->cred.uid);
         ack(s, c, e->request_id, text);
 }

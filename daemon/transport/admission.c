@@ -43,7 +43,7 @@ static void reject(struct server *s, int fd, Aqua__SideFrame__RejectReason reaso
         (void)side_send(fd, &f, NULL, 0);
         s->stats.refused++;
         log_notice("Refused a side-channel connection: %s", text);
-        events_add(&s->broker->events, "refused", "%s", text);
+        events_add(broker_events(s->broker), "refused", "%s", text);
 }
 
 /* Descriptors aquad holds for clients: pooled chunks, those waiting for their request, sockets. */

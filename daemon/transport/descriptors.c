@@ -60,8 +60,8 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
 {
         struct pending *p;
         /* Before its Hello, a re-registering producer may pass a handle per chunk it holds. */
-        size_t need,
-            cap = c->registered ? s->limits.max_repeated : (size_t)s->broker->settings.max_chunks;
+        size_t need, cap = c->registered ? s->limits.max_repeated
+                                         : (size_t)broker_settings_in_force(s->broker)->max_chunks;
         int *a;
 
         if (f->kind != AQUA__SIDE_FRAME__KIND__KIND_OFFER_FDS &&

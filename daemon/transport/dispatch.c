@@ -59,9 +59,11 @@ void dispatch_reply(struct server *s, struct client *c, uint64_t request_id, Aqu
 static bool refused_degraded(struct server *s, struct client *c, uint64_t request_id,
                              const char *what)
 {
+        struct broker_counts n;
         char why[160];
 
-        if (!s->broker->journal_error)
+        broker_counts(s->broker, &n);
+        if (!n.journal_error)
                 return false;
         client_queue_error(s, c, request_id, ECODE(JOURNAL), what,
                            broker_degraded(s->broker, why, sizeof(why))
@@ -153,7 +155,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
                 broker_undo_offer(s->broker, ids, n);
                 return;
         }
-        log_debug("GPU %s offered %zu chunks", c->gpu->uuid, n);
+        log_debug("GPU %s offered %zu chunks", broker_gpu_uuid(c->gpu), n);
         o.chunk_ids = ids;
         o.n_chunk_ids = n;
         r.body_case = AQUA__ENVELOPE__BODY_OFFER_REPLY;
@@ -389,7 +391,7 @@ static void handle_scrub_done(struct server *s, struct client *c, const Aqua__En
                 reply_failure(s, c, e->request_id, code, "scrub_done", err);
                 return;
         }
-        log_debug("GPU %s scrubbed %" PRIu32 " chunks (%zu failed)", c->gpu->uuid, done,
+        log_debug("GPU %s scrubbed %" PRIu32 " chunks (%zu failed)", broker_gpu_uuid(c->gpu), done,
                   d->n_failed_chunk_ids);
         reply_ack(s, c, e->request_id);
 }

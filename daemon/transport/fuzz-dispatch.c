@@ -407,9 +407,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         drop_remote();
         drain();
         check("after every client left");
-        if (srv->broker->n_chunks || srv->broker->n_leases || srv->broker->dram_granted) {
+        struct broker_counts left;
+
+        broker_counts(srv->broker, &left);
+        if (left.chunks || left.leases || left.dram_granted) {
                 snprintf(err, sizeof(err), "%zu chunks, %zu leases, %" PRIu64 " bytes of DRAM",
-                         srv->broker->n_chunks, srv->broker->n_leases, srv->broker->dram_granted);
+                         left.chunks, left.leases, left.dram_granted);
                 die("the pool is not empty after every client left", err);
         }
         n = count_chunk_fds();

@@ -91,10 +91,11 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
         w.client_id = c->id;
         w.daemon_version = AQUA_PROTOCOL_VERSION;
         if (gpu) {
-                w.paired_with = gpu->paired ? gpu->paired->device : "";
-                w.dram_budget = gpu->dram_bytes;
+                w.paired_with = (char *)broker_gpu_paired_device(gpu);
+                w.dram_budget = broker_gpu_dram_bytes(gpu);
         }
-        w.reclaim_deadline_ms = s->broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC;
+        w.reclaim_deadline_ms =
+            broker_settings_in_force(s->broker)->reclaim_deadline_ns / NSEC_PER_MSEC;
         /* Three a grace: one lost on the way does not end the registration. */
         if (c->remote && s->config->remote.grace_ns)
                 w.keepalive_ms = MAX(s->config->remote.grace_ns / 3 / NSEC_PER_MSEC, 1);
@@ -278,12 +279,13 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
         if (c->remote)
                 log_info("Remote client %" PRIu64 " (%s at %s) registered GPU %s as %s with fabric "
                          "handles%s",
-                         c->id, c->remote_user, c->remote_addr, pw.gpu->uuid,
+                         c->id, c->remote_user, c->remote_addr, broker_gpu_uuid(pw.gpu),
                          dispatch_role_name(h->role),
                          pw.n_lost_leases ? " (with lost leases)" : "");
         else
                 log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
-                         (int)c->cred.pid, c->cred.uid, pw.gpu->uuid, dispatch_role_name(h->role),
+                         (int)c->cred.pid, c->cred.uid, broker_gpu_uuid(pw.gpu),
+                         dispatch_role_name(h->role),
                          pw.n_lost_leases ? " (with lost leases)" : "");
         reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases,
                       pw.new_secret ? pw.secret : NULL);
@@ -467,7 +469,7 @@ static struct client *remote_part_owner(struct server *s, const struct origin *o
 void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__Envelope *e)
 {
         const Aqua__HelloHeld *hh = e->hello_held;
-        uint64_t max = s->broker->settings.max_chunks;
+        uint64_t max = broker_settings_in_force(s->broker)->max_chunks;
         struct client *c;
         struct held_part *a;
         char err[BROKER_ERR_MAX];
@@ -538,7 +540,8 @@ void dispatch_goodbye(struct server *s, struct client *c, const Aqua__Envelope *
         Aqua__Ack a = AQUA__ACK__INIT;
 
         if (c->gpu) {
-                log_info("Client %" PRIu64 " says goodbye; releasing GPU %s", c->id, c->gpu->uuid);
+                log_info("Client %" PRIu64 " says goodbye; releasing GPU %s", c->id,
+                         broker_gpu_uuid(c->gpu));
                 broker_gpu_gone(s->broker, c->gpu);
                 c->gpu = NULL;
         }

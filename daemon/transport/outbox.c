@@ -208,7 +208,7 @@ void server_stage_notices(struct server *s)
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
-                struct client *c = m->gpu->owner;
+                struct client *c = broker_gpu_owner(m->gpu);
 
                 list_unlink(&m->node);
                 if (c)

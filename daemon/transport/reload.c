@@ -35,7 +35,7 @@ static void retenant(struct server *s)
                         continue;
                 dispatch_identify_tenant(s, c, &who);
                 if (broker_set_tenant(s->broker, c->gpu, who.tenant, who.lends_to_all))
-                        log_notice("GPU %s is now of tenant %s", c->gpu->uuid,
+                        log_notice("GPU %s is now of tenant %s", broker_gpu_uuid(c->gpu),
                                    who.tenant[0] ? who.tenant : "of its own user");
         }
 }
@@ -60,8 +60,8 @@ int server_reload(struct server *s, char *err, size_t err_len, char *kept_out, s
         if (server_apply_pins(s) < 0 || broker_recompute_pairs(s->broker) < 0)
                 log_error("Out of memory applying the pairs of the new configuration");
         log_set_max_level(s->verbose ? LOG_LEVEL_DEBUG : s->config->log_level);
-        events_add(&s->broker->events, "config", "reloaded%s%s", kept[0] ? "; unchanged: " : "",
-                   kept);
+        events_add(broker_events(s->broker), "config", "reloaded%s%s",
+                   kept[0] ? "; unchanged: " : "", kept);
         log_notice("Reloaded %s: allow lists, remote clients, limits, reclaim deadline, DRAM "
                    "budget, pairs and log level apply now%s%s",
                    s->config_path, kept[0] ? "; not changed until restart: " : "", kept);

@@ -46,7 +46,7 @@ static void log_refusal(struct server *s, const char *fmt, ...)
         else
                 log_notice("Refused a tcp client: %s", text);
         refusals_unlogged = 0;
-        events_add(&s->broker->events, "refused", "tcp: %s", text);
+        events_add(broker_events(s->broker), "refused", "tcp: %s", text);
 }
 
 static int set_ms(void *sock, int opt, uint64_t ns)

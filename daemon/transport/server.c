@@ -66,7 +66,7 @@ Aqua__Role client_role(const struct client *c)
         if (!c->registered)
                 return AQUA__ROLE__ROLE_UNSPECIFIED;
         /* Every registration but an admin's is a GPU's, whose role the core keeps. */
-        return c->gpu ? translate_role_to_wire(c->gpu->role) : AQUA__ROLE__ROLE_ADMIN;
+        return c->gpu ? translate_role_to_wire(broker_gpu_role(c->gpu)) : AQUA__ROLE__ROLE_ADMIN;
 }
 
 bool client_is_admin(const struct server *s, const struct client *c)
@@ -107,7 +107,7 @@ static void client_free(struct server *s, struct client *c)
                          c->remote_addr);
         else if (c->gpu) {
                 log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
-                         (int)c->cred.pid, c->gpu->uuid);
+                         (int)c->cred.pid, broker_gpu_uuid(c->gpu));
                 broker_gpu_gone(s->broker, c->gpu);
                 c->gpu = NULL;
         } else if (c->registered)
@@ -120,7 +120,10 @@ static void client_free(struct server *s, struct client *c)
 
 static size_t fds_held(const struct server *s)
 {
-        size_t n = s->broker->n_chunks + s->n_clients;
+        struct broker_counts counts;
+
+        broker_counts(s->broker, &counts);
+        size_t n = counts.chunks + s->n_clients;
 
         for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                 struct client *c = list_entry(x, struct client, node);
@@ -141,8 +144,11 @@ bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
 
         for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
                 mine += list_entry(k, struct pending, node)->n_fds;
-        if (!c->registered && s->broker->settings.max_chunks >= s->broker->n_chunks &&
-            mine + n > s->broker->settings.max_chunks - s->broker->n_chunks)
+        struct broker_counts counts;
+        uint64_t max = broker_settings_in_force(s->broker)->max_chunks;
+
+        broker_counts(s->broker, &counts);
+        if (!c->registered && max >= counts.chunks && mine + n > max - counts.chunks)
                 return false;
         if (s->fd_limit && fds_held(s) + n + FD_RESERVE > s->fd_limit)
                 return false;
@@ -356,8 +362,8 @@ static void stop(struct server *s, const char *why)
         }
         server_end_turn(s);
         /* Leave a compact journal for the next start. */
-        if (s->broker->journal && broker_snapshot(s->broker, &snap) >= 0) {
-                int r = journal_compact(s->broker->journal, snap);
+        if (broker_journal(s->broker) && broker_snapshot(s->broker, &snap) >= 0) {
+                int r = journal_compact(broker_journal(s->broker), snap);
                 if (r < 0)
                         log_warning_errno(r, "Failed to compact the journal at stop: %m");
                 aquaj__journal_record__free_unpacked(snap, NULL);
@@ -418,7 +424,10 @@ static bool remote_may_lapse(const struct client *c)
 
 static uint64_t next_deadline(struct server *s)
 {
-        uint64_t next = s->broker->next_deadline_ns, turn = server_turn_deadline(s);
+        struct broker_counts counts;
+
+        broker_counts(s->broker, &counts);
+        uint64_t next = counts.next_deadline_ns, turn = server_turn_deadline(s);
 
         if (turn && (!next || turn < next))
                 next = turn;
@@ -462,15 +471,16 @@ static void expire(struct server *s, uint64_t now)
                 /* Past its grace of silence a remote registration that holds nothing goes;
                  * it may say Hello again. */
                 if (remote_may_lapse(c) && now >= c->last_seen_ns + s->config->remote.grace_ns) {
-                        if (c->gpu && c->gpu->role == GPU_ROLE_PRODUCER)
-                                log_notice(
-                                    "Remote client %" PRIu64 " (%s at %s) silent for %" PRIu64
-                                    " ms (remote.grace); dropping its registration, GPU "
-                                    "%s lends nothing until it registers again, and is "
-                                    "treated as gone if it does not within "
-                                    "reconcile-timeout",
-                                    c->id, c->remote_user, c->remote_addr,
-                                    s->config->remote.grace_ns / NSEC_PER_MSEC, c->gpu->uuid);
+                        if (c->gpu && broker_gpu_role(c->gpu) == GPU_ROLE_PRODUCER)
+                                log_notice("Remote client %" PRIu64
+                                           " (%s at %s) silent for %" PRIu64
+                                           " ms (remote.grace); dropping its registration, GPU "
+                                           "%s lends nothing until it registers again, and is "
+                                           "treated as gone if it does not within "
+                                           "reconcile-timeout",
+                                           c->id, c->remote_user, c->remote_addr,
+                                           s->config->remote.grace_ns / NSEC_PER_MSEC,
+                                           broker_gpu_uuid(c->gpu));
                         else if (c->gpu)
                                 log_notice("Remote client %" PRIu64
                                            " (%s at %s) silent for %" PRIu64
@@ -478,8 +488,8 @@ static void expire(struct server *s, uint64_t now)
                                            "%s keeps its %zu leases until it re-registers them "
                                            "or an operator releases it",
                                            c->id, c->remote_user, c->remote_addr,
-                                           s->config->remote.grace_ns / NSEC_PER_MSEC, c->gpu->uuid,
-                                           list_length(&c->gpu->leases));
+                                           s->config->remote.grace_ns / NSEC_PER_MSEC,
+                                           broker_gpu_uuid(c->gpu), broker_gpu_leases(c->gpu));
                         else
                                 log_notice("Remote client %" PRIu64
                                            " (%s at %s) silent for %" PRIu64

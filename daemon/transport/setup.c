@@ -284,10 +284,13 @@ int server_open_journal(struct server *s, bool repair)
                             path, st.dropped_bytes);
         else if (repair)
                 log_notice("Journal %s is sound: nothing to repair", path);
-        if (s->broker->n_chunks || s->broker->n_leases)
+        struct broker_counts n;
+
+        broker_counts(s->broker, &n);
+        if (n.chunks || n.leases)
                 log_notice("Restored %zu chunks and %zu leases from %s; waiting %" PRIu64
                            " ms for clients to re-register",
-                           s->broker->n_chunks, s->broker->n_leases, s->config->journal,
+                           n.chunks, n.leases, s->config->journal,
                            s->config->reconcile_timeout_ns / NSEC_PER_MSEC);
         return 0;
 }

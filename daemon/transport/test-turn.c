@@ -30,6 +30,11 @@ static int memfd = -1;
 static char dir[64], journal[128];
 
 /* What the sink saw: each message's kind and, for an Error, its code. */
+/* The pool as the transport may see it: counts, stats and the newest lease (views). */
+static struct broker_counts pool_counts(void);
+static struct broker_stats pool_stats(void);
+static uint64_t newest_lease_id(void);
+
 static struct {
         Aqua__Envelope__BodyCase body;
         uint64_t request_id;
@@ -226,7 +231,7 @@ TestSuite(turn, .init = setup, .fini = teardown);
 
 Test(turn, many_custody_changes_one_commit_nothing_before)
 {
-        uint64_t commits = srv->broker->stats.journal_commits;
+        uint64_t commits = pool_stats().journal_commits;
 
         offer(4, 10);
         for (uint64_t i = 0; i < 4; i++)
@@ -234,9 +239,9 @@ Test(turn, many_custody_changes_one_commit_nothing_before)
         /* Nothing has left: not the offer's reply, not a grant, not a descriptor. */
         cr_assert_eq(n_out, 0);
         cr_assert_eq(grant_frames(), 0);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits);
+        cr_assert_eq(pool_stats().journal_commits, commits);
         server_end_turn(srv);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1, "one commit for the turn");
+        cr_assert_eq(pool_stats().journal_commits, commits + 1, "one commit for the turn");
         cr_assert_eq(n_out, 5);
         cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_OFFER_REPLY);
         for (size_t i = 1; i < 5; i++) {
@@ -244,7 +249,7 @@ Test(turn, many_custody_changes_one_commit_nothing_before)
                 cr_assert_eq(out[i].request_id, 20 + i - 1);
         }
         cr_assert_eq(grant_frames(), 4);
-        cr_assert_eq(srv->broker->n_leases, 4);
+        cr_assert_eq(pool_counts().leases, 4);
 }
 
 Test(turn, refused_commit_undoes_the_turn_and_degraded_waits_for_its_probe)
@@ -266,29 +271,29 @@ Test(turn, refused_commit_undoes_the_turn_and_degraded_waits_for_its_probe)
                 cr_assert_eq(out[i].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL, "reply %zu: %d", i,
                              out[i].code);
         cr_assert_eq(grant_frames(), 0, "no descriptor of an undone grant leaves");
-        cr_assert_eq(srv->broker->n_leases, 0);
-        cr_assert_eq(srv->broker->n_chunks, 2, "the undone offer's chunks are gone");
+        cr_assert_eq(pool_counts().leases, 0);
+        cr_assert_eq(pool_counts().chunks, 2, "the undone offer's chunks are gone");
         cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
         /* Degraded: refused at once, the journal not tried again before its probe. */
-        errors = srv->broker->stats.journal_errors;
+        errors = pool_stats().journal_errors;
         n_out = 0;
         borrow(23);
         server_end_turn(srv);
         cr_assert_eq(n_out, 1);
         cr_assert_eq(out[0].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL);
-        cr_assert_eq(srv->broker->stats.journal_errors, errors);
+        cr_assert_eq(pool_stats().journal_errors, errors);
         cr_assert_gt(server_turn_deadline(srv), now_mono_ns(), "the probe has its own time");
         /* The disk has room again: the probe finds it, and grants follow. */
         journal_full(false);
         srv->journal_probe_ns = now_mono_ns();
         server_end_turn(srv);
-        cr_assert_eq(srv->broker->journal_error, 0);
+        cr_assert_eq(pool_counts().journal_error, 0);
         n_out = 0;
         borrow(24);
         server_end_turn(srv);
         cr_assert_eq(n_out, 1);
         cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_GRANT);
-        cr_assert_eq(srv->broker->n_leases, 1);
+        cr_assert_eq(pool_counts().leases, 1);
 }
 
 static void reclaim_all(uint64_t request_id)
@@ -319,7 +324,7 @@ Test(turn, a_grant_to_a_full_queue_waits_in_front_of_its_notices)
         cr_assert_eq(srv->stats.replies_deferred, 1);
         cr_assert_eq(srv->stats.custody_undelivered, 0);
         cr_assert_eq(srv->stats.send_dropped, 0);
-        cr_assert_eq(srv->broker->n_leases, 1, "the lease stays the consumer's");
+        cr_assert_eq(pool_counts().leases, 1, "the lease stays the consumer's");
         cr_assert_eq(grant_frames(), 1, "its descriptors went");
 
         /* The producer takes its memory back: the consumer's notice queues behind the Grant,
@@ -360,12 +365,12 @@ Test(turn, a_grant_the_router_cannot_take_is_taken_back)
         refuse_errno = -EAGAIN;
         cr_assert_eq(n_out, 0);
         cr_assert_eq(srv->stats.custody_undelivered, 1);
-        cr_assert_eq(srv->broker->n_leases, 0, "the lease nobody heard of is gone");
+        cr_assert_eq(pool_counts().leases, 0, "the lease nobody heard of is gone");
         /* Taking it back is journaled with the next turn, or when the linger ends. */
-        cr_assert_gt(srv->broker->n_ops, 0);
-        commits = srv->broker->stats.journal_commits;
+        cr_assert_gt(pool_counts().uncommitted, 0);
+        commits = pool_stats().journal_commits;
         server_end_turn(srv);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        cr_assert_eq(pool_stats().journal_commits, commits + 1);
         (void)grant_frames();
         borrow(21);
         server_end_turn(srv);
@@ -382,7 +387,7 @@ Test(turn, a_request_that_could_touch_a_change_ends_the_turn_first)
         offer(2, 10);
         server_end_turn(srv);
         n_out = 0;
-        commits = srv->broker->stats.journal_commits;
+        commits = pool_stats().journal_commits;
         borrow(20);
         /* The producer takes its memory back in the same read: the grant is settled first. */
         rq.all = true;
@@ -390,7 +395,7 @@ Test(turn, a_request_that_could_touch_a_change_ends_the_turn_first)
         e.reclaim_request = &rq;
         e.request_id = 30;
         send_env(FUZZ_PRODUCER, &e);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        cr_assert_eq(pool_stats().journal_commits, commits + 1);
         cr_assert_eq(n_out, 1);
         cr_assert_eq(out[0].body, AQUA__ENVELOPE__BODY_GRANT);
         server_end_turn(srv);
@@ -417,24 +422,24 @@ Test(turn, a_return_joins_the_turn_unless_it_names_a_lease_granted_in_it)
         offer(4, 10);
         borrow(20);
         server_end_turn(srv);
-        first = srv->broker->next_lease_id - 1;
+        first = newest_lease_id();
         n_out = 0;
-        commits = srv->broker->stats.journal_commits;
+        commits = pool_stats().journal_commits;
         /* A borrow, the return of the lease granted before, another borrow: one turn. */
         borrow(21);
         return_lease(first, 22);
         borrow(23);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits);
+        cr_assert_eq(pool_stats().journal_commits, commits);
         cr_assert_eq(n_out, 0);
         /* A return that names the lease this turn just granted (a guess: its consumer has not
          * heard of it) waits for the turn's end. */
-        return_lease(srv->broker->next_lease_id - 1, 24);
-        cr_assert_eq(srv->broker->stats.journal_commits, commits + 1);
+        return_lease(newest_lease_id(), 24);
+        cr_assert_eq(pool_stats().journal_commits, commits + 1);
         cr_assert_eq(n_out, 3);
         server_end_turn(srv);
         cr_assert_eq(n_out, 4);
         cr_assert_eq(out[3].body, AQUA__ENVELOPE__BODY_RETURN_REPLY);
-        cr_assert_eq(srv->broker->n_leases, 1);
+        cr_assert_eq(pool_counts().leases, 1);
         cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
 }
 
@@ -446,7 +451,7 @@ Test(turn, a_refused_turn_undoes_its_grants_and_keeps_its_returns)
         offer(2, 10);
         borrow(20);
         server_end_turn(srv);
-        first = srv->broker->next_lease_id - 1;
+        first = newest_lease_id();
         n_out = 0;
         (void)grant_frames();
         borrow(21);
@@ -458,7 +463,7 @@ Test(turn, a_refused_turn_undoes_its_grants_and_keeps_its_returns)
         cr_assert_eq(out[0].code, AQUA__ERROR_CODE__ERROR_CODE_JOURNAL);
         cr_assert_eq(out[1].body, AQUA__ENVELOPE__BODY_RETURN_REPLY);
         cr_assert_eq(grant_frames(), 0);
-        cr_assert_eq(srv->broker->n_leases, 0);
+        cr_assert_eq(pool_counts().leases, 0);
         cr_assert_eq(broker_check(srv->broker, err), 0, "%s", err);
 }
 
@@ -556,4 +561,31 @@ Test(turn, every_error_reply_and_dropped_send_has_a_line_in_the_log)
         cr_assert_eq(srv->stats.errors - errors, 500);
         cr_assert_leq(count_lines(log, "Error ERROR_CODE_NOT_REGISTERED"), 10, "%s", log);
         cr_assert_geq(count_lines(log, "Error ERROR_CODE_NOT_REGISTERED"), 1, "%s", log);
+}
+
+static struct broker_counts pool_counts(void)
+{
+        struct broker_counts n;
+
+        broker_counts(srv->broker, &n);
+        return n;
+}
+
+static struct broker_stats pool_stats(void)
+{
+        struct broker_totals t;
+
+        broker_totals(srv->broker, &t);
+        return t.stats;
+}
+
+static uint64_t newest_lease_id(void)
+{
+        struct broker_lease_view v[64];
+        size_t n = broker_view_leases(srv->broker, now_mono_ns(), v, 64);
+        uint64_t id = 0;
+
+        for (size_t i = 0; i < n; i++)
+                id = v[i].id > id ? v[i].id : id;
+        return id;
 }

@@ -425,15 +425,17 @@ void server_turn_barrier(struct server *s)
 void server_end_turn(struct server *s)
 {
         uint64_t now = now_mono_ns();
+        struct broker_counts n;
         int r = 0;
 
         server_stage_notices(s);
-        if (!s->broker->journal_error || now >= s->journal_probe_ns) {
+        broker_counts(s->broker, &n);
+        if (!n.journal_error || now >= s->journal_probe_ns) {
                 r = broker_commit(s->broker);
                 if (r < 0)
                         s->journal_probe_ns = now + JOURNAL_PROBE_NS;
         } else
-                r = s->broker->journal_error;
+                r = n.journal_error;
         if (r < 0)
                 refuse_turn(s);
         while (!list_empty(&s->turn_out)) {
@@ -446,9 +448,12 @@ void server_end_turn(struct server *s)
 
 uint64_t server_turn_deadline(const struct server *s)
 {
-        if (s->broker->journal_error)
+        struct broker_counts n;
+
+        broker_counts(s->broker, &n);
+        if (n.journal_error)
                 return s->journal_probe_ns;
-        if (s->broker->n_ops)
+        if (n.uncommitted)
                 return now_mono_ns() + COMMIT_LINGER_NS;
         return 0;
 }
