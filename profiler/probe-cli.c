@@ -8,6 +8,7 @@
 #include "log.h"
 #include "parse-util.h"
 #include "probe-cli.h"
+#include "probe-nccl.h"
 #include "probe.h"
 #include "util.h"
 
@@ -129,7 +130,7 @@ int probe_main(int argc, char **argv)
             {},
         };
         struct probe_params p = {
-            .size = DEFAULT_SIZE, .iterations = DEFAULT_ITERATIONS, .nccl = true};
+            .size = DEFAULT_SIZE, .iterations = DEFAULT_ITERATIONS, .nccl = probe_nccl};
         struct progress pr = {.tty = isatty(STDERR_FILENO)};
         _cleanup_(probe_result_done) struct probe_result r = {0};
         struct cuda_driver *d = NULL;
@@ -158,7 +159,7 @@ int probe_main(int argc, char **argv)
                         p.iterations = (int)iters;
                         break;
                 case OPT_NO_NCCL:
-                        p.nccl = false;
+                        p.nccl = NULL;
                         break;
                 case OPT_HOST:
                         if (!*optarg || strlen(optarg) > 255) {

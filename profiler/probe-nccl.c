@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "probe-gpu.h"
+#include "probe-nccl.h"
 #include "util.h"
 
 #define DEFAULT_LIBRARY "libnccl.so.2"

@@ -322,7 +322,7 @@ int probe_run(const struct cuda_driver *d, const struct probe_params *p,
         if (outcome == 0)
                 outcome = copy_probe(d, gpus, p, cancelled, progress, userdata, &r);
         if (outcome == 0 && p->nccl)
-                outcome = probe_nccl(d, gpus, p, cancelled, progress, userdata, &r);
+                outcome = p->nccl(d, gpus, p, cancelled, progress, userdata, &r);
         else if (outcome == 0 && !(r.nccl_note = strdup("not asked for (--no-nccl)")))
                 outcome = -ENOMEM;
         release_gpus(d, gpus, r.n_devices);

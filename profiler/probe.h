@@ -21,10 +21,25 @@ struct probe_device {
         uint64_t memory;
 };
 
+struct probe_gpu;
+struct probe_result;
+typedef void (*probe_progress_fn)(const struct probe_result *r, const char *method, int src,
+                                  int dst, double gbps, size_t done, size_t total, void *userdata);
+struct probe_params;
+/*
+ * A further method timed on the GPUs the copy probe set up (probe-gpu.h), after it: it fills
+ * its part of r and returns 0, PROBE_E_CANCELLED or PROBE_E_DRIVER. probe_nccl (probe-nccl.h) is
+ * one; the caller chooses it, so that probe.c knows no method but its own.
+ */
+typedef int (*probe_method_fn)(const struct cuda_driver *d, const struct probe_gpu *gpus,
+                               const struct probe_params *p,
+                               const volatile sig_atomic_t *cancelled,
+                               probe_progress_fn progress, void *userdata, struct probe_result *r);
+
 struct probe_params {
         uint64_t size;  /* bytes per copy */
         int iterations; /* timed copies per ordered pair (the median counts), after one warm-up */
-        bool nccl;      /* try NCCL send/recv too */
+        probe_method_fn nccl; /* NCCL send/recv (probe_nccl); NULL: not asked for */
         const char *nccl_library; /* NULL: $AQUA_NCCL_LIBRARY if set, else libnccl.so.2 */
         const char *host;         /* the devices' host; NULL: gethostname() */
 };
@@ -50,9 +65,8 @@ struct probe_result {
         char *host;  /* the host the devices are on, written per device; NULL: none known */
 };
 
-/* Reports each measurement as it ends: method "copy" or "nccl", done out of total for it. */
-typedef void (*probe_progress_fn)(const struct probe_result *r, const char *method, int src,
-                                  int dst, double gbps, size_t done, size_t total, void *userdata);
+/* probe_progress_fn (above) reports each measurement as it ends: method "copy" or "nccl", done
+ * out of total for it. */
 
 /*
  * Query every device and peer link of the driver d, then time size-byte copies on every ordered

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "probe-nccl.h"
 #include "probe.h"
 #include "topology.h"
 #include "util.h"
@@ -108,7 +109,7 @@ static int run_probe(const char *var, const char *value, const char *machine, co
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static const struct probe_params small = {.size = 2 * MiB, .iterations = 3, .nccl = true};
+static const struct probe_params small = {.size = 2 * MiB, .iterations = 3, .nccl = probe_nccl};
 
 Test(probe, measures_every_pair_on_simcuda)
 {
