@@ -163,6 +163,8 @@ bool ctx_take_pending(aqua_ctx *ctx, uint64_t request_id, struct ctx_pending *re
 int session_connect(aqua_ctx *ctx, uint64_t deadline_ns);
 void session_step(aqua_ctx *ctx);
 void session_keepalive(aqua_ctx *ctx);
+/* Tell aquad this context maps nothing any more (a client on tcp://, at close). */
+void session_goodbye(aqua_ctx *ctx);
 
 /* Reconnect (if the session was lost) before deadline_ns; 0 or -ENOTCONN. */
 int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns);

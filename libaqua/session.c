@@ -555,3 +555,24 @@ int ctx_wait(aqua_ctx *ctx, const struct completion *c, uint64_t deadline_ns)
                         return -ETIMEDOUT;
         }
 }
+
+/*
+ * Tell aquad this context maps nothing any more: a client on tcp:// has no side channel whose EOF
+ * says so, and without it its registration (and custody) would outlive it until remote.grace.
+ */
+void session_goodbye(aqua_ctx *ctx)
+{
+        Aqua__Envelope env = AQUA__ENVELOPE__INIT, *reply = NULL;
+        Aqua__Goodbye g = AQUA__GOODBYE__INIT;
+        uint64_t deadline = now_mono_ns() + MIN((uint64_t)ctx->timeout_ms, 1000) * NSEC_PER_MSEC;
+
+        if (!ctx->t || ctx->state != SESSION_CONNECTED)
+                return;
+        env.request_id = transport_next_id(ctx->t);
+        env.body_case = AQUA__ENVELOPE__BODY_GOODBYE;
+        env.goodbye = &g;
+        if (transport_call(ctx->t, &env, deadline, &reply) == 0)
+                aqua__envelope__free_unpacked(reply, NULL);
+        else
+                alog_debug("aquad did not answer goodbye; it ends the registration by itself");
+}
