@@ -1,10 +1,12 @@
 /* The consumer's side: borrow and map chunks, honour reclaim notices, return leases. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "alog.h"
 #include "ctx.h"
+#include "tensor.h"
 #include "time-util.h"
 
 static int check_consumer(aqua_ctx *ctx)
@@ -583,6 +585,46 @@ static void consumer_load(const aqua_ctx *ctx, Aqua__LoadReport *lr)
         lr->dram_bytes = ctx->consumer.leases.dram_bytes;
 }
 
+static const char *tier_name(enum aqua_tier t)
+{
+        switch (t) {
+        case AQUA_TIER_PEER:
+                return "peer memory";
+        case AQUA_TIER_DRAM:
+                return "DRAM";
+        case AQUA_TIER_LOCAL:
+                return "local memory";
+        default:
+                return "not mapped";
+        }
+}
+
+/* Where addr lies, in the caller's terms: a tensor's offset and tier, or a lease; false: in
+ * neither (copy.c's reports of failed copies). */
+static bool consumer_describe(const aqua_ctx *ctx, uint64_t addr, char *buf, size_t len)
+{
+        for (const struct aqua_tensor *t = ctx->consumer.tensors; t; t = t->next)
+                if (addr >= t->dptr && addr - t->dptr < t->max_bytes) {
+                        const struct tensor_chunk *c =
+                            &t->chunks[(addr - t->dptr) / t->chunk_bytes];
+                        int k = snprintf(buf, len,
+                                         "the tensor at 0x%" PRIx64 ", offset %" PRIu64 " (%s",
+                                         t->dptr, addr - t->dptr, tier_name(c->tier));
+                        if (c->lease && k >= 0 && (size_t)k < len)
+                                k += snprintf(buf + k, len - k, " of lease %" PRIu64, c->lease->id);
+                        if (k >= 0 && (size_t)k < len)
+                                snprintf(buf + k, len - k, ")");
+                        return true;
+                }
+        for (const struct aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
+                if (!l->tensor_pool && addr >= l->dptr && addr - l->dptr < l->size) {
+                        snprintf(buf, len, "lease %" PRIu64 ", offset %" PRIu64, l->id,
+                                 addr - l->dptr);
+                        return true;
+                }
+        return false;
+}
+
 static void consumer_free(aqua_ctx *ctx)
 {
         /* Tensors first: their chunks are leased chunks, and copies may still read them. */
@@ -598,5 +640,6 @@ const struct role_ops consumer_role = {
     .lease_lost = consumer_lease_lost,
     .info = consumer_info,
     .load = consumer_load,
+    .describe = consumer_describe,
     .free = consumer_free,
 };

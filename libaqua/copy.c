@@ -13,51 +13,12 @@
 #include "move.h"
 #include "util.h"
 
-struct copy_inflight {
-        uint64_t ticket;
-        struct CUevent_st *ev;
-        /* For a report if it fails: its first piece, how many pieces and bytes in all. */
-        uint64_t dst, src, bytes;
-        size_t n;
-};
-
-static const char *tier_name(enum aqua_tier t)
-{
-        switch (t) {
-        case AQUA_TIER_PEER:
-                return "peer memory";
-        case AQUA_TIER_DRAM:
-                return "DRAM";
-        case AQUA_TIER_LOCAL:
-                return "local memory";
-        default:
-                return "not mapped";
-        }
-}
-
-/* Where addr lies, in the caller's terms: a tensor's offset and tier, a lease, or an address. */
+/* Where addr lies, in the caller's terms: the role says (a consumer: a tensor's offset and
+ * tier, or a lease), else the address. */
 static void describe(aqua_ctx *ctx, uint64_t addr, char *buf, size_t len)
 {
-        for (const struct aqua_tensor *t = ctx->consumer.tensors; t; t = t->next)
-                if (addr >= t->dptr && addr - t->dptr < t->max_bytes) {
-                        const struct tensor_chunk *c =
-                            &t->chunks[(addr - t->dptr) / t->chunk_bytes];
-                        int k = snprintf(buf, len,
-                                         "the tensor at 0x%" PRIx64 ", offset %" PRIu64 " (%s",
-                                         t->dptr, addr - t->dptr, tier_name(c->tier));
-                        if (c->lease && k >= 0 && (size_t)k < len)
-                                k += snprintf(buf + k, len - k, " of lease %" PRIu64, c->lease->id);
-                        if (k >= 0 && (size_t)k < len)
-                                snprintf(buf + k, len - k, ")");
-                        return;
-                }
-        for (const struct aqua_lease *l = ctx->consumer.leases.head; l; l = l->next)
-                if (!l->tensor_pool && addr >= l->dptr && addr - l->dptr < l->size) {
-                        snprintf(buf, len, "lease %" PRIu64 ", offset %" PRIu64, l->id,
-                                 addr - l->dptr);
-                        return;
-                }
-        snprintf(buf, len, "0x%" PRIx64 " (not aqua's memory)", addr);
+        if (!(ctx->ops && ctx->ops->describe && ctx->ops->describe(ctx, addr, buf, len)))
+                snprintf(buf, len, "0x%" PRIx64 " (not aqua's memory)", addr);
 }
 
 /*

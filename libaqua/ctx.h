@@ -16,7 +16,6 @@
 #include "lease.h"
 #include "move.h"
 #include "offers.h"
-#include "tensor.h"
 #include "transport.h"
 
 /* An asynchronous request whose reply aqua_poll() will meet. */
@@ -94,6 +93,15 @@ struct consumer_state {
         /* aqua tensors (tensor.c), bytes of their chunks per tier */
         struct aqua_tensor *tensors;
         uint64_t tensor_bytes[4];
+};
+
+/* A copy batch libaqua queued that has not completed (copy.c keeps them). */
+struct copy_inflight {
+        uint64_t ticket;
+        struct CUevent_st *ev;
+        /* For a report if it fails: its first piece, how many pieces and bytes in all. */
+        uint64_t dst, src, bytes;
+        size_t n;
 };
 
 struct aqua_ctx {
@@ -207,6 +215,9 @@ struct role_ops {
         /* aqua_poll(): whether the role has work of its own, and a bounded step of it. */
         bool (*busy)(const aqua_ctx *ctx);
         void (*poll_step)(aqua_ctx *ctx);
+        /* A failed copy's report: where addr lies in the role's terms, into buf; false: not
+         * in its memory. */
+        bool (*describe)(const aqua_ctx *ctx, uint64_t addr, char *buf, size_t len);
         /* aqua_close(): give back everything it holds, before the transport closes. */
         void (*free)(aqua_ctx *ctx);
 };
@@ -216,12 +227,6 @@ struct role_ops {
  * released when the daemon that would have named them is gone. */
 extern const struct role_ops producer_role;
 
-/* tensor.c */
-void tensor_free_all(aqua_ctx *ctx);
-/* What move_out() needs to move tensor chunk i (backed by a leased chunk) off its producer. */
-void tensor_move_prepare(const struct aqua_tensor *t, size_t i, struct move *m);
-/* Take the new backing of chunk i; its leased chunk is the caller's to give back. */
-void tensor_moved(aqua_ctx *ctx, struct aqua_tensor *t, size_t i, const struct move *m);
 /* Drop queued events that name t (it is being freed). */
 void ctx_forget_tensor_events(aqua_ctx *ctx, const struct aqua_tensor *t);
 

@@ -32,3 +32,11 @@ struct aqua_tensor {
         size_t n_chunks;
         struct tensor_chunk chunks[];
 };
+
+struct move;
+/* Free every tensor of the context (aqua_close). */
+void tensor_free_all(aqua_ctx *ctx);
+/* What move_out() needs to move tensor chunk i (backed by a leased chunk) off its producer. */
+void tensor_move_prepare(const struct aqua_tensor *t, size_t i, struct move *m);
+/* Take the new backing of chunk i; its leased chunk is the caller's to give back. */
+void tensor_moved(aqua_ctx *ctx, struct aqua_tensor *t, size_t i, const struct move *m);
