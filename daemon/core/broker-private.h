@@ -190,6 +190,11 @@ bool lease_was_returned(const struct lease *l);
 /* Derive the lease state from its chunks. */
 void lease_update_state(struct lease *l);
 
+/* journal-ops.c: each object as a journal record (for its operation, and for snapshots). */
+Aquaj__JChunk *jchunk_new(const struct chunk *c);
+Aquaj__JLease *jlease_new(const struct lease *l);
+Aquaj__JGpu *jgpu_new(const struct gpu *g);
+Aquaj__JPair *jpair_new(const char *producer, const char *consumer, const char *source);
 void journal_chunk(struct broker *pool, const struct chunk *c);
 void journal_lease(struct broker *pool, const struct lease *l);
 void journal_gpu(struct broker *pool, const struct gpu *g);
@@ -202,6 +207,7 @@ void lease_destroy(struct broker *pool, struct lease *l);
 /* Forget all chunks, leases and per-GPU state (not the pins). */
 void broker_clear(struct broker *pool);
 void pins_clear(struct broker *pool, const char *source); /* NULL: every pin */
+void pin_free(struct broker_pin *p);
 void broker_ops_clear(struct broker *pool);
 
 /* scrub.c: consumer stopped mapping c, which is free again: dirty with its data. */
@@ -213,7 +219,6 @@ void notice_queue(struct broker *pool, enum notice_kind kind, struct gpu *to, ui
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
 
 /* custody.c */
-int custody_init(void);
 /* A new custody of g for who; ret_secret gets the secret, of which g keeps only the hash. */
 void custody_issue(struct gpu *g, const struct broker_identity *who,
                    uint8_t ret_secret[BROKER_SECRET_LEN]);

@@ -1,4 +1,6 @@
 /* The pool's objects (gpu, chunk, lease, pins), their lifecycle, and the notices they queue. */
+#include <sodium.h>
+
 #include "broker-private.h"
 
 #include <search.h>
@@ -259,7 +261,7 @@ static void gpu_destroy(struct broker *pool, struct gpu *g)
         free(g->host);
         free(g->uuid);
         free(g->device);
-        custody_clear(g);
+        sodium_memzero(&g->custody, sizeof(g->custody));
         free(g);
 }
 
@@ -498,6 +500,27 @@ void lease_free(struct broker *pool, struct lease *l)
 
 /* ------------------------------------------------------------------------------ lifecycle */
 
+void pin_free(struct broker_pin *p)
+{
+        free(p->producer);
+        free(p->consumer);
+        free(p->refused);
+}
+
+void pins_clear(struct broker *pool, const char *source)
+{
+        size_t k = 0;
+
+        for (size_t i = 0; i < pool->n_pins; i++) {
+                if (source && strcmp(pool->pins[i].source, source) != 0) {
+                        pool->pins[k++] = pool->pins[i];
+                        continue;
+                }
+                pin_free(&pool->pins[i]);
+        }
+        pool->n_pins = k;
+}
+
 int broker_new(const struct broker_settings *settings, struct broker **ret)
 {
         struct broker *pool = calloc(1, sizeof(*pool));
@@ -505,10 +528,11 @@ int broker_new(const struct broker_settings *settings, struct broker **ret)
 
         if (!pool)
                 return -ENOMEM;
-        r = custody_init();
-        if (r < 0) {
+        /* Custody secrets (custody.c) are libsodium's: idempotent, thread-safe, and it opens
+         * no descriptor that outlives the call on Linux. */
+        if (sodium_init() < 0) {
                 free(pool);
-                return r;
+                return -EIO;
         }
         pool->settings = *settings;
         list_init(&pool->gpus);

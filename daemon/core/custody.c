@@ -12,12 +12,6 @@
 #include "log.h"
 #include "time-util.h"
 
-int custody_init(void)
-{
-        /* Idempotent and thread-safe; it opens no descriptor that outlives the call on Linux. */
-        return sodium_init() < 0 ? -EIO : 0;
-}
-
 static void secret_hash(const uint8_t secret[BROKER_SECRET_LEN],
                         uint8_t ret[BROKER_SECRET_HASH_LEN])
 {
@@ -146,33 +140,6 @@ bool custody_may_lend(const struct gpu *producer, const struct gpu *consumer, ch
                          producer->uuid, p[0] ? p : "an unknown tenant", consumer->uuid,
                          c[0] ? c : "an unknown tenant");
         return false;
-}
-
-bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, bool lends_to_all)
-{
-        struct broker_identity *w = &g->custody.who;
-        struct list_node *pos, *tmp;
-
-        if (!g->custody.held || (strcmp(w->tenant, tenant) == 0 && w->lends_to_all == lends_to_all))
-                return false;
-        snprintf(w->tenant, sizeof(w->tenant), "%s", tenant);
-        w->lends_to_all = lends_to_all && !w->remote;
-        journal_gpu(pool, g);
-        list_for_each(pos, tmp, &pool->leases)
-        {
-                struct lease *l = list_entry(pos, struct lease, broker_node);
-                struct broker_reclaim r = {0};
-                uint64_t got = 0;
-
-                if ((l->consumer != g && l->producer != g) ||
-                    custody_may_lend(l->producer, l->consumer, NULL, 0))
-                        continue;
-                /* Out of memory here leaves the lease as it is: the next reload tries again. */
-                (void)reclaim_lease(pool, l, UINT64_MAX, &got, "tenants changed",
-                                    now_mono_ns() + pool->settings.reclaim_deadline_ns, &r);
-                broker_reclaim_clear(&r);
-        }
-        return true;
 }
 
 /* ------------------------------------------------------------------------- quarantine */

@@ -16,27 +16,6 @@
 
 /* ------------------------------------------------------------------------------ pins */
 
-static void pin_free(struct broker_pin *p)
-{
-        free(p->producer);
-        free(p->consumer);
-        free(p->refused);
-}
-
-void pins_clear(struct broker *pool, const char *source)
-{
-        size_t k = 0;
-
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (source && strcmp(pool->pins[i].source, source) != 0) {
-                        pool->pins[k++] = pool->pins[i];
-                        continue;
-                }
-                pin_free(&pool->pins[i]);
-        }
-        pool->n_pins = k;
-}
-
 static int pin_add(struct broker *pool, const char *producer, const char *consumer,
                    const char *source)
 {
