@@ -7,19 +7,19 @@
 
 #include "broker-private.h"
 
-int broker_check(struct broker *pool, char *err)
+int broker_check(struct broker *broker, char *err)
 {
         uint64_t pool_bytes = 0, lent = 0, dram = 0;
         size_t n_chunks = 0, n_leases = 0;
 
-        for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next) {
+        for (struct list_node *x = broker->gpus.next; x != &broker->gpus; x = x->next) {
                 struct gpu *g = list_entry(x, struct gpu, node);
                 uint64_t offered = 0, gpu_lent = 0, borrowed = 0;
 
                 for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         struct chunk *c = list_entry(k, struct chunk, producer_node);
 
-                        if (c->producer != g || broker_find_chunk(pool, c->id) != c)
+                        if (c->producer != g || broker_find_chunk(broker, c->id) != c)
                                 return broker_fail(err, 1, "chunk %" PRIu64 " is misfiled", c->id);
                         if ((c->state == CHUNK_FREE) != !c->lease)
                                 return broker_fail(err, 1, "chunk %" PRIu64 " is %s with%s a lease",
@@ -36,7 +36,7 @@ int broker_check(struct broker *pool, char *err)
                                                    "%sgrantable",
                                                    c->id, list_linked(&c->free_node) ? "" : "not ",
                                                    chunk_grantable(c) ? "" : "not ");
-                        if (c->lease && broker_find_lease(pool, c->lease->id) != c->lease)
+                        if (c->lease && broker_find_lease(broker, c->lease->id) != c->lease)
                                 return broker_fail(err, 1, "chunk %" PRIu64 " is in a dead lease",
                                                    c->id);
                         if (c->lease && c->lease->producer != g)
@@ -62,12 +62,12 @@ int broker_check(struct broker *pool, char *err)
                 lent += gpu_lent;
                 dram += g->dram_bytes;
         }
-        for (struct list_node *x = pool->leases.next; x != &pool->leases; x = x->next) {
+        for (struct list_node *x = broker->leases.next; x != &broker->leases; x = x->next) {
                 struct lease *l = list_entry(x, struct lease, broker_node);
                 uint64_t bytes = 0;
                 size_t n = 0;
 
-                if (broker_find_lease(pool, l->id) != l)
+                if (broker_find_lease(broker, l->id) != l)
                         return broker_fail(err, 1, "lease %" PRIu64 " is misfiled", l->id);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
                         struct chunk *c = list_entry(k, struct chunk, lease_node);
@@ -86,15 +86,15 @@ int broker_check(struct broker *pool, char *err)
                                            l->id, l->n_chunks, l->bytes, n, bytes);
                 n_leases++;
         }
-        if (n_chunks != pool->n_chunks || n_leases != pool->n_leases ||
-            pool_bytes != pool->pool_bytes || lent != pool->lent_bytes ||
-            dram != pool->dram_granted)
+        if (n_chunks != broker->n_chunks || n_leases != broker->n_leases ||
+            pool_bytes != broker->pool_bytes || lent != broker->lent_bytes ||
+            dram != broker->dram_granted)
                 return broker_fail(
                     err, 1,
                     "the pool counts %zu chunks, %zu leases, %" PRIu64 " bytes, %" PRIu64
                     " lent, %" PRIu64 " of DRAM; its objects %zu, %zu, %" PRIu64 ", %" PRIu64
                     ", %" PRIu64,
-                    pool->n_chunks, pool->n_leases, pool->pool_bytes, pool->lent_bytes,
-                    pool->dram_granted, n_chunks, n_leases, pool_bytes, lent, dram);
+                    broker->n_chunks, broker->n_leases, broker->pool_bytes, broker->lent_bytes,
+                    broker->dram_granted, n_chunks, n_leases, pool_bytes, lent, dram);
         return 0;
 }

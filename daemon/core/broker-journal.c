@@ -14,96 +14,96 @@
 /* Operations queued while the journal cannot be written, before one snapshot replaces them. */
 #define MAX_QUEUED_OPS 65536
 
-static void compact(struct broker *pool)
+static void compact(struct broker *broker)
 {
         Aquaj__JournalRecord *snap = NULL;
         uint64_t now = now_mono_ns();
         int r;
 
-        if (!journal_wants_compaction(pool->journal, pool->compact_threshold) ||
-            now < pool->compact_retry_ns)
+        if (!journal_wants_compaction(broker->journal, broker->compact_threshold) ||
+            now < broker->compact_retry_ns)
                 return;
-        r = broker_snapshot(pool, &snap);
+        r = broker_snapshot(broker, &snap);
         if (r >= 0)
-                r = journal_compact(pool->journal, snap);
+                r = journal_compact(broker->journal, snap);
         if (snap)
                 aquaj__journal_record__free_unpacked(snap, NULL);
         if (r < 0) {
                 /* The log itself is intact: only its size grows. */
-                pool->stats.compaction_failures++;
-                pool->compact_backoff_ns =
-                    pool->compact_backoff_ns
-                        ? MIN(pool->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
+                broker->stats.compaction_failures++;
+                broker->compact_backoff_ns =
+                    broker->compact_backoff_ns
+                        ? MIN(broker->compact_backoff_ns * 2, COMPACT_BACKOFF_MAX_NS)
                         : COMPACT_BACKOFF_MIN_NS;
-                pool->compact_retry_ns = now + pool->compact_backoff_ns;
-                if (!pool->compact_error)
+                broker->compact_retry_ns = now + broker->compact_backoff_ns;
+                if (!broker->compact_error)
                         log_warning_errno(r,
                                           "Failed to compact the journal: %m; retrying with "
                                           "back-off (at most every %" PRIu64 " s)",
                                           COMPACT_BACKOFF_MAX_NS / NSEC_PER_SEC);
-                pool->compact_error = r;
+                broker->compact_error = r;
                 return;
         }
-        if (pool->compact_error)
+        if (broker->compact_error)
                 log_notice("Compacted the journal again");
-        pool->compact_error = 0;
-        pool->compact_backoff_ns = 0;
-        pool->compact_retry_ns = 0;
+        broker->compact_error = 0;
+        broker->compact_backoff_ns = 0;
+        broker->compact_retry_ns = 0;
 }
 
 /* Too many operations waiting for a writable journal: one snapshot says all they say. */
-static void fold_queued_ops(struct broker *pool)
+static void fold_queued_ops(struct broker *broker)
 {
         Aquaj__JournalRecord *snap = NULL;
 
-        if (pool->n_ops < MAX_QUEUED_OPS || broker_snapshot(pool, &snap) < 0)
+        if (broker->n_ops < MAX_QUEUED_OPS || broker_snapshot(broker, &snap) < 0)
                 return;
-        broker_ops_clear(pool);
-        pool->ops[pool->n_ops++] = snap->ops[0];
+        broker_ops_clear(broker);
+        broker->ops[broker->n_ops++] = snap->ops[0];
         snap->n_ops = 0;
         aquaj__journal_record__free_unpacked(snap, NULL);
 }
 
-int broker_commit(struct broker *pool)
+int broker_commit(struct broker *broker)
 {
         Aquaj__JournalRecord rec = AQUAJ__JOURNAL_RECORD__INIT;
         int r;
 
-        if (!pool->journal) {
-                broker_ops_clear(pool);
+        if (!broker->journal) {
+                broker_ops_clear(broker);
                 return 0;
         }
-        if (pool->n_ops == 0 && !pool->journal_error)
+        if (broker->n_ops == 0 && !broker->journal_error)
                 return 0;
-        rec.n_ops = pool->n_ops;
-        rec.ops = pool->ops;
-        r = journal_append(pool->journal, &rec);
+        rec.n_ops = broker->n_ops;
+        rec.ops = broker->ops;
+        r = journal_append(broker->journal, &rec);
         if (r < 0) {
-                pool->stats.journal_errors++;
-                if (!pool->journal_error)
+                broker->stats.journal_errors++;
+                if (!broker->journal_error)
                         log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
                                            "grants until it can be written");
-                pool->journal_error = r;
-                fold_queued_ops(pool);
+                broker->journal_error = r;
+                fold_queued_ops(broker);
                 return r;
         }
-        pool->stats.journal_commits++;
-        if (pool->journal_error)
+        broker->stats.journal_commits++;
+        if (broker->journal_error)
                 log_notice("The journal can be written again");
-        pool->journal_error = 0;
-        broker_ops_clear(pool);
-        compact(pool);
+        broker->journal_error = 0;
+        broker_ops_clear(broker);
+        compact(broker);
         return 0;
 }
 
-const char *broker_degraded(const struct broker *pool, char *buf, size_t size)
+const char *broker_degraded(const struct broker *broker, char *buf, size_t size)
 {
-        if (pool->journal_error)
+        if (broker->journal_error)
                 snprintf(buf, size, "the journal cannot be written: %s",
-                         strerror(-pool->journal_error));
-        else if (pool->compact_error)
+                         strerror(-broker->journal_error));
+        else if (broker->compact_error)
                 snprintf(buf, size, "the journal cannot be compacted: %s",
-                         strerror(-pool->compact_error));
+                         strerror(-broker->compact_error));
         else
                 return NULL;
         return buf;
@@ -111,13 +111,13 @@ const char *broker_degraded(const struct broker *pool, char *buf, size_t size)
 
 /* ------------------------------------------------------------------------------ replay */
 
-static struct gpu *restored_gpu(struct broker *pool, const char *uuid, enum gpu_role role)
+static struct gpu *restored_gpu(struct broker *broker, const char *uuid, enum gpu_role role)
 {
         struct gpu *g;
 
         if (!uuid || !uuid[0])
                 return NULL;
-        g = gpu_ensure(pool, uuid);
+        g = gpu_ensure(broker, uuid);
         if (!g)
                 return NULL;
         if (!g->owner)
@@ -127,17 +127,17 @@ static struct gpu *restored_gpu(struct broker *pool, const char *uuid, enum gpu_
         return g;
 }
 
-static int apply_lease(struct broker *pool, const Aquaj__JLease *j)
+static int apply_lease(struct broker *broker, const Aquaj__JLease *j)
 {
-        struct lease *l = broker_find_lease(pool, j->id);
+        struct lease *l = broker_find_lease(broker, j->id);
         struct gpu *consumer, *producer;
 
         if (!l) {
-                consumer = restored_gpu(pool, j->consumer, GPU_ROLE_CONSUMER);
-                producer = restored_gpu(pool, j->producer, GPU_ROLE_PRODUCER);
+                consumer = restored_gpu(broker, j->consumer, GPU_ROLE_CONSUMER);
+                producer = restored_gpu(broker, j->producer, GPU_ROLE_PRODUCER);
                 if (!consumer || !producer || j->id == 0)
                         return -EBADMSG;
-                l = lease_new(pool, j->id, consumer, producer);
+                l = lease_new(broker, j->id, consumer, producer);
                 if (!l)
                         return -ENOMEM;
         }
@@ -147,29 +147,29 @@ static int apply_lease(struct broker *pool, const Aquaj__JLease *j)
         return 0;
 }
 
-static int apply_chunk(struct broker *pool, const Aquaj__JChunk *j)
+static int apply_chunk(struct broker *broker, const Aquaj__JChunk *j)
 {
-        struct chunk *c = broker_find_chunk(pool, j->id);
-        struct lease *l = j->lease_id ? broker_find_lease(pool, j->lease_id) : NULL;
+        struct chunk *c = broker_find_chunk(broker, j->id);
+        struct lease *l = j->lease_id ? broker_find_lease(broker, j->lease_id) : NULL;
         uint64_t now_ms = now_real_ns() / NSEC_PER_MSEC;
 
         if (!c) {
-                struct gpu *producer = restored_gpu(pool, j->producer, GPU_ROLE_PRODUCER);
+                struct gpu *producer = restored_gpu(broker, j->producer, GPU_ROLE_PRODUCER);
                 if (!producer || j->id == 0)
                         return -EBADMSG;
-                c = chunk_new(pool, producer, j->id, j->size, j->client_ref, -1);
+                c = chunk_new(broker, producer, j->id, j->size, j->client_ref, -1);
                 if (!c)
                         return -ENOMEM;
         }
         if (c->lease != l) {
-                chunk_release(pool, c);
+                chunk_release(broker, c);
                 if (l)
-                        chunk_lease(pool, c, l);
+                        chunk_lease(broker, c, l);
         }
         c->orphan = j->orphan;
         bool quarantined = j->quarantined && !l;
         if (c->quarantined != quarantined)
-                pool->n_quarantined += quarantined ? 1 : (size_t)-1;
+                broker->n_quarantined += quarantined ? 1 : (size_t)-1;
         c->quarantined = quarantined;
         c->quarantine_back = c->quarantined && j->quarantine_back;
         c->quarantine = (struct proc_id){0};
@@ -199,13 +199,13 @@ static int apply_chunk(struct broker *pool, const Aquaj__JChunk *j)
         return 0;
 }
 
-static int apply_gpu(struct broker *pool, const Aquaj__JGpu *j)
+static int apply_gpu(struct broker *broker, const Aquaj__JGpu *j)
 {
-        struct gpu *g = restored_gpu(pool, j->uuid, GPU_ROLE_UNSPECIFIED);
+        struct gpu *g = restored_gpu(broker, j->uuid, GPU_ROLE_UNSPECIFIED);
 
         if (!g)
                 return -EBADMSG;
-        pool->dram_granted = pool->dram_granted - g->dram_bytes + j->dram_bytes;
+        broker->dram_granted = broker->dram_granted - g->dram_bytes + j->dram_bytes;
         g->dram_bytes = j->dram_bytes;
         g->barred = j->barred;
         g->draining = j->draining;
@@ -244,7 +244,7 @@ static int apply_gpu(struct broker *pool, const Aquaj__JGpu *j)
         return 0;
 }
 
-static int apply_op(struct broker *pool, const Aquaj__JOp *op)
+static int apply_op(struct broker *broker, const Aquaj__JOp *op)
 {
         struct chunk *c;
         struct lease *l;
@@ -255,46 +255,46 @@ static int apply_op(struct broker *pool, const Aquaj__JOp *op)
                 const Aquaj__JSnapshot *s = op->snapshot;
                 /* A snapshot replaces all journaled state: the operator's pins, not the
                  * config's. */
-                broker_clear(pool);
-                pins_clear(pool, "aquactl");
+                broker_clear(broker);
+                pins_clear(broker, "aquactl");
                 for (size_t i = 0; i < s->n_leases; i++)
-                        if ((r = apply_lease(pool, s->leases[i])) < 0)
+                        if ((r = apply_lease(broker, s->leases[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_chunks; i++)
-                        if ((r = apply_chunk(pool, s->chunks[i])) < 0)
+                        if ((r = apply_chunk(broker, s->chunks[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_gpus; i++)
-                        if ((r = apply_gpu(pool, s->gpus[i])) < 0)
+                        if ((r = apply_gpu(broker, s->gpus[i])) < 0)
                                 return r;
                 for (size_t i = 0; i < s->n_pairs; i++)
-                        if ((r = broker_pins_add(pool, s->pairs[i]->producer, s->pairs[i]->consumer,
-                                                 "aquactl")) < 0)
+                        if ((r = broker_pins_add(broker, s->pairs[i]->producer,
+                                                 s->pairs[i]->consumer, "aquactl")) < 0)
                                 return r;
-                pool->next_chunk_id = MAX(pool->next_chunk_id, s->next_chunk_id);
-                pool->next_lease_id = MAX(pool->next_lease_id, s->next_lease_id);
+                broker->next_chunk_id = MAX(broker->next_chunk_id, s->next_chunk_id);
+                broker->next_lease_id = MAX(broker->next_lease_id, s->next_lease_id);
                 return 0;
         }
         case AQUAJ__JOP__OP_CHUNK_SET:
-                return apply_chunk(pool, op->chunk_set);
+                return apply_chunk(broker, op->chunk_set);
         case AQUAJ__JOP__OP_CHUNK_DEL:
-                c = broker_find_chunk(pool, op->chunk_del);
+                c = broker_find_chunk(broker, op->chunk_del);
                 if (c)
-                        chunk_destroy(pool, c);
+                        chunk_destroy(broker, c);
                 return 0;
         case AQUAJ__JOP__OP_LEASE_SET:
-                return apply_lease(pool, op->lease_set);
+                return apply_lease(broker, op->lease_set);
         case AQUAJ__JOP__OP_LEASE_DEL:
-                l = broker_find_lease(pool, op->lease_del);
+                l = broker_find_lease(broker, op->lease_del);
                 if (l)
-                        lease_destroy(pool, l);
+                        lease_destroy(broker, l);
                 return 0;
         case AQUAJ__JOP__OP_GPU_SET:
-                return apply_gpu(pool, op->gpu_set);
+                return apply_gpu(broker, op->gpu_set);
         case AQUAJ__JOP__OP_PAIR_SET:
-                return broker_pins_add(pool, op->pair_set->producer, op->pair_set->consumer,
+                return broker_pins_add(broker, op->pair_set->producer, op->pair_set->consumer,
                                        "aquactl");
         case AQUAJ__JOP__OP_PAIR_DEL:
-                broker_pins_remove(pool, op->pair_del);
+                broker_pins_remove(broker, op->pair_del);
                 return 0;
         default:
                 /* An operation a newer aquad wrote: skipping it is safer than refusing to start. */
@@ -304,46 +304,47 @@ static int apply_op(struct broker *pool, const Aquaj__JOp *op)
 
 int broker_apply(const Aquaj__JournalRecord *rec, void *userdata)
 {
-        struct broker *pool = userdata;
+        struct broker *broker = userdata;
         int r = 0;
 
-        pool->replaying = true;
+        broker->replaying = true;
         for (size_t i = 0; i < rec->n_ops && r >= 0; i++)
-                r = apply_op(pool, rec->ops[i]);
-        pool->replaying = false;
+                r = apply_op(broker, rec->ops[i]);
+        broker->replaying = false;
         return r;
 }
 
-void broker_attach_journal(struct broker *pool, struct journal *j, uint64_t compact_threshold)
+void broker_attach_journal(struct broker *broker, struct journal *j, uint64_t compact_threshold)
 {
         bool any = false;
 
-        pool->journal = j;
-        pool->compact_threshold = compact_threshold;
-        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
+        broker->journal = j;
+        broker->compact_threshold = compact_threshold;
+        for (struct list_node *n = broker->gpus.next; n != &broker->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 if (g->restored)
                         any = true;
         }
-        for (struct list_node *n = pool->leases.next; n != &pool->leases; n = n->next) {
+        for (struct list_node *n = broker->leases.next; n != &broker->leases; n = n->next) {
                 struct lease *l = list_entry(n, struct lease, broker_node);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next)
-                        broker_note_deadline(pool,
+                        broker_note_deadline(broker,
                                              list_entry(k, struct chunk, lease_node)->deadline_ns);
         }
-        if (pool->n_quarantined) {
-                pool->quarantine_check_ns = now_mono_ns();
-                broker_note_deadline(pool, pool->quarantine_check_ns);
+        if (broker->n_quarantined) {
+                broker->quarantine_check_ns = now_mono_ns();
+                broker_note_deadline(broker, broker->quarantine_check_ns);
         }
         if (any) {
-                pool->reconcile_deadline_ns = now_mono_ns() + pool->settings.reconcile_timeout_ns;
-                broker_note_deadline(pool, pool->reconcile_deadline_ns);
+                broker->reconcile_deadline_ns =
+                    now_mono_ns() + broker->settings.reconcile_timeout_ns;
+                broker_note_deadline(broker, broker->reconcile_deadline_ns);
         }
 }
 
 /* ------------------------------------------------------------------------------ snapshot */
 
-int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret)
+int broker_snapshot(struct broker *broker, Aquaj__JournalRecord **ret)
 {
         Aquaj__JournalRecord *rec;
         Aquaj__JSnapshot *s;
@@ -371,19 +372,19 @@ int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret)
         rec->n_ops = 1;
         op = NULL;
 
-        s->next_chunk_id = pool->next_chunk_id;
-        s->next_lease_id = pool->next_lease_id;
-        s->chunks = calloc(pool->n_chunks ? pool->n_chunks : 1, sizeof(*s->chunks));
-        s->leases = calloc(pool->n_leases ? pool->n_leases : 1, sizeof(*s->leases));
-        s->gpus = calloc(pool->n_gpus ? pool->n_gpus : 1, sizeof(*s->gpus));
-        s->pairs = calloc(pool->n_pins ? pool->n_pins : 1, sizeof(*s->pairs));
+        s->next_chunk_id = broker->next_chunk_id;
+        s->next_lease_id = broker->next_lease_id;
+        s->chunks = calloc(broker->n_chunks ? broker->n_chunks : 1, sizeof(*s->chunks));
+        s->leases = calloc(broker->n_leases ? broker->n_leases : 1, sizeof(*s->leases));
+        s->gpus = calloc(broker->n_gpus ? broker->n_gpus : 1, sizeof(*s->gpus));
+        s->pairs = calloc(broker->n_pins ? broker->n_pins : 1, sizeof(*s->pairs));
         if (!s->chunks || !s->leases || !s->gpus || !s->pairs)
                 goto oom;
-        for (struct list_node *n = pool->leases.next; n != &pool->leases; n = n->next)
+        for (struct list_node *n = broker->leases.next; n != &broker->leases; n = n->next)
                 if (!(s->leases[s->n_leases++] =
                           jlease_new(list_entry(n, struct lease, broker_node))))
                         goto oom;
-        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
+        for (struct list_node *n = broker->gpus.next; n != &broker->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 for (struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next)
                         if (!(s->chunks[s->n_chunks++] =
@@ -391,17 +392,17 @@ int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret)
                                 goto oom;
                 if ((g->dram_bytes || g->barred || g->draining || g->process.pid ||
                      g->custody.held) &&
-                    n_gpus < pool->n_gpus) {
+                    n_gpus < broker->n_gpus) {
                         if (!(s->gpus[s->n_gpus++] = jgpu_new(g)))
                                 goto oom;
                         n_gpus++;
                 }
         }
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (strcmp(pool->pins[i].source, "aquactl") != 0)
+        for (size_t i = 0; i < broker->n_pins; i++) {
+                if (strcmp(broker->pins[i].source, "aquactl") != 0)
                         continue;
                 if (!(s->pairs[s->n_pairs++] =
-                          jpair_new(pool->pins[i].producer, pool->pins[i].consumer, "aquactl")))
+                          jpair_new(broker->pins[i].producer, broker->pins[i].consumer, "aquactl")))
                         goto oom;
         }
         *ret = rec;

@@ -152,23 +152,23 @@ struct broker {
 };
 
 /* The GPU named exactly uuid (a registration's name), or NULL; gpu_ensure() makes it if none. */
-struct gpu *gpu_find(struct broker *pool, const char *uuid);
-struct gpu *gpu_ensure(struct broker *pool, const char *uuid);
+struct gpu *gpu_find(struct broker *broker, const char *uuid);
+struct gpu *gpu_ensure(struct broker *broker, const char *uuid);
 /* Free g if nothing refers to it any more (no client, chunks, leases of its own or lent from
  * it, pins, budget or bar). */
-void gpu_gc(struct broker *pool, struct gpu *g);
+void gpu_gc(struct broker *broker, struct gpu *g);
 /* Set or clear g's pair; queues PairChanged for both sides that have a client. */
-void gpu_set_pair(struct broker *pool, struct gpu *g, struct gpu *mate, const char *source,
+void gpu_set_pair(struct broker *broker, struct gpu *g, struct gpu *mate, const char *source,
                   double bandwidth);
 
-struct chunk *chunk_new(struct broker *pool, struct gpu *producer, uint64_t id, uint64_t size,
+struct chunk *chunk_new(struct broker *broker, struct gpu *producer, uint64_t id, uint64_t size,
                         uint64_t client_ref, int fd);
 /* Remove a chunk from the pool for good: journaled, its handle closed. */
-void chunk_drop(struct broker *pool, struct chunk *c);
+void chunk_drop(struct broker *broker, struct chunk *c);
 /* FREE -> LEASED into l. */
-void chunk_lease(struct broker *pool, struct chunk *c, struct lease *l);
+void chunk_lease(struct broker *broker, struct chunk *c, struct lease *l);
 /* LEASED or RECLAIMING -> FREE (back in its producer's free list when grantable). */
-void chunk_release(struct broker *pool, struct chunk *c);
+void chunk_release(struct broker *broker, struct chunk *c);
 /* Whether the chunk can be granted: free, with a handle, producer connected and not draining,
  * not being scrubbed. */
 bool chunk_grantable(const struct chunk *c);
@@ -180,10 +180,10 @@ bool chunk_has_handle(const struct chunk *c);
 void chunk_drop_handle(struct chunk *c);
 void chunk_set_free_listed(struct chunk *c);
 
-struct lease *lease_new(struct broker *pool, uint64_t id, struct gpu *consumer,
+struct lease *lease_new(struct broker *broker, uint64_t id, struct gpu *consumer,
                         struct gpu *producer);
 /* Free an empty lease (remaining chunks are released first); journaled. */
-void lease_free(struct broker *pool, struct lease *l);
+void lease_free(struct broker *broker, struct lease *l);
 /* Whether every chunk of l was being taken back (reclaimed, or its producer gone): a consumer
  * that no longer maps it has moved off all of it, which is no loss. */
 bool lease_was_returned(const struct lease *l);
@@ -195,27 +195,27 @@ Aquaj__JChunk *jchunk_new(const struct chunk *c);
 Aquaj__JLease *jlease_new(const struct lease *l);
 Aquaj__JGpu *jgpu_new(const struct gpu *g);
 Aquaj__JPair *jpair_new(const char *producer, const char *consumer, const char *source);
-void journal_chunk(struct broker *pool, const struct chunk *c);
-void journal_lease(struct broker *pool, const struct lease *l);
-void journal_gpu(struct broker *pool, const struct gpu *g);
-void journal_del(struct broker *pool, bool chunk, uint64_t id);
-void journal_pin(struct broker *pool, const char *producer, const char *consumer, bool del);
+void journal_chunk(struct broker *broker, const struct chunk *c);
+void journal_lease(struct broker *broker, const struct lease *l);
+void journal_gpu(struct broker *broker, const struct gpu *g);
+void journal_del(struct broker *broker, bool chunk, uint64_t id);
+void journal_pin(struct broker *broker, const char *producer, const char *consumer, bool del);
 
 /* Destroy without journaling (replay, snapshots, teardown). */
-void chunk_destroy(struct broker *pool, struct chunk *c);
-void lease_destroy(struct broker *pool, struct lease *l);
+void chunk_destroy(struct broker *broker, struct chunk *c);
+void lease_destroy(struct broker *broker, struct lease *l);
 /* Forget all chunks, leases and per-GPU state (not the pins). */
-void broker_clear(struct broker *pool);
-void pins_clear(struct broker *pool, const char *source); /* NULL: every pin */
+void broker_clear(struct broker *broker);
+void pins_clear(struct broker *broker, const char *source); /* NULL: every pin */
 void pin_free(struct broker_pin *p);
-void broker_ops_clear(struct broker *pool);
+void broker_ops_clear(struct broker *broker);
 
 /* scrub.c: consumer stopped mapping c, which is free again: dirty with its data. */
-void chunk_dirty(struct broker *pool, struct chunk *c, const struct gpu *consumer);
+void chunk_dirty(struct broker *broker, struct chunk *c, const struct gpu *consumer);
 /* Ask producer to scrub its dirty chunks that its paired consumer did not leave (journaled). */
-void scrub_check(struct broker *pool, struct gpu *producer);
+void scrub_check(struct broker *broker, struct gpu *producer);
 
-void notice_queue(struct broker *pool, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+void notice_queue(struct broker *broker, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text);
 
 /* custody.c */
@@ -236,14 +236,14 @@ bool custody_may_lend(const struct gpu *producer, const struct gpu *consumer, ch
 /* Whether g has anything a newcomer could inherit: chunks it lends, leases, DRAM budget. */
 bool gpu_holds_state(const struct gpu *g);
 /* Whether g's holder is provably gone (never for a remote one). */
-enum proc_liveness custody_liveness(const struct broker *pool, const struct gpu *g);
+enum proc_liveness custody_liveness(const struct broker *broker, const struct gpu *g);
 /* An operator ended c's lease while holder may still map it: out of everyone's reach. */
-void chunk_quarantine(struct broker *pool, struct chunk *c, const struct proc_id *holder);
+void chunk_quarantine(struct broker *broker, struct chunk *c, const struct proc_id *holder);
 /* Quarantined chunks whose holder is gone are scrubbed (or go back to a producer that asked). */
-void quarantine_tick(struct broker *pool, uint64_t now_ns);
+void quarantine_tick(struct broker *broker, uint64_t now_ns);
 
 /* Bring the pool's earliest deadline forward to at least deadline_ns. */
-void broker_note_deadline(struct broker *pool, uint64_t deadline_ns);
+void broker_note_deadline(struct broker *broker, uint64_t deadline_ns);
 
 /* lease.c, for departure.c: chunk ids that go back to one producer, for one Reclaimed notice. */
 struct reclaimed {
@@ -251,10 +251,10 @@ struct reclaimed {
         uint64_t *ids;
         size_t n, alloc;
 };
-void reclaimed_flush(struct broker *pool, struct reclaimed *r);
+void reclaimed_flush(struct broker *broker, struct reclaimed *r);
 /* A consumer no longer maps c (it returned it or died): orphans are dropped, reclaimed chunks go
  * back to their producer (collected in back), others to the pool. */
-void chunk_unmapped(struct broker *pool, struct chunk *c, struct reclaimed *back);
+void chunk_unmapped(struct broker *broker, struct chunk *c, struct reclaimed *back);
 /* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
-int reclaim_lease(struct broker *pool, struct lease *l, uint64_t want, uint64_t *got,
+int reclaim_lease(struct broker *broker, struct lease *l, uint64_t want, uint64_t *got,
                   const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret);

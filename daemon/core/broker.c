@@ -61,20 +61,20 @@ const char *gpu_role_to_string(enum gpu_role r)
         return r < _GPU_ROLE_MAX ? names[r] : "invalid";
 }
 
-void broker_note_deadline(struct broker *pool, uint64_t deadline_ns)
+void broker_note_deadline(struct broker *broker, uint64_t deadline_ns)
 {
-        if (deadline_ns && (!pool->next_deadline_ns || deadline_ns < pool->next_deadline_ns))
-                pool->next_deadline_ns = deadline_ns;
+        if (deadline_ns && (!broker->next_deadline_ns || deadline_ns < broker->next_deadline_ns))
+                broker->next_deadline_ns = deadline_ns;
 }
 
 /* ------------------------------------------------------------------------------ notices */
 
-void notice_queue(struct broker *pool, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
+void notice_queue(struct broker *broker, enum notice_kind kind, struct gpu *to, uint64_t lease_id,
                   const uint64_t *ids, size_t n, uint64_t deadline_ms, const char *text)
 {
         struct notice *m;
 
-        if (!to || !to->owner || pool->replaying)
+        if (!to || !to->owner || broker->replaying)
                 return;
         m = calloc(1, sizeof(*m));
         if (!m)
@@ -92,7 +92,7 @@ void notice_queue(struct broker *pool, enum notice_kind kind, struct gpu *to, ui
         }
         if (text && !(m->text = strdup(text)))
                 goto oom;
-        list_append(&pool->notices, &m->node);
+        list_append(&broker->notices, &m->node);
         return;
 oom:
         notice_free(m);
@@ -110,11 +110,11 @@ struct notice *notice_free(struct notice *n)
         return NULL;
 }
 
-void broker_take_notices(struct broker *pool, struct list_node *into)
+void broker_take_notices(struct broker *broker, struct list_node *into)
 {
         struct list_node *pos, *tmp;
 
-        list_for_each(pos, tmp, &pool->notices)
+        list_for_each(pos, tmp, &broker->notices)
         {
                 list_unlink(pos);
                 list_append(into, pos);
@@ -142,15 +142,15 @@ bool gpu_is(const struct gpu *g, const char *key)
         return parse_int64(key, 10, &ordinal) == 0 && ordinal >= 0 && g->ordinal == ordinal;
 }
 
-int broker_lookup_gpu(struct broker *pool, const char *key, const char *what, struct gpu **ret,
+int broker_lookup_gpu(struct broker *broker, const char *key, const char *what, struct gpu **ret,
                       char *err)
 {
         struct gpu *found = NULL;
         char names[160] = "";
         size_t n = 0, len = 0;
 
-        for (struct list_node *x = key && key[0] ? pool->gpus.next : &pool->gpus; x != &pool->gpus;
-             x = x->next) {
+        for (struct list_node *x = key && key[0] ? broker->gpus.next : &broker->gpus;
+             x != &broker->gpus; x = x->next) {
                 struct gpu *g = list_entry(x, struct gpu, node);
                 if (strcmp(g->uuid, key) == 0) {
                         *ret = g;
@@ -177,14 +177,14 @@ int broker_lookup_gpu(struct broker *pool, const char *key, const char *what, st
         return 0;
 }
 
-struct gpu *broker_find_gpu(struct broker *pool, const char *key)
+struct gpu *broker_find_gpu(struct broker *broker, const char *key)
 {
         struct list_node *pos, *tmp;
         struct gpu *other = NULL;
 
         if (!key || !key[0])
                 return NULL;
-        list_for_each(pos, tmp, &pool->gpus)
+        list_for_each(pos, tmp, &broker->gpus)
         {
                 struct gpu *g = list_entry(pos, struct gpu, node);
                 if (strcmp(g->uuid, key) == 0)
@@ -197,19 +197,19 @@ struct gpu *broker_find_gpu(struct broker *pool, const char *key)
         return other;
 }
 
-struct chunk *broker_find_chunk(struct broker *pool, uint64_t id)
+struct chunk *broker_find_chunk(struct broker *broker, uint64_t id)
 {
-        return tree_find(&pool->chunks_by_id, id);
+        return tree_find(&broker->chunks_by_id, id);
 }
 
-struct lease *broker_find_lease(struct broker *pool, uint64_t id)
+struct lease *broker_find_lease(struct broker *broker, uint64_t id)
 {
-        return tree_find(&pool->leases_by_id, id);
+        return tree_find(&broker->leases_by_id, id);
 }
 
-struct gpu *gpu_find(struct broker *pool, const char *uuid)
+struct gpu *gpu_find(struct broker *broker, const char *uuid)
 {
-        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
+        for (struct list_node *n = broker->gpus.next; n != &broker->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 if (strcmp(g->uuid, uuid) == 0)
                         return g;
@@ -217,9 +217,9 @@ struct gpu *gpu_find(struct broker *pool, const char *uuid)
         return NULL;
 }
 
-struct gpu *gpu_ensure(struct broker *pool, const char *uuid)
+struct gpu *gpu_ensure(struct broker *broker, const char *uuid)
 {
-        struct gpu *g = gpu_find(pool, uuid);
+        struct gpu *g = gpu_find(broker, uuid);
 
         if (g)
                 return g;
@@ -238,8 +238,8 @@ struct gpu *gpu_ensure(struct broker *pool, const char *uuid)
         list_init(&g->chunks);
         list_init(&g->free_chunks);
         list_init(&g->leases);
-        list_append(&pool->gpus, &g->node);
-        pool->n_gpus++;
+        list_append(&broker->gpus, &g->node);
+        broker->n_gpus++;
         return g;
 }
 
@@ -252,10 +252,10 @@ static void gpu_free_links(struct gpu *g)
         g->n_links = 0;
 }
 
-static void gpu_destroy(struct broker *pool, struct gpu *g)
+static void gpu_destroy(struct broker *broker, struct gpu *g)
 {
         list_unlink(&g->node);
-        pool->n_gpus--;
+        broker->n_gpus--;
         gpu_free_links(g);
         free(g->client_name);
         free(g->host);
@@ -265,37 +265,37 @@ static void gpu_destroy(struct broker *pool, struct gpu *g)
         free(g);
 }
 
-static bool pinned(const struct broker *pool, const struct gpu *g)
+static bool pinned(const struct broker *broker, const struct gpu *g)
 {
-        for (size_t i = 0; i < pool->n_pins; i++)
-                if (gpu_is(g, pool->pins[i].producer) || gpu_is(g, pool->pins[i].consumer))
+        for (size_t i = 0; i < broker->n_pins; i++)
+                if (gpu_is(g, broker->pins[i].producer) || gpu_is(g, broker->pins[i].consumer))
                         return true;
         return false;
 }
 
-void gpu_gc(struct broker *pool, struct gpu *g)
+void gpu_gc(struct broker *broker, struct gpu *g)
 {
         struct list_node *pos, *tmp;
 
         if (!g || g->owner || g->restored || !list_empty(&g->chunks) || !list_empty(&g->leases) ||
-            g->dram_bytes || g->barred || g->draining || g->paired || pinned(pool, g))
+            g->dram_bytes || g->barred || g->draining || g->paired || pinned(broker, g))
                 return;
-        list_for_each(pos, tmp, &pool->notices)
+        list_for_each(pos, tmp, &broker->notices)
         {
                 if (list_entry(pos, struct notice, node)->gpu == g)
                         return;
         }
         /* A lease names its producer even with none of its chunks left (all came back
          * unusable): the consumer's Return still reaches it. */
-        list_for_each(pos, tmp, &pool->leases)
+        list_for_each(pos, tmp, &broker->leases)
         {
                 if (list_entry(pos, struct lease, broker_node)->producer == g)
                         return;
         }
-        gpu_destroy(pool, g);
+        gpu_destroy(broker, g);
 }
 
-void gpu_set_pair(struct broker *pool, struct gpu *g, struct gpu *mate, const char *source,
+void gpu_set_pair(struct broker *broker, struct gpu *g, struct gpu *mate, const char *source,
                   double bandwidth)
 {
         if (g->paired == mate)
@@ -303,7 +303,7 @@ void gpu_set_pair(struct broker *pool, struct gpu *g, struct gpu *mate, const ch
         g->paired = mate;
         g->pair_source = mate ? source : NULL;
         g->pair_bandwidth = mate ? bandwidth : 0;
-        notice_queue(pool, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
+        notice_queue(broker, NOTICE_PAIR_CHANGED, g, 0, NULL, 0, 0, mate ? mate->device : "");
 }
 
 bool chunk_has_handle(const struct chunk *c)
@@ -331,7 +331,7 @@ void chunk_set_free_listed(struct chunk *c)
                 list_append(&c->producer->free_chunks, &c->free_node);
 }
 
-struct chunk *chunk_new(struct broker *pool, struct gpu *producer, uint64_t id, uint64_t size,
+struct chunk *chunk_new(struct broker *broker, struct gpu *producer, uint64_t id, uint64_t size,
                         uint64_t client_ref, int fd)
 {
         struct chunk *c = calloc(1, sizeof(*c));
@@ -347,21 +347,21 @@ struct chunk *chunk_new(struct broker *pool, struct gpu *producer, uint64_t id, 
         list_init(&c->producer_node);
         list_init(&c->free_node);
         list_init(&c->lease_node);
-        if (!tsearch(c, &pool->chunks_by_id, cmp_id)) {
+        if (!tsearch(c, &broker->chunks_by_id, cmp_id)) {
                 free(c);
                 return NULL;
         }
         list_append(&producer->chunks, &c->producer_node);
         producer->offered_bytes += size;
-        pool->pool_bytes += size;
-        pool->n_chunks++;
-        if (id >= pool->next_chunk_id)
-                pool->next_chunk_id = id + 1;
+        broker->pool_bytes += size;
+        broker->n_chunks++;
+        if (id >= broker->next_chunk_id)
+                broker->next_chunk_id = id + 1;
         chunk_set_free_listed(c);
         return c;
 }
 
-static void chunk_unlink_lease(struct broker *pool, struct chunk *c)
+static void chunk_unlink_lease(struct broker *broker, struct chunk *c)
 {
         struct lease *l = c->lease;
 
@@ -372,7 +372,7 @@ static void chunk_unlink_lease(struct broker *pool, struct chunk *c)
         l->bytes -= c->size;
         l->consumer->borrowed_bytes -= c->size;
         c->producer->lent_bytes -= c->size;
-        pool->lent_bytes -= c->size;
+        broker->lent_bytes -= c->size;
         c->lease = NULL;
         c->deadline_ns = 0;
         c->deadline_ms = 0;
@@ -380,27 +380,27 @@ static void chunk_unlink_lease(struct broker *pool, struct chunk *c)
         lease_update_state(l);
 }
 
-void chunk_destroy(struct broker *pool, struct chunk *c)
+void chunk_destroy(struct broker *broker, struct chunk *c)
 {
-        chunk_unlink_lease(pool, c);
+        chunk_unlink_lease(broker, c);
         list_unlink(&c->free_node);
         list_unlink(&c->producer_node);
-        tdelete(c, &pool->chunks_by_id, cmp_id);
+        tdelete(c, &broker->chunks_by_id, cmp_id);
         c->producer->offered_bytes -= c->size;
-        pool->pool_bytes -= c->size;
-        pool->n_chunks--;
-        pool->n_quarantined -= c->quarantined;
+        broker->pool_bytes -= c->size;
+        broker->n_chunks--;
+        broker->n_quarantined -= c->quarantined;
         chunk_drop_handle(c);
         free(c);
 }
 
-void chunk_drop(struct broker *pool, struct chunk *c)
+void chunk_drop(struct broker *broker, struct chunk *c)
 {
-        journal_del(pool, true, c->id);
-        chunk_destroy(pool, c);
+        journal_del(broker, true, c->id);
+        chunk_destroy(broker, c);
 }
 
-void chunk_lease(struct broker *pool, struct chunk *c, struct lease *l)
+void chunk_lease(struct broker *broker, struct chunk *c, struct lease *l)
 {
         list_unlink(&c->free_node);
         c->state = CHUNK_LEASED;
@@ -410,12 +410,12 @@ void chunk_lease(struct broker *pool, struct chunk *c, struct lease *l)
         l->bytes += c->size;
         l->consumer->borrowed_bytes += c->size;
         c->producer->lent_bytes += c->size;
-        pool->lent_bytes += c->size;
+        broker->lent_bytes += c->size;
 }
 
-void chunk_release(struct broker *pool, struct chunk *c)
+void chunk_release(struct broker *broker, struct chunk *c)
 {
-        chunk_unlink_lease(pool, c);
+        chunk_unlink_lease(broker, c);
         c->state = CHUNK_FREE;
         chunk_set_free_listed(c);
 }
@@ -450,7 +450,7 @@ void lease_update_state(struct lease *l)
         }
 }
 
-struct lease *lease_new(struct broker *pool, uint64_t id, struct gpu *consumer,
+struct lease *lease_new(struct broker *broker, uint64_t id, struct gpu *consumer,
                         struct gpu *producer)
 {
         struct lease *l = calloc(1, sizeof(*l));
@@ -466,36 +466,36 @@ struct lease *lease_new(struct broker *pool, uint64_t id, struct gpu *consumer,
         list_init(&l->chunks);
         list_init(&l->consumer_node);
         list_init(&l->broker_node);
-        if (!tsearch(l, &pool->leases_by_id, cmp_id)) {
+        if (!tsearch(l, &broker->leases_by_id, cmp_id)) {
                 free(l);
                 return NULL;
         }
         list_append(&consumer->leases, &l->consumer_node);
-        list_append(&pool->leases, &l->broker_node);
-        pool->n_leases++;
-        if (id >= pool->next_lease_id)
-                pool->next_lease_id = id + 1;
+        list_append(&broker->leases, &l->broker_node);
+        broker->n_leases++;
+        if (id >= broker->next_lease_id)
+                broker->next_lease_id = id + 1;
         return l;
 }
 
-void lease_destroy(struct broker *pool, struct lease *l)
+void lease_destroy(struct broker *broker, struct lease *l)
 {
         while (!list_empty(&l->chunks))
-                chunk_release(pool, list_entry(l->chunks.next, struct chunk, lease_node));
-        tdelete(l, &pool->leases_by_id, cmp_id);
+                chunk_release(broker, list_entry(l->chunks.next, struct chunk, lease_node));
+        tdelete(l, &broker->leases_by_id, cmp_id);
         list_unlink(&l->consumer_node);
         list_unlink(&l->broker_node);
-        pool->n_leases--;
+        broker->n_leases--;
         free(l->reason);
         free(l);
 }
 
-void lease_free(struct broker *pool, struct lease *l)
+void lease_free(struct broker *broker, struct lease *l)
 {
         if (!l)
                 return;
-        journal_del(pool, false, l->id);
-        lease_destroy(pool, l);
+        journal_del(broker, false, l->id);
+        lease_destroy(broker, l);
 }
 
 /* ------------------------------------------------------------------------------ lifecycle */
@@ -507,84 +507,84 @@ void pin_free(struct broker_pin *p)
         free(p->refused);
 }
 
-void pins_clear(struct broker *pool, const char *source)
+void pins_clear(struct broker *broker, const char *source)
 {
         size_t k = 0;
 
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (source && strcmp(pool->pins[i].source, source) != 0) {
-                        pool->pins[k++] = pool->pins[i];
+        for (size_t i = 0; i < broker->n_pins; i++) {
+                if (source && strcmp(broker->pins[i].source, source) != 0) {
+                        broker->pins[k++] = broker->pins[i];
                         continue;
                 }
-                pin_free(&pool->pins[i]);
+                pin_free(&broker->pins[i]);
         }
-        pool->n_pins = k;
+        broker->n_pins = k;
 }
 
 int broker_new(const struct broker_settings *settings, struct broker **ret)
 {
-        struct broker *pool = calloc(1, sizeof(*pool));
+        struct broker *broker = calloc(1, sizeof(*broker));
         int r;
 
-        if (!pool)
+        if (!broker)
                 return -ENOMEM;
         /* Custody secrets (custody.c) are libsodium's: idempotent, thread-safe, and it opens
          * no descriptor that outlives the call on Linux. */
         if (sodium_init() < 0) {
-                free(pool);
+                free(broker);
                 return -EIO;
         }
-        pool->settings = *settings;
-        list_init(&pool->gpus);
-        list_init(&pool->leases);
-        list_init(&pool->notices);
-        pool->next_chunk_id = pool->next_lease_id = 1;
-        r = events_init(&pool->events, EVENTS_DEFAULT_SIZE);
+        broker->settings = *settings;
+        list_init(&broker->gpus);
+        list_init(&broker->leases);
+        list_init(&broker->notices);
+        broker->next_chunk_id = broker->next_lease_id = 1;
+        r = events_init(&broker->events, EVENTS_DEFAULT_SIZE);
         if (r < 0) {
-                free(pool);
+                free(broker);
                 return r;
         }
-        *ret = pool;
+        *ret = broker;
         return 0;
 }
 
 /* Forget all state (a snapshot replaces it, or the pool goes away). */
-void broker_clear(struct broker *pool)
+void broker_clear(struct broker *broker)
 {
-        while (!list_empty(&pool->leases))
-                lease_destroy(pool, list_entry(pool->leases.next, struct lease, broker_node));
-        for (struct list_node *n = pool->gpus.next; n != &pool->gpus; n = n->next) {
+        while (!list_empty(&broker->leases))
+                lease_destroy(broker, list_entry(broker->leases.next, struct lease, broker_node));
+        for (struct list_node *n = broker->gpus.next; n != &broker->gpus; n = n->next) {
                 struct gpu *g = list_entry(n, struct gpu, node);
                 while (!list_empty(&g->chunks))
-                        chunk_destroy(pool,
+                        chunk_destroy(broker,
                                       list_entry(g->chunks.next, struct chunk, producer_node));
-                pool->dram_granted -= g->dram_bytes;
+                broker->dram_granted -= g->dram_bytes;
                 g->dram_bytes = 0;
                 g->barred = g->draining = false;
         }
 }
 
-struct broker *broker_free(struct broker *pool)
+struct broker *broker_free(struct broker *broker)
 {
         struct list_node *pos, *tmp;
 
-        if (!pool)
+        if (!broker)
                 return NULL;
-        broker_clear(pool);
-        list_for_each(pos, tmp, &pool->notices)
+        broker_clear(broker);
+        list_for_each(pos, tmp, &broker->notices)
         {
                 notice_free(list_entry(pos, struct notice, node));
         }
-        list_for_each(pos, tmp, &pool->gpus)
+        list_for_each(pos, tmp, &broker->gpus)
         {
-                gpu_destroy(pool, list_entry(pos, struct gpu, node));
+                gpu_destroy(broker, list_entry(pos, struct gpu, node));
         }
-        broker_ops_clear(pool);
-        free(pool->ops);
-        pins_clear(pool, NULL);
-        free(pool->pins);
-        events_deinit(&pool->events);
-        journal_free(pool->journal);
-        free(pool);
+        broker_ops_clear(broker);
+        free(broker->ops);
+        pins_clear(broker, NULL);
+        free(broker->pins);
+        events_deinit(&broker->events);
+        journal_free(broker->journal);
+        free(broker);
         return NULL;
 }

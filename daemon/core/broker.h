@@ -181,54 +181,54 @@ typedef void (*broker_reclaimed_fn)(void *userdata, uint64_t latency_ns);
 /* ----------------------------------------------------------- broker.c: objects and persistence */
 
 int broker_new(const struct broker_settings *settings, struct broker **ret);
-struct broker *broker_free(struct broker *pool);
+struct broker *broker_free(struct broker *broker);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct broker *, broker_free);
 
 /* Replace the pinned pairs (config pairs at start and on reload), keeping operator pins. */
-int broker_set_config_pins(struct broker *pool, const char *const *producers,
+int broker_set_config_pins(struct broker *broker, const char *const *producers,
                            const char *const *consumers, size_t n);
 
 /* Pins by uuid: add one (replacing pins of either GPU), or remove those naming uuid. */
-int broker_pins_add(struct broker *pool, const char *producer, const char *consumer,
+int broker_pins_add(struct broker *broker, const char *producer, const char *consumer,
                     const char *source);
-size_t broker_pins_remove(struct broker *pool, const char *uuid);
+size_t broker_pins_remove(struct broker *broker, const char *uuid);
 
 /* Replay a journal record into an empty pool (the journal_open() callback). */
 int broker_apply(const Aquaj__JournalRecord *rec, void *userdata);
 /* After replay: take ownership of j, start the reconcile window for restored state. */
-void broker_attach_journal(struct broker *pool, struct journal *j, uint64_t compact_threshold);
+void broker_attach_journal(struct broker *broker, struct journal *j, uint64_t compact_threshold);
 /*
  * Write the queued journal operations (one record, fsync'd); compact when the log has grown.
  * On failure the operations stay queued and go out with the next commit that succeeds, and
  * pool->journal_error says aquad is degraded; with none queued, an empty record probes the file.
  */
-int broker_commit(struct broker *pool);
+int broker_commit(struct broker *broker);
 /* Why aquad is degraded, in a sentence, or NULL when it is not. */
-const char *broker_degraded(const struct broker *pool, char *buf, size_t size);
+const char *broker_degraded(const struct broker *broker, char *buf, size_t size);
 /* The whole state as one snapshot record (freed with aquaj__journal_record__free_unpacked). */
-int broker_snapshot(struct broker *pool, Aquaj__JournalRecord **ret);
+int broker_snapshot(struct broker *broker, Aquaj__JournalRecord **ret);
 
 /* Take the queued notices (append them to `into`, an initialized list head). */
-void broker_take_notices(struct broker *pool, struct list_node *into);
+void broker_take_notices(struct broker *broker, struct list_node *into);
 struct notice *notice_free(struct notice *n);
 
 /* Whether key names g: its name, its device's uuid, or its ordinal in decimal (as config pairs
  * and plans may), alone or as HOST:ORDINAL. */
 bool gpu_is(const struct gpu *g, const char *key);
-struct gpu *broker_find_gpu(struct broker *pool, const char *uuid_or_ordinal);
+struct gpu *broker_find_gpu(struct broker *broker, const char *uuid_or_ordinal);
 /* The one GPU key names (uuid, device uuid, ordinal or HOST:ORDINAL) for an operator's request
  * what: BROKER_E_UNKNOWN_GPU for none, BROKER_E_INVALID listing the candidates for several. */
-int broker_lookup_gpu(struct broker *pool, const char *key, const char *what, struct gpu **ret,
+int broker_lookup_gpu(struct broker *broker, const char *key, const char *what, struct gpu **ret,
                       char *err);
-struct chunk *broker_find_chunk(struct broker *pool, uint64_t id);
-struct lease *broker_find_lease(struct broker *pool, uint64_t id);
+struct chunk *broker_find_chunk(struct broker *broker, uint64_t id);
+struct lease *broker_find_lease(struct broker *broker, uint64_t id);
 
 /* snprintf into a BROKER_ERR_MAX buffer and return code: here a positive enum broker_error; the
  * transport uses it for its own (wire) codes too. */
 int broker_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
 
 /* broker-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
-int broker_check(struct broker *pool, char *err);
+int broker_check(struct broker *broker, char *err);
 
 const char *chunk_state_to_string(enum chunk_state s);
 const char *gpu_role_to_string(enum gpu_role r);
@@ -301,10 +301,10 @@ struct broker_welcome {
  * secret it was given, is refused BUSY, naming the holder, for as long as the holder may still
  * map its memory; a newcomer never inherits what another held.
  */
-int broker_register(struct broker *pool, const struct broker_hello *h, struct client *owner,
+int broker_register(struct broker *broker, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
-void broker_gpu_gone(struct broker *pool, struct gpu *g);
+void broker_gpu_gone(struct broker *broker, struct gpu *g);
 /*
  * g's client can no longer be heard, but nothing proves its process gone (a remote client silent
  * past remote.grace, or one whose new connection registers g again): g keeps what it holds as
@@ -312,14 +312,14 @@ void broker_gpu_gone(struct broker *pool, struct gpu *g);
  * their chunks granted to nobody, until it re-registers them, or an operator releases it; a
  * producer's handles are dropped until it re-registers and passes them again.
  */
-void broker_gpu_detach(struct broker *pool, struct gpu *g);
+void broker_gpu_detach(struct broker *broker, struct gpu *g);
 /*
  * Operator: g's client did not come back after a restart (or cannot be heard). Refused BUSY while
  * its process runs or nothing tells whether it does; with force, a live local holder's chunks are
  * quarantined until its process is gone, and an unknown one (remote, or pid unknown) is taken to
  * be gone on the operator's word. ret_quarantined (may be NULL) gets how many chunks were.
  */
-int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_quarantined,
+int broker_release(struct broker *broker, struct gpu *g, bool force, size_t *ret_quarantined,
                    char *err);
 /* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
@@ -329,14 +329,14 @@ const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
  * moves its data off, as from any reclaim); pairs follow at the next broker_recompute_pairs().
  * Returns whether anything changed.
  */
-bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, bool lends_to_all);
+bool broker_set_tenant(struct broker *broker, struct gpu *g, const char *tenant, bool lends_to_all);
 /* The tenant of g's holder ("user:1000", "key:KEY", or the config's name); "" when not known. */
 const char *gpu_tenant(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
-int broker_recompute_pairs(struct broker *pool);
+int broker_recompute_pairs(struct broker *broker);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
-int broker_pin(struct broker *pool, const char *producer, const char *consumer, char *err);
-int broker_unpin(struct broker *pool, const char *gpu, char *err);
+int broker_pin(struct broker *broker, const char *producer, const char *consumer, char *err);
+int broker_unpin(struct broker *broker, const char *gpu, char *err);
 
 /* ------------------------------------------------------ lease.c: the lease state machine */
 
@@ -344,7 +344,7 @@ int broker_unpin(struct broker *pool, const char *gpu, char *err);
  * Producer: put chunks into the pool; fds are taken on success. A fabric producer passes fabrics
  * (n handles of BROKER_FABRIC_HANDLE_SIZE bytes, copied) and fds NULL. ret_ids gets n daemon ids.
  */
-int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *sizes,
+int broker_offer(struct broker *broker, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
                  uint64_t *ret_ids, char *err);
 
@@ -355,22 +355,22 @@ struct broker_grant {
 };
 
 /* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
-int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+int broker_borrow(struct broker *broker, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
                   bool allow_dram, struct broker_grant *ret, char *err);
 /* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
-void broker_undo_grant(struct broker *pool, struct gpu *consumer, const struct broker_grant *g);
+void broker_undo_grant(struct broker *broker, struct gpu *consumer, const struct broker_grant *g);
 /* Take back an offer whose record could not be journaled: its chunks leave the pool. */
-void broker_undo_offer(struct broker *pool, const uint64_t *ids, size_t n);
+void broker_undo_offer(struct broker *broker, const uint64_t *ids, size_t n);
 
 /*
  * Consumer: chunks of lease_id it could not import leave the pool (the producer hears of them in
  * a Reclaimed notice); the lease stays, empty or not, for broker_return() to finish. Returns 0 or
  * a positive error code (ids not in the lease are skipped).
  */
-int broker_return_unusable(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
+int broker_return_unusable(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                            const uint64_t *chunk_ids, size_t n, char *err);
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
-int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
+int broker_return(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
                   char *err);
 
@@ -388,25 +388,27 @@ void broker_reclaim_clear(struct broker_reclaim *r);
  * leased_only, free chunks stay in the pool (an operator forcing leases back). At most
  * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
  */
-int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bool all,
+int broker_reclaim(struct broker *broker, struct gpu *producer, uint64_t bytes, bool all,
                    bool leased_only, const char *reason, struct broker_reclaim *ret, char *err);
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
-int broker_drain(struct broker *pool, struct gpu *producer, struct broker_reclaim *ret, char *err);
-int broker_undrain(struct broker *pool, struct gpu *producer, char *err);
+int broker_drain(struct broker *broker, struct gpu *producer, struct broker_reclaim *ret,
+                 char *err);
+int broker_undrain(struct broker *broker, struct gpu *producer, char *err);
 
 /* ------------------------------------------------- admin.c: operators' requests (aquactl) */
 
 /* The GPU is named by uuid or ordinal; BROKER_E_UNKNOWN_GPU when there is none. Reclaim and
  * drain take a producer (BROKER_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
  * leased memory back, leaving free chunks in the pool. */
-int broker_admin_reclaim(struct broker *pool, const char *gpu, uint64_t bytes,
+int broker_admin_reclaim(struct broker *broker, const char *gpu, uint64_t bytes,
                          struct broker_reclaim *ret, char *err);
-int broker_admin_drain(struct broker *pool, const char *gpu, struct broker_reclaim *ret, char *err);
+int broker_admin_drain(struct broker *broker, const char *gpu, struct broker_reclaim *ret,
+                       char *err);
 /* End a drain: the GPU may offer again. BROKER_E_INVALID when it is not draining. */
-int broker_admin_undrain(struct broker *pool, const char *gpu, char *err);
-int broker_admin_release(struct broker *pool, const char *gpu, bool force, size_t *ret_quarantined,
-                         char *err);
+int broker_admin_undrain(struct broker *broker, const char *gpu, char *err);
+int broker_admin_release(struct broker *broker, const char *gpu, bool force,
+                         size_t *ret_quarantined, char *err);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
 
@@ -415,15 +417,15 @@ int broker_admin_release(struct broker *pool, const char *gpu, bool force, size_
  * pool, the producer is told with Reclaimed). Only chunks of this producer that it was asked to
  * scrub count; ret_done gets how many did.
  */
-int broker_scrub_done(struct broker *pool, struct gpu *producer, const uint64_t *ids, size_t n,
+int broker_scrub_done(struct broker *broker, struct gpu *producer, const uint64_t *ids, size_t n,
                       const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
 
 /* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
-void broker_reclaim_delivered(struct broker *pool, uint64_t lease_id, const uint64_t *ids, size_t n,
-                              uint64_t deadline_ms);
+void broker_reclaim_delivered(struct broker *broker, uint64_t lease_id, const uint64_t *ids,
+                              size_t n, uint64_t deadline_ms);
 
 /* Consumer missed deadlines, the reconcile window: act on what is due at now_ns. */
-void broker_tick(struct broker *pool, uint64_t now_ns);
+void broker_tick(struct broker *broker, uint64_t now_ns);
 
 /* ------------------------------------ view.c: the pool as the code outside the core sees it */
 
@@ -439,7 +441,7 @@ struct broker_totals {
         uint64_t leases_by_state[_LEASE_STATE_MAX];
         struct broker_stats stats;
 };
-void broker_totals(const struct broker *pool, struct broker_totals *ret);
+void broker_totals(const struct broker *broker, struct broker_totals *ret);
 
 /* The pool's running sums, read without walking it: the loop may ask every turn. */
 struct broker_counts {
@@ -450,12 +452,12 @@ struct broker_counts {
         uint64_t next_deadline_ns; /* earliest pending deadline (monotonic); 0: none */
         size_t uncommitted;        /* journal records of this turn not yet committed */
 };
-void broker_counts(const struct broker *pool, struct broker_counts *ret);
-const struct broker_settings *broker_settings_in_force(const struct broker *pool);
+void broker_counts(const struct broker *broker, struct broker_counts *ret);
+const struct broker_settings *broker_settings_in_force(const struct broker *broker);
 /* The event ring aquactl events shows: the transport adds what it refuses and reloads. */
-struct events *broker_events(struct broker *pool);
+struct events *broker_events(struct broker *broker);
 /* The pool's journal; NULL: nothing persists (tests). */
-struct journal *broker_journal(struct broker *pool);
+struct journal *broker_journal(struct broker *broker);
 
 /*
  * One GPU, lease or chunk as values. Strings point into the pool: valid until the next operation
@@ -484,7 +486,7 @@ struct broker_gpu_view {
         struct broker_load reported;
         uint64_t reclaim_returned_chunks, reclaim_returned_bytes;
 };
-size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max);
+size_t broker_view_gpus(const struct broker *broker, struct broker_gpu_view *out, size_t max);
 /* The name a GPU is registered under (its uuid, or "UUID/ROLE" with colocated lending). */
 /* One GPU's fields the transport needs of the GPU its client registered. */
 const char *broker_gpu_uuid(const struct gpu *g);
@@ -498,7 +500,7 @@ size_t broker_gpu_leases(const struct gpu *g);             /* leases it holds */
 struct broker_refused_pin {
         const char *producer, *consumer, *source, *why;
 };
-size_t broker_view_refused_pins(const struct broker *pool, struct broker_refused_pin *out,
+size_t broker_view_refused_pins(const struct broker *broker, struct broker_refused_pin *out,
                                 size_t max);
 
 struct broker_lease_view {
@@ -512,7 +514,7 @@ struct broker_lease_view {
         bool notice_pending;  /* reclaimed, its notice not yet delivered */
         bool overdue;
 };
-size_t broker_view_leases(const struct broker *pool, uint64_t now_ns,
+size_t broker_view_leases(const struct broker *broker, uint64_t now_ns,
                           struct broker_lease_view *out, size_t max);
 
 struct broker_chunk_view {
@@ -522,7 +524,7 @@ struct broker_chunk_view {
         const char *condition; /* leased, reclaiming, free, dirty, scrubbing, quarantined */
         uint64_t lease_id;     /* 0: none */
 };
-size_t broker_view_chunks(const struct broker *pool, struct broker_chunk_view *out, size_t max);
+size_t broker_view_chunks(const struct broker *broker, struct broker_chunk_view *out, size_t max);
 
 /* A grant's chunks, for its Grant message: broker_grant_size() of them. */
 struct broker_granted_chunk {
@@ -537,12 +539,12 @@ size_t broker_grant_chunks(const struct broker_grant *grant, struct broker_grant
                            size_t max);
 
 /* g's client reported its engine's load. */
-void broker_report_load(struct broker *pool, struct gpu *g, const struct broker_load *load);
+void broker_report_load(struct broker *broker, struct gpu *g, const struct broker_load *load);
 
 /* New settings (a reload); compact_threshold: the journal size that starts a compaction. */
-void broker_set_settings(struct broker *pool, const struct broker_settings *settings,
+void broker_set_settings(struct broker *broker, const struct broker_settings *settings,
                          uint64_t compact_threshold);
 
 /* Be told each reclaim latency (one observer; unobserving with another userdata does nothing). */
-void broker_observe_reclaims(struct broker *pool, broker_reclaimed_fn fn, void *userdata);
-void broker_unobserve_reclaims(struct broker *pool, void *userdata);
+void broker_observe_reclaims(struct broker *broker, broker_reclaimed_fn fn, void *userdata);
+void broker_unobserve_reclaims(struct broker *broker, void *userdata);

@@ -80,13 +80,13 @@ bool gpu_holds_state(const struct gpu *g)
         return false;
 }
 
-enum proc_liveness custody_liveness(const struct broker *pool, const struct gpu *g)
+enum proc_liveness custody_liveness(const struct broker *broker, const struct gpu *g)
 {
         /* No process table across hosts: a remote holder is never provably gone. */
         if (g->custody.held && g->custody.who.remote)
                 return PROC_UNKNOWN;
-        return pool->settings.liveness ? pool->settings.liveness(&g->process)
-                                       : proc_liveness(&g->process);
+        return broker->settings.liveness ? broker->settings.liveness(&g->process)
+                                         : proc_liveness(&g->process);
 }
 
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size)
@@ -144,63 +144,63 @@ bool custody_may_lend(const struct gpu *producer, const struct gpu *consumer, ch
 
 /* ------------------------------------------------------------------------- quarantine */
 
-void chunk_quarantine(struct broker *pool, struct chunk *c, const struct proc_id *holder)
+void chunk_quarantine(struct broker *broker, struct chunk *c, const struct proc_id *holder)
 {
         bool back = c->state == CHUNK_RECLAIMING || c->producer->draining;
 
         if (c->orphan) {
                 /* Its producer is gone and aquad holds no handle: nobody can get it again. */
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
                 return;
         }
         c->quarantined = true;
         c->quarantine = *holder;
         c->quarantine_back = back;
-        pool->n_quarantined++;
-        chunk_release(pool, c);
-        journal_chunk(pool, c);
-        if (!pool->quarantine_check_ns)
-                pool->quarantine_check_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
-        broker_note_deadline(pool, pool->quarantine_check_ns);
+        broker->n_quarantined++;
+        chunk_release(broker, c);
+        journal_chunk(broker, c);
+        if (!broker->quarantine_check_ns)
+                broker->quarantine_check_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
+        broker_note_deadline(broker, broker->quarantine_check_ns);
 }
 
 /* The process that may map c is gone: c goes back to its producer if it asked, else is scrubbed. */
-static void quarantine_end(struct broker *pool, struct chunk *c)
+static void quarantine_end(struct broker *broker, struct chunk *c)
 {
         struct gpu *producer = c->producer;
         uint64_t id = c->id;
 
         c->quarantined = false;
-        pool->n_quarantined--;
-        events_add(&pool->events, "quarantine",
+        broker->n_quarantined--;
+        events_add(&broker->events, "quarantine",
                    "chunk %" PRIu64 " of %s out of quarantine: pid %d gone", c->id, producer->uuid,
                    (int)c->quarantine.pid);
         c->quarantine = (struct proc_id){0};
         if (c->quarantine_back) {
                 c->quarantine_back = false;
-                chunk_drop(pool, c);
-                notice_queue(pool, NOTICE_RECLAIMED, producer, 0, &id, 1, 0, NULL);
+                chunk_drop(broker, c);
+                notice_queue(broker, NOTICE_RECLAIMED, producer, 0, &id, 1, 0, NULL);
                 return;
         }
-        chunk_dirty(pool, c, NULL);
+        chunk_dirty(broker, c, NULL);
         chunk_set_free_listed(c);
-        journal_chunk(pool, c);
-        scrub_check(pool, producer);
+        journal_chunk(broker, c);
+        scrub_check(broker, producer);
 }
 
-void quarantine_tick(struct broker *pool, uint64_t now_ns)
+void quarantine_tick(struct broker *broker, uint64_t now_ns)
 {
         struct list_node *gp, *gtmp, *cp, *ctmp;
 
-        if (!pool->n_quarantined) {
-                pool->quarantine_check_ns = 0;
+        if (!broker->n_quarantined) {
+                broker->quarantine_check_ns = 0;
                 return;
         }
-        if (now_ns < pool->quarantine_check_ns) {
-                broker_note_deadline(pool, pool->quarantine_check_ns);
+        if (now_ns < broker->quarantine_check_ns) {
+                broker_note_deadline(broker, broker->quarantine_check_ns);
                 return;
         }
-        list_for_each(gp, gtmp, &pool->gpus)
+        list_for_each(gp, gtmp, &broker->gpus)
         {
                 struct gpu *g = list_entry(gp, struct gpu, node);
                 list_for_each(cp, ctmp, &g->chunks)
@@ -210,12 +210,13 @@ void quarantine_tick(struct broker *pool, uint64_t now_ns)
 
                         if (!c->quarantined)
                                 continue;
-                        l = pool->settings.liveness ? pool->settings.liveness(&c->quarantine)
-                                                    : proc_liveness(&c->quarantine);
+                        l = broker->settings.liveness ? broker->settings.liveness(&c->quarantine)
+                                                      : proc_liveness(&c->quarantine);
                         if (l == PROC_GONE)
-                                quarantine_end(pool, c);
+                                quarantine_end(broker, c);
                 }
         }
-        pool->quarantine_check_ns = pool->n_quarantined ? now_ns + BROKER_LIVENESS_RECHECK_NS : 0;
-        broker_note_deadline(pool, pool->quarantine_check_ns);
+        broker->quarantine_check_ns =
+            broker->n_quarantined ? now_ns + BROKER_LIVENESS_RECHECK_NS : 0;
+        broker_note_deadline(broker, broker->quarantine_check_ns);
 }

@@ -14,25 +14,25 @@
 #define E(name) BROKER_E_##name
 
 /* A consumer's client is gone: its mappings died with it. */
-static void consumer_gone(struct broker *pool, struct gpu *g)
+static void consumer_gone(struct broker *broker, struct gpu *g)
 {
         while (!list_empty(&g->leases)) {
                 struct lease *l = list_entry(g->leases.next, struct lease, consumer_node);
                 struct reclaimed back = {.producer = l->producer};
 
                 while (!list_empty(&l->chunks))
-                        chunk_unmapped(pool, list_entry(l->chunks.next, struct chunk, lease_node),
+                        chunk_unmapped(broker, list_entry(l->chunks.next, struct chunk, lease_node),
                                        &back);
-                reclaimed_flush(pool, &back);
-                events_add(&pool->events, "lease", "lease %" PRIu64 " back in the pool: %s is gone",
-                           l->id, g->uuid);
-                lease_free(pool, l);
+                reclaimed_flush(broker, &back);
+                events_add(&broker->events, "lease",
+                           "lease %" PRIu64 " back in the pool: %s is gone", l->id, g->uuid);
+                lease_free(broker, l);
         }
         if (g->dram_bytes || g->barred) {
-                pool->dram_granted -= MIN(g->dram_bytes, pool->dram_granted);
+                broker->dram_granted -= MIN(g->dram_bytes, broker->dram_granted);
                 g->dram_bytes = 0;
                 g->barred = false;
-                journal_gpu(pool, g);
+                journal_gpu(broker, g);
         }
 }
 
@@ -40,7 +40,7 @@ static void consumer_gone(struct broker *pool, struct gpu *g)
  * A producer's client is gone: free chunks die with it, leased ones stay alive where consumers
  * map them; consumers are asked to move off at their own pace.
  */
-static void producer_gone(struct broker *pool, struct gpu *g)
+static void producer_gone(struct broker *broker, struct gpu *g)
 {
         struct list_node *pos, *tmp;
 
@@ -48,7 +48,7 @@ static void producer_gone(struct broker *pool, struct gpu *g)
         {
                 struct chunk *c = list_entry(pos, struct chunk, producer_node);
                 if (c->state == CHUNK_FREE) {
-                        chunk_drop(pool, c);
+                        chunk_drop(broker, c);
                         continue;
                 }
                 if (c->orphan)
@@ -60,7 +60,7 @@ static void producer_gone(struct broker *pool, struct gpu *g)
                 c->deadline_ns = c->deadline_ms = 0;
                 c->deadline_pending = false;
         }
-        list_for_each(pos, tmp, &pool->leases)
+        list_for_each(pos, tmp, &broker->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
                 struct broker_reclaim res = {0};
@@ -68,7 +68,7 @@ static void producer_gone(struct broker *pool, struct gpu *g)
 
                 if (l->producer != g)
                         continue;
-                if (reclaim_lease(pool, l, UINT64_MAX, &got, "producer gone", 0, &res) < 0)
+                if (reclaim_lease(broker, l, UINT64_MAX, &got, "producer gone", 0, &res) < 0)
                         log_error("Out of memory telling %s that %s is gone", l->consumer->uuid,
                                   g->uuid);
                 broker_reclaim_clear(&res);
@@ -77,11 +77,11 @@ static void producer_gone(struct broker *pool, struct gpu *g)
          * new process) must not lend again until an operator ends it (aquactl undrain). */
 }
 
-void broker_gpu_gone(struct broker *pool, struct gpu *g)
+void broker_gpu_gone(struct broker *broker, struct gpu *g)
 {
-        consumer_gone(pool, g);
-        producer_gone(pool, g);
-        events_add(&pool->events, "client", "%s %s (%s, pid %d) gone",
+        consumer_gone(broker, g);
+        producer_gone(broker, g);
+        events_add(&broker->events, "client", "%s %s (%s, pid %d) gone",
                    g->restored ? "restored GPU" : "GPU", g->uuid,
                    g->client_name ? g->client_name : "?", (int)g->pid);
         g->owner = NULL;
@@ -92,14 +92,14 @@ void broker_gpu_gone(struct broker *pool, struct gpu *g)
         if (g->process.pid || g->custody.held) {
                 g->process = (struct proc_id){0};
                 custody_clear(g);
-                journal_gpu(pool, g);
+                journal_gpu(broker, g);
         }
         /* Repairing also asks producers to scrub what a departed consumer left. */
-        broker_recompute_pairs(pool);
-        gpu_gc(pool, g);
+        broker_recompute_pairs(broker);
+        gpu_gc(broker, g);
 }
 
-void broker_gpu_detach(struct broker *pool, struct gpu *g)
+void broker_gpu_detach(struct broker *broker, struct gpu *g)
 {
         for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next) {
                 struct chunk *c = list_entry(n, struct chunk, producer_node);
@@ -112,16 +112,16 @@ void broker_gpu_detach(struct broker *pool, struct gpu *g)
         /* Nobody can tell whether its process runs: the rule for pid 0 after a restart. */
         g->process = (struct proc_id){0};
         g->held_alive = !list_empty(&g->leases);
-        events_add(&pool->events, "client", "%s (%s) cannot be heard: what it holds is kept",
+        events_add(&broker->events, "client", "%s (%s) cannot be heard: what it holds is kept",
                    g->uuid, g->client_name ? g->client_name : "?");
         /* Its own reconcile window, as a restart gives every client. */
-        g->detached_until_ns = now_mono_ns() + pool->settings.reconcile_timeout_ns;
-        if (!pool->reconcile_deadline_ns || g->detached_until_ns < pool->reconcile_deadline_ns)
-                pool->reconcile_deadline_ns = g->detached_until_ns;
-        broker_note_deadline(pool, pool->reconcile_deadline_ns);
+        g->detached_until_ns = now_mono_ns() + broker->settings.reconcile_timeout_ns;
+        if (!broker->reconcile_deadline_ns || g->detached_until_ns < broker->reconcile_deadline_ns)
+                broker->reconcile_deadline_ns = g->detached_until_ns;
+        broker_note_deadline(broker, broker->reconcile_deadline_ns);
 }
 
-int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_quarantined,
+int broker_release(struct broker *broker, struct gpu *g, bool force, size_t *ret_quarantined,
                    char *err)
 {
         size_t leases = list_length(&g->leases), quarantined = 0;
@@ -137,7 +137,7 @@ int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_q
         if (!g->restored)
                 return broker_fail(err, E(INVALID), "release: GPU %s holds nothing to release",
                                    g->uuid);
-        live = custody_liveness(pool, g);
+        live = custody_liveness(broker, g);
         gpu_holder(g, who, sizeof(who));
         if (live == PROC_ALIVE && !force)
                 return broker_fail(err, E(BUSY),
@@ -158,17 +158,17 @@ int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_q
                         struct lease *l = list_entry(g->leases.next, struct lease, consumer_node);
                         while (!list_empty(&l->chunks)) {
                                 chunk_quarantine(
-                                    pool, list_entry(l->chunks.next, struct chunk, lease_node),
+                                    broker, list_entry(l->chunks.next, struct chunk, lease_node),
                                     &g->process);
                                 quarantined++;
                         }
-                        lease_free(pool, l);
+                        lease_free(broker, l);
                 }
                 log_warning("Operator releases GPU %s whose holder %s still runs: %zu leases end, "
                             "%zu chunks quarantined until pid %d is gone (their producers are not "
                             "told; a reclaim of them waits for that)",
                             g->uuid, who, leases, quarantined, (int)g->process.pid);
-                events_add(&pool->events, "client",
+                events_add(&broker->events, "client",
                            "%s released by an operator (--force): %zu leases, %zu chunks "
                            "quarantined while pid %d runs",
                            g->uuid, leases, quarantined, (int)g->process.pid);
@@ -176,12 +176,12 @@ int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_q
                 log_warning("Operator releases what GPU %s held (%zu leases, holder %s%s)", g->uuid,
                             leases, who,
                             live == PROC_GONE ? ", gone" : ", gone on the operator's word");
-                events_add(&pool->events, "client", "%s released by an operator: %zu leases%s",
+                events_add(&broker->events, "client", "%s released by an operator: %zu leases%s",
                            g->uuid, leases,
                            live == PROC_GONE ? "" : " (--force: holder taken to be gone)");
         }
-        pool->stats.leases_lost += leases;
-        broker_gpu_gone(pool, g);
+        broker->stats.leases_lost += leases;
+        broker_gpu_gone(broker, g);
         if (ret_quarantined)
                 *ret_quarantined = quarantined;
         return 0;
@@ -194,14 +194,14 @@ int broker_release(struct broker *pool, struct gpu *g, bool force, size_t *ret_q
  * runs, or nobody can tell. Checked again every BROKER_LIVENESS_RECHECK_NS; the first check
  * after the process is gone releases them.
  */
-static bool holder_may_map(struct broker *pool, struct gpu *g)
+static bool holder_may_map(struct broker *broker, struct gpu *g)
 {
         enum proc_liveness l;
 
         if (list_empty(&g->leases))
                 return false;
-        l = pool->settings.liveness ? pool->settings.liveness(&g->process)
-                                    : proc_liveness(&g->process);
+        l = broker->settings.liveness ? broker->settings.liveness(&g->process)
+                                      : proc_liveness(&g->process);
         if (l == PROC_GONE)
                 return false;
         if (!g->held_alive) {
@@ -210,24 +210,24 @@ static bool holder_may_map(struct broker *pool, struct gpu *g)
                             "%s: its %zu leases stay reserved until it does or is gone",
                             g->uuid, l == PROC_ALIVE ? "still runs" : "cannot be proven gone",
                             list_length(&g->leases));
-                events_add(&pool->events, "client",
+                events_add(&broker->events, "client",
                            "%s silent after the restart, pid %d %s: leases kept", g->uuid,
                            (int)g->process.pid, l == PROC_ALIVE ? "alive" : "unknown");
         }
         /* Look again soon: the window closing again is what makes the next check. */
-        pool->reconcile_deadline_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
+        broker->reconcile_deadline_ns = now_mono_ns() + BROKER_LIVENESS_RECHECK_NS;
         return true;
 }
 
-void broker_tick(struct broker *pool, uint64_t now_ns)
+void broker_tick(struct broker *broker, uint64_t now_ns)
 {
         struct list_node *pos, *tmp;
 
-        if (!pool->next_deadline_ns || now_ns < pool->next_deadline_ns)
+        if (!broker->next_deadline_ns || now_ns < broker->next_deadline_ns)
                 return;
-        pool->next_deadline_ns = 0;
-        quarantine_tick(pool, now_ns);
-        list_for_each(pos, tmp, &pool->leases)
+        broker->next_deadline_ns = 0;
+        quarantine_tick(broker, now_ns);
+        list_for_each(pos, tmp, &broker->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
                 for (struct list_node *k = l->chunks.next; k != &l->chunks; k = k->next) {
@@ -235,7 +235,7 @@ void broker_tick(struct broker *pool, uint64_t now_ns)
                         if (c->state != CHUNK_RECLAIMING || !c->deadline_ns)
                                 continue;
                         if (c->deadline_ns > now_ns) {
-                                broker_note_deadline(pool, c->deadline_ns);
+                                broker_note_deadline(broker, c->deadline_ns);
                                 continue;
                         }
                         /* Missed: report once per lease; the chunk stays mapped, so it stays
@@ -244,8 +244,8 @@ void broker_tick(struct broker *pool, uint64_t now_ns)
                         if (l->overdue)
                                 continue;
                         l->overdue = true;
-                        pool->stats.deadline_misses++;
-                        events_add(&pool->events, "deadline-miss",
+                        broker->stats.deadline_misses++;
+                        events_add(&broker->events, "deadline-miss",
                                    "%s missed the reclaim deadline of lease %" PRIu64
                                    "; barred from new leases",
                                    l->consumer->uuid, l->id);
@@ -256,36 +256,36 @@ void broker_tick(struct broker *pool, uint64_t now_ns)
                                     l->id);
                         if (!l->consumer->barred) {
                                 l->consumer->barred = true;
-                                journal_gpu(pool, l->consumer);
+                                journal_gpu(broker, l->consumer);
                         }
                 }
         }
-        if (pool->reconcile_deadline_ns && now_ns >= pool->reconcile_deadline_ns) {
-                pool->reconcile_deadline_ns = 0;
-                list_for_each(pos, tmp, &pool->gpus)
+        if (broker->reconcile_deadline_ns && now_ns >= broker->reconcile_deadline_ns) {
+                broker->reconcile_deadline_ns = 0;
+                list_for_each(pos, tmp, &broker->gpus)
                 {
                         struct gpu *g = list_entry(pos, struct gpu, node);
                         if (!g->restored || g->owner)
                                 continue;
                         /* Detached later than the window that closes now: its own is open. */
                         if (g->detached_until_ns > now_ns) {
-                                if (!pool->reconcile_deadline_ns ||
-                                    g->detached_until_ns < pool->reconcile_deadline_ns)
-                                        pool->reconcile_deadline_ns = g->detached_until_ns;
+                                if (!broker->reconcile_deadline_ns ||
+                                    g->detached_until_ns < broker->reconcile_deadline_ns)
+                                        broker->reconcile_deadline_ns = g->detached_until_ns;
                                 continue;
                         }
-                        if (holder_may_map(pool, g))
+                        if (holder_may_map(broker, g))
                                 continue;
                         log_notice("GPU %s did not re-register after the restart%s; releasing "
                                    "what it held",
                                    g->uuid, g->held_alive ? " and its process is gone" : "");
-                        pool->stats.leases_lost +=
+                        broker->stats.leases_lost +=
                             g->role == GPU_ROLE_CONSUMER ? list_length(&g->leases) : 0;
-                        broker_gpu_gone(pool, g);
+                        broker_gpu_gone(broker, g);
                         /* broker_gpu_gone may free GPUs other than g: start over. */
-                        tmp = pool->gpus.next;
+                        tmp = broker->gpus.next;
                 }
-                broker_note_deadline(pool, pool->reconcile_deadline_ns);
+                broker_note_deadline(broker, broker->reconcile_deadline_ns);
         } else
-                broker_note_deadline(pool, pool->reconcile_deadline_ns);
+                broker_note_deadline(broker, broker->reconcile_deadline_ns);
 }

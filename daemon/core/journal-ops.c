@@ -11,29 +11,29 @@
 #include "log.h"
 #include "time-util.h"
 
-static void op_push(struct broker *pool, Aquaj__JOp *op)
+static void op_push(struct broker *broker, Aquaj__JOp *op)
 {
-        if (pool->replaying) {
+        if (broker->replaying) {
                 if (op)
                         aquaj__jop__free_unpacked(op, NULL);
                 return;
         }
         if (!op)
                 goto oom;
-        if (pool->n_ops == pool->alloc_ops) {
-                size_t n = pool->alloc_ops ? pool->alloc_ops * 2 : 16;
-                Aquaj__JOp **ops = reallocarray(pool->ops, n, sizeof(*ops));
+        if (broker->n_ops == broker->alloc_ops) {
+                size_t n = broker->alloc_ops ? broker->alloc_ops * 2 : 16;
+                Aquaj__JOp **ops = reallocarray(broker->ops, n, sizeof(*ops));
                 if (!ops)
                         goto oom;
-                pool->ops = ops;
-                pool->alloc_ops = n;
+                broker->ops = ops;
+                broker->alloc_ops = n;
         }
-        pool->ops[pool->n_ops++] = op;
+        broker->ops[broker->n_ops++] = op;
         return;
 oom:
         if (op)
                 aquaj__jop__free_unpacked(op, NULL);
-        pool->stats.journal_errors++;
+        broker->stats.journal_errors++;
         log_error("Out of memory recording a journal operation; state may not survive a restart");
 }
 
@@ -182,34 +182,34 @@ static Aquaj__JOp *op_with(Aquaj__JOp *op, const void *payload)
         return op;
 }
 
-void journal_chunk(struct broker *pool, const struct chunk *c)
+void journal_chunk(struct broker *broker, const struct chunk *c)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_CHUNK_SET);
 
         if (op)
                 op->chunk_set = jchunk_new(c);
-        op_push(pool, op_with(op, op ? op->chunk_set : NULL));
+        op_push(broker, op_with(op, op ? op->chunk_set : NULL));
 }
 
-void journal_lease(struct broker *pool, const struct lease *l)
+void journal_lease(struct broker *broker, const struct lease *l)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_LEASE_SET);
 
         if (op)
                 op->lease_set = jlease_new(l);
-        op_push(pool, op_with(op, op ? op->lease_set : NULL));
+        op_push(broker, op_with(op, op ? op->lease_set : NULL));
 }
 
-void journal_gpu(struct broker *pool, const struct gpu *g)
+void journal_gpu(struct broker *broker, const struct gpu *g)
 {
         Aquaj__JOp *op = op_new(AQUAJ__JOP__OP_GPU_SET);
 
         if (op)
                 op->gpu_set = jgpu_new(g);
-        op_push(pool, op_with(op, op ? op->gpu_set : NULL));
+        op_push(broker, op_with(op, op ? op->gpu_set : NULL));
 }
 
-void journal_del(struct broker *pool, bool chunk, uint64_t id)
+void journal_del(struct broker *broker, bool chunk, uint64_t id)
 {
         Aquaj__JOp *op = op_new(chunk ? AQUAJ__JOP__OP_CHUNK_DEL : AQUAJ__JOP__OP_LEASE_DEL);
 
@@ -219,15 +219,15 @@ void journal_del(struct broker *pool, bool chunk, uint64_t id)
                 else
                         op->lease_del = id;
         }
-        op_push(pool, op);
+        op_push(broker, op);
 }
 
-void journal_pin(struct broker *pool, const char *producer, const char *consumer, bool del)
+void journal_pin(struct broker *broker, const char *producer, const char *consumer, bool del)
 {
         Aquaj__JOp *op = op_new(del ? AQUAJ__JOP__OP_PAIR_DEL : AQUAJ__JOP__OP_PAIR_SET);
 
         if (!op)
-                return op_push(pool, NULL);
+                return op_push(broker, NULL);
         if (del) {
                 op->pair_del = strdup(producer);
                 op = op_with(op, op->pair_del);
@@ -235,12 +235,12 @@ void journal_pin(struct broker *pool, const char *producer, const char *consumer
                 op->pair_set = jpair_new(producer, consumer, "aquactl");
                 op = op_with(op, op->pair_set);
         }
-        op_push(pool, op);
+        op_push(broker, op);
 }
 
-void broker_ops_clear(struct broker *pool)
+void broker_ops_clear(struct broker *broker)
 {
-        for (size_t i = 0; i < pool->n_ops; i++)
-                aquaj__jop__free_unpacked(pool->ops[i], NULL);
-        pool->n_ops = 0;
+        for (size_t i = 0; i < broker->n_ops; i++)
+                aquaj__jop__free_unpacked(broker->ops[i], NULL);
+        broker->n_ops = 0;
 }

@@ -20,7 +20,7 @@ static const char *fmt_size(char *buf, uint64_t bytes)
         return format_size(buf, 32, bytes);
 }
 
-int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *sizes,
+int broker_offer(struct broker *broker, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
                  uint64_t *ret_ids, char *err)
 {
@@ -33,7 +33,7 @@ int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *size
                         log_notice("Refused an offer for GPU %s: an operator drained it; "
                                    "'aquactl undrain %s' ends the drain",
                                    producer->uuid, producer->uuid);
-                        events_add(&pool->events, "drain", "offer for drained GPU %s refused",
+                        events_add(&broker->events, "drain", "offer for drained GPU %s refused",
                                    producer->uuid);
                 }
                 return broker_fail(err, E(DRAINING),
@@ -43,10 +43,10 @@ int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *size
         }
         if (n == 0)
                 return broker_fail(err, E(INVALID), "offer: no chunks");
-        if (pool->n_chunks + n > pool->settings.max_chunks)
+        if (broker->n_chunks + n > broker->settings.max_chunks)
                 return broker_fail(err, E(LIMIT),
                                    "offer: %zu more chunks would exceed the pool limit of %" PRIu64,
-                                   n, pool->settings.max_chunks);
+                                   n, broker->settings.max_chunks);
         for (size_t i = 0; i < n; i++) {
                 if (sizes[i] == 0)
                         return broker_fail(err, E(INVALID), "offer: chunk %zu has size 0", i);
@@ -57,7 +57,7 @@ int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *size
                                            i, sizes[i], producer->granularity);
         }
         for (; made < n; made++) {
-                struct chunk *c = chunk_new(pool, producer, pool->next_chunk_id, sizes[made],
+                struct chunk *c = chunk_new(broker, producer, broker->next_chunk_id, sizes[made],
                                             client_refs[made], fds ? fds[made] : -1);
                 if (!c)
                         goto oom;
@@ -74,23 +74,23 @@ int broker_offer(struct broker *pool, struct gpu *producer, const uint64_t *size
                 }
         }
         for (size_t i = 0; i < n; i++) {
-                journal_chunk(pool, broker_find_chunk(pool, ret_ids[i]));
+                journal_chunk(broker, broker_find_chunk(broker, ret_ids[i]));
                 if (fds)
                         fds[i] = -1;
         }
-        pool->stats.chunks_offered += n;
+        broker->stats.chunks_offered += n;
         return 0;
 oom:
         /* Undo without closing: the caller still owns the descriptors on failure. */
         while (made-- > 0) {
-                struct chunk *c = broker_find_chunk(pool, ret_ids[made]);
+                struct chunk *c = broker_find_chunk(broker, ret_ids[made]);
                 c->fd = -1;
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
         }
         return -ENOMEM;
 }
 
-int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
+int broker_borrow(struct broker *broker, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
                   bool allow_dram, struct broker_grant *ret, char *err)
 {
         struct gpu *producer = consumer->paired;
@@ -98,7 +98,7 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
         struct lease *l = NULL;
         uint64_t got = 0, dram = 0, avail;
         size_t n = 0;
-        bool lease_limit = pool->n_leases >= pool->settings.max_leases;
+        bool lease_limit = broker->n_leases >= broker->settings.max_leases;
         char a[32], b[32], c[32];
 
         if (bytes == 0)
@@ -119,7 +119,7 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
                         struct chunk *ch = list_entry(pos, struct chunk, free_node);
-                        if (got >= bytes || n >= pool->settings.max_grant_chunks)
+                        if (got >= bytes || n >= broker->settings.max_grant_chunks)
                                 break;
                         if (!chunk_grantable_to(ch, consumer))
                                 continue;
@@ -127,8 +127,8 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
                         n++;
                 }
         if (got < bytes && allow_dram) {
-                avail = pool->settings.dram_budget > pool->dram_granted
-                            ? pool->settings.dram_budget - pool->dram_granted
+                avail = broker->settings.dram_budget > broker->dram_granted
+                            ? broker->settings.dram_budget - broker->dram_granted
                             : 0;
                 dram = MIN(bytes - got, avail);
         }
@@ -136,7 +136,7 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
                 if (lease_limit && !dram)
                         return broker_fail(err, E(LIMIT),
                                            "borrow: the limit of %" PRIu64 " leases is reached",
-                                           pool->settings.max_leases);
+                                           broker->settings.max_leases);
                 return broker_fail(err, E(NO_MEMORY),
                                    "borrow: %s from %s and %s of DRAM budget available, less than "
                                    "the %s asked for",
@@ -146,10 +146,10 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
         }
 
         if (n > 0) {
-                l = lease_new(pool, pool->next_lease_id, consumer, producer);
+                l = lease_new(broker, broker->next_lease_id, consumer, producer);
                 if (!l)
                         return -ENOMEM;
-                journal_lease(pool, l);
+                journal_lease(broker, l);
                 list_for_each(pos, tmp, &producer->free_chunks)
                 {
                         struct chunk *ch = list_entry(pos, struct chunk, free_node);
@@ -157,51 +157,51 @@ int broker_borrow(struct broker *pool, struct gpu *consumer, uint64_t bytes, uin
                                 break;
                         if (!chunk_grantable_to(ch, consumer))
                                 continue;
-                        chunk_lease(pool, ch, l);
-                        journal_chunk(pool, ch);
+                        chunk_lease(broker, ch, l);
+                        journal_chunk(broker, ch);
                         n--;
                 }
-                pool->stats.leases_granted++;
-                events_add(&pool->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
+                broker->stats.leases_granted++;
+                events_add(&broker->events, "lease", "lease %" PRIu64 ": %s of %s to %s", l->id,
                            fmt_size(a, l->bytes), producer->uuid, consumer->uuid);
         }
         if (dram) {
                 consumer->dram_bytes += dram;
-                pool->dram_granted += dram;
-                journal_gpu(pool, consumer);
+                broker->dram_granted += dram;
+                journal_gpu(broker, consumer);
         }
         *ret = (struct broker_grant){.lease = l, .dram_bytes = dram, .partial = got + dram < bytes};
         return 0;
 }
 
-void broker_undo_grant(struct broker *pool, struct gpu *consumer, const struct broker_grant *g)
+void broker_undo_grant(struct broker *broker, struct gpu *consumer, const struct broker_grant *g)
 {
         if (g->lease) {
                 struct lease *l = g->lease;
                 while (!list_empty(&l->chunks)) {
                         struct chunk *c = list_entry(l->chunks.next, struct chunk, lease_node);
-                        chunk_release(pool, c);
-                        journal_chunk(pool, c);
+                        chunk_release(broker, c);
+                        journal_chunk(broker, c);
                 }
-                events_add(&pool->events, "lease", "lease %" PRIu64 " taken back: not delivered",
+                events_add(&broker->events, "lease", "lease %" PRIu64 " taken back: not delivered",
                            l->id);
-                lease_free(pool, l);
+                lease_free(broker, l);
         }
         if (g->dram_bytes) {
                 consumer->dram_bytes -= MIN(g->dram_bytes, consumer->dram_bytes);
-                pool->dram_granted -= MIN(g->dram_bytes, pool->dram_granted);
-                journal_gpu(pool, consumer);
+                broker->dram_granted -= MIN(g->dram_bytes, broker->dram_granted);
+                journal_gpu(broker, consumer);
         }
 }
 
-void broker_undo_offer(struct broker *pool, const uint64_t *ids, size_t n)
+void broker_undo_offer(struct broker *broker, const uint64_t *ids, size_t n)
 {
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = broker_find_chunk(pool, ids[i]);
+                struct chunk *c = broker_find_chunk(broker, ids[i]);
                 if (c && c->state == CHUNK_FREE)
-                        chunk_drop(pool, c);
+                        chunk_drop(broker, c);
         }
-        pool->stats.chunks_offered -= MIN(n, pool->stats.chunks_offered);
+        broker->stats.chunks_offered -= MIN(n, broker->stats.chunks_offered);
 }
 
 static void reclaimed_add(struct reclaimed *r, uint64_t id)
@@ -219,10 +219,10 @@ static void reclaimed_add(struct reclaimed *r, uint64_t id)
         r->ids[r->n++] = id;
 }
 
-void reclaimed_flush(struct broker *pool, struct reclaimed *r)
+void reclaimed_flush(struct broker *broker, struct reclaimed *r)
 {
         if (r->n > 0 && r->producer)
-                notice_queue(pool, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
+                notice_queue(broker, NOTICE_RECLAIMED, r->producer, 0, r->ids, r->n, 0, NULL);
         free(r->ids);
         *r = (struct reclaimed){0};
 }
@@ -231,44 +231,44 @@ void reclaimed_flush(struct broker *pool, struct reclaimed *r)
  * A consumer no longer maps c (it returned it or died). Where it goes depends on why it was
  * leased: orphans are dropped, reclaimed chunks go back to their producer, others to the pool.
  */
-void chunk_unmapped(struct broker *pool, struct chunk *c, struct reclaimed *back)
+void chunk_unmapped(struct broker *broker, struct chunk *c, struct reclaimed *back)
 {
         if (c->orphan) {
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
         } else if (c->state == CHUNK_RECLAIMING || c->producer->draining) {
-                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && pool->on_reclaimed)
-                        pool->on_reclaimed(pool->on_reclaimed_userdata,
-                                           now_mono_ns() - c->reclaim_start_ns);
+                if (c->state == CHUNK_RECLAIMING && c->reclaim_start_ns && broker->on_reclaimed)
+                        broker->on_reclaimed(broker->on_reclaimed_userdata,
+                                             now_mono_ns() - c->reclaim_start_ns);
                 if (back->producer == c->producer)
                         reclaimed_add(back, c->id);
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
         } else {
                 struct gpu *consumer = c->lease->consumer;
 
-                chunk_release(pool, c);
-                chunk_dirty(pool, c, consumer);
-                journal_chunk(pool, c);
+                chunk_release(broker, c);
+                chunk_dirty(broker, c, consumer);
+                journal_chunk(broker, c);
         }
 }
 
 /* A chunk its consumer returns: one asked back by a reclaim is counted on the consumer. */
-static void returned_by(struct broker *pool, struct gpu *consumer, struct chunk *c,
+static void returned_by(struct broker *broker, struct gpu *consumer, struct chunk *c,
                         struct reclaimed *back)
 {
         if (c->state == CHUNK_RECLAIMING) {
                 consumer->reclaim_returned_chunks++;
                 consumer->reclaim_returned_bytes += c->size;
-                pool->stats.reclaim_returned_chunks++;
-                pool->stats.reclaim_returned_bytes += c->size;
+                broker->stats.reclaim_returned_chunks++;
+                broker->stats.reclaim_returned_bytes += c->size;
         }
-        chunk_unmapped(pool, c, back);
+        chunk_unmapped(broker, c, back);
 }
 
 /* The lease lease_id of consumer, or a positive error code (what names it in err). */
-static int consumer_lease(struct broker *pool, struct gpu *consumer, uint64_t lease_id, char *err,
+static int consumer_lease(struct broker *broker, struct gpu *consumer, uint64_t lease_id, char *err,
                           struct lease **ret)
 {
-        struct lease *l = broker_find_lease(pool, lease_id);
+        struct lease *l = broker_find_lease(broker, lease_id);
 
         if (!l || l->consumer != consumer)
                 return broker_fail(err, E(UNKNOWN_LEASE),
@@ -278,20 +278,20 @@ static int consumer_lease(struct broker *pool, struct gpu *consumer, uint64_t le
         return 0;
 }
 
-int broker_return_unusable(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
+int broker_return_unusable(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                            const uint64_t *chunk_ids, size_t n, char *err)
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
         int r;
 
-        r = consumer_lease(pool, consumer, lease_id, err, &l);
+        r = consumer_lease(broker, consumer, lease_id, err, &l);
         if (r != 0)
                 return r;
         back.producer = l->producer;
         for (size_t i = 0; i < n; i++) {
                 /* Looked up each time: a duplicate id was already dropped. */
-                struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
+                struct chunk *c = broker_find_chunk(broker, chunk_ids[i]);
 
                 if (!c || c->lease != l)
                         continue;
@@ -299,22 +299,22 @@ int broker_return_unusable(struct broker *pool, struct gpu *consumer, uint64_t l
                  * producer learns so as of any chunk it does not get back as it lent it. */
                 if (!c->orphan)
                         reclaimed_add(&back, c->id);
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
         }
         if (back.n > 0) {
                 log_warning("GPU %s could not import %zu chunks of GPU %s (lease %" PRIu64
                             "); they leave the pool",
                             consumer->uuid, back.n, l->producer->uuid, l->id);
-                events_add(&pool->events, "unusable",
+                events_add(&broker->events, "unusable",
                            "%s could not import %zu chunks of %s; dropped", consumer->uuid, back.n,
                            l->producer->uuid);
-                pool->stats.chunks_unusable += back.n;
+                broker->stats.chunks_unusable += back.n;
         }
-        reclaimed_flush(pool, &back);
+        reclaimed_flush(broker, &back);
         return 0;
 }
 
-int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
+int broker_return(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
                   char *err)
 {
@@ -328,7 +328,7 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
         /* A lease aquad already ended (its producer died and the consumer moved off, or it
          * returned it twice) is returned already: done, as a second close of nothing. Only a
          * lease that is held, by another consumer, is refused. */
-        if (lease_id && lease_id < pool->next_lease_id && !broker_find_lease(pool, lease_id)) {
+        if (lease_id && lease_id < broker->next_lease_id && !broker_find_lease(broker, lease_id)) {
                 lease_id = 0;
                 n = 0;
                 if (dram_bytes == 0) {
@@ -338,7 +338,7 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                 }
         }
         if (lease_id) {
-                int r = consumer_lease(pool, consumer, lease_id, err, &l);
+                int r = consumer_lease(broker, consumer, lease_id, err, &l);
                 if (r != 0)
                         return r;
         } else if (n > 0)
@@ -349,7 +349,7 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
         if (n > 0) {
                 size_t in_lease = 0;
                 for (size_t i = 0; i < n; i++) {
-                        struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
+                        struct chunk *c = broker_find_chunk(broker, chunk_ids[i]);
                         in_lease += c && c->lease == l;
                 }
                 if (in_lease == 0)
@@ -366,7 +366,7 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                 back.producer = l->producer;
                 if (n == 0) {
                         while (!list_empty(&l->chunks)) {
-                                returned_by(pool, consumer,
+                                returned_by(broker, consumer,
                                             list_entry(l->chunks.next, struct chunk, lease_node),
                                             &back);
                                 returned++;
@@ -374,27 +374,27 @@ int broker_return(struct broker *pool, struct gpu *consumer, uint64_t lease_id,
                 } else
                         for (size_t i = 0; i < n; i++) {
                                 /* Looked up again: a duplicate id was already handled. */
-                                struct chunk *c = broker_find_chunk(pool, chunk_ids[i]);
+                                struct chunk *c = broker_find_chunk(broker, chunk_ids[i]);
                                 if (!c || c->lease != l)
                                         continue;
-                                returned_by(pool, consumer, c, &back);
+                                returned_by(broker, consumer, c, &back);
                                 returned++;
                         }
                 struct gpu *producer = l->producer;
                 if (l->n_chunks == 0) {
-                        events_add(&pool->events, "lease", "lease %" PRIu64 " returned by %s",
+                        events_add(&broker->events, "lease", "lease %" PRIu64 " returned by %s",
                                    l->id, consumer->uuid);
-                        lease_free(pool, l);
+                        lease_free(broker, l);
                 }
-                reclaimed_flush(pool, &back);
+                reclaimed_flush(broker, &back);
                 /* Paired with another consumer meanwhile: that one must not see this data. */
                 if (producer->paired != consumer)
-                        scrub_check(pool, producer);
+                        scrub_check(broker, producer);
         }
         if (dram_bytes) {
                 consumer->dram_bytes -= dram_bytes;
-                pool->dram_granted -= MIN(dram_bytes, pool->dram_granted);
-                journal_gpu(pool, consumer);
+                broker->dram_granted -= MIN(dram_bytes, broker->dram_granted);
+                journal_gpu(broker, consumer);
         }
         if (ret_returned)
                 *ret_returned = returned;
@@ -420,19 +420,20 @@ static int ids_push(uint64_t **ids, size_t *n, uint64_t id)
 }
 
 /* Mark chunks of l reclaiming (all of them, or until *got reaches want); one notice. */
-int reclaim_lease(struct broker *pool, struct lease *l, uint64_t want, uint64_t *got,
+int reclaim_lease(struct broker *broker, struct lease *l, uint64_t want, uint64_t *got,
                   const char *reason, uint64_t deadline_ns, struct broker_reclaim *ret)
 {
         struct list_node *pos, *tmp;
         size_t first = ret->n_pending;
-        uint64_t deadline_ms = deadline_ns ? pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        uint64_t deadline_ms =
+            deadline_ns ? broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
         int r;
 
         list_for_each(pos, tmp, &l->chunks)
         {
                 struct chunk *c = list_entry(pos, struct chunk, lease_node);
                 if (*got >= want ||
-                    (deadline_ns && ret->n_pending >= pool->settings.max_grant_chunks))
+                    (deadline_ns && ret->n_pending >= broker->settings.max_grant_chunks))
                         break;
                 if (c->state != CHUNK_LEASED || (c->orphan && deadline_ns))
                         continue;
@@ -446,7 +447,7 @@ int reclaim_lease(struct broker *pool, struct lease *l, uint64_t want, uint64_t 
                 c->deadline_ms = 0;
                 c->deadline_pending = deadline_ns != 0;
                 *got += c->size;
-                journal_chunk(pool, c);
+                journal_chunk(broker, c);
         }
         if (ret->n_pending == first)
                 return 0;
@@ -454,19 +455,19 @@ int reclaim_lease(struct broker *pool, struct lease *l, uint64_t want, uint64_t 
         l->reason = strdup(reason);
         l->overdue = false;
         lease_update_state(l);
-        journal_lease(pool, l);
-        notice_queue(pool, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
+        journal_lease(broker, l);
+        notice_queue(broker, NOTICE_RECLAIM, l->consumer, l->id, ret->pending_ids + first,
                      ret->n_pending - first, deadline_ms, reason);
         return 0;
 }
 
-int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bool all,
+int broker_reclaim(struct broker *broker, struct gpu *producer, uint64_t bytes, bool all,
                    bool leased_only, const char *reason, struct broker_reclaim *ret, char *err)
 {
         _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
         struct list_node *pos, *tmp;
         uint64_t want = all ? UINT64_MAX : bytes, got = 0;
-        uint64_t deadline_ns = now_mono_ns() + pool->settings.reclaim_deadline_ns;
+        uint64_t deadline_ns = now_mono_ns() + broker->settings.reclaim_deadline_ns;
         int r;
 
         if (want == 0)
@@ -475,7 +476,7 @@ int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bo
                 list_for_each(pos, tmp, &producer->chunks)
                 {
                         struct chunk *c = list_entry(pos, struct chunk, producer_node);
-                        if (got >= want || res.n_free >= pool->settings.max_grant_chunks)
+                        if (got >= want || res.n_free >= broker->settings.max_grant_chunks)
                                 break;
                         if (c->state != CHUNK_FREE || c->orphan)
                                 continue;
@@ -488,29 +489,29 @@ int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bo
                                         return r;
                                 c->quarantine_back = true;
                                 got += c->size;
-                                journal_chunk(pool, c);
+                                journal_chunk(broker, c);
                                 continue;
                         }
                         r = ids_push(&res.free_ids, &res.n_free, c->id);
                         if (r < 0)
                                 return r;
                         got += c->size;
-                        chunk_drop(pool, c);
+                        chunk_drop(broker, c);
                 }
-        list_for_each(pos, tmp, &pool->leases)
+        list_for_each(pos, tmp, &broker->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
-                if (got >= want || res.n_pending >= pool->settings.max_grant_chunks)
+                if (got >= want || res.n_pending >= broker->settings.max_grant_chunks)
                         break;
                 if (l->producer != producer)
                         continue;
-                r = reclaim_lease(pool, l, want, &got, reason, deadline_ns, &res);
+                r = reclaim_lease(broker, l, want, &got, reason, deadline_ns, &res);
                 if (r < 0)
                         return r;
         }
-        res.deadline_ms = res.n_pending ? pool->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
+        res.deadline_ms = res.n_pending ? broker->settings.reclaim_deadline_ns / NSEC_PER_MSEC : 0;
         if (res.n_free || res.n_pending)
-                events_add(&pool->events, "reclaim",
+                events_add(&broker->events, "reclaim",
                            "%s: %zu chunks free at once, %zu asked back from consumers (%s)",
                            producer->uuid, res.n_free, res.n_pending, reason);
         *ret = res;
@@ -518,7 +519,7 @@ int broker_reclaim(struct broker *pool, struct gpu *producer, uint64_t bytes, bo
         return 0;
 }
 
-int broker_drain(struct broker *pool, struct gpu *producer, struct broker_reclaim *ret, char *err)
+int broker_drain(struct broker *broker, struct gpu *producer, struct broker_reclaim *ret, char *err)
 {
         int r;
 
@@ -528,59 +529,59 @@ int broker_drain(struct broker *pool, struct gpu *producer, struct broker_reclai
         if (!producer->draining) {
                 producer->draining = true;
                 producer->drain_refusal_logged = false;
-                journal_gpu(pool, producer);
+                journal_gpu(broker, producer);
                 /* Nothing of it is grantable any more. */
                 for (struct list_node *n = producer->chunks.next; n != &producer->chunks;
                      n = n->next)
                         chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
         }
-        r = broker_reclaim(pool, producer, 0, true, false, "drain", ret, err);
+        r = broker_reclaim(broker, producer, 0, true, false, "drain", ret, err);
         if (r != 0)
                 return r;
         /* The producer did not ask: tell it what is free already. */
-        notice_queue(pool, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
+        notice_queue(broker, NOTICE_RECLAIMED, producer, 0, ret->free_ids, ret->n_free, 0, NULL);
         return 0;
 }
 
-int broker_undrain(struct broker *pool, struct gpu *producer, char *err)
+int broker_undrain(struct broker *broker, struct gpu *producer, char *err)
 {
         if (!producer->draining)
                 return broker_fail(err, E(INVALID), "undrain: GPU %s is not draining",
                                    producer->uuid);
         producer->draining = false;
-        journal_gpu(pool, producer);
+        journal_gpu(broker, producer);
         /* What it still has in the pool is grantable again. */
         for (struct list_node *n = producer->chunks.next; n != &producer->chunks; n = n->next)
                 chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
-        events_add(&pool->events, "drain", "drain of GPU %s ended", producer->uuid);
+        events_add(&broker->events, "drain", "drain of GPU %s ended", producer->uuid);
         log_notice("The drain of GPU %s ended: it may offer again", producer->uuid);
         /* Not collected here even without a client: callers may still hold it. Its next
          * registration, or aquad's restart, finds it as any known GPU. */
         return 0;
 }
 
-void broker_reclaim_delivered(struct broker *pool, uint64_t lease_id, const uint64_t *ids, size_t n,
-                              uint64_t deadline_ms)
+void broker_reclaim_delivered(struct broker *broker, uint64_t lease_id, const uint64_t *ids,
+                              size_t n, uint64_t deadline_ms)
 {
-        struct lease *l = broker_find_lease(pool, lease_id);
+        struct lease *l = broker_find_lease(broker, lease_id);
         uint64_t now = now_mono_ns(), wall = now_real_ns() / NSEC_PER_MSEC;
 
         if (!l || !deadline_ms)
                 return;
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = broker_find_chunk(pool, ids[i]);
+                struct chunk *c = broker_find_chunk(broker, ids[i]);
                 if (!c || c->lease != l || c->state != CHUNK_RECLAIMING || !c->deadline_pending)
                         continue;
                 c->deadline_pending = false;
                 c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
                 c->deadline_ms = wall + deadline_ms;
-                journal_chunk(pool, c);
-                broker_note_deadline(pool, c->deadline_ns);
+                journal_chunk(broker, c);
+                broker_note_deadline(broker, c->deadline_ns);
         }
 }
 
 /* A holder's tenant changed (a reload): leases its tenants may no longer share are reclaimed. */
-bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, bool lends_to_all)
+bool broker_set_tenant(struct broker *broker, struct gpu *g, const char *tenant, bool lends_to_all)
 {
         struct broker_identity *w = &g->custody.who;
         struct list_node *pos, *tmp;
@@ -589,8 +590,8 @@ bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, b
                 return false;
         snprintf(w->tenant, sizeof(w->tenant), "%s", tenant);
         w->lends_to_all = lends_to_all && !w->remote;
-        journal_gpu(pool, g);
-        list_for_each(pos, tmp, &pool->leases)
+        journal_gpu(broker, g);
+        list_for_each(pos, tmp, &broker->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
                 struct broker_reclaim r = {0};
@@ -600,8 +601,8 @@ bool broker_set_tenant(struct broker *pool, struct gpu *g, const char *tenant, b
                     custody_may_lend(l->producer, l->consumer, NULL, 0))
                         continue;
                 /* Out of memory here leaves the lease as it is: the next reload tries again. */
-                (void)reclaim_lease(pool, l, UINT64_MAX, &got, "tenants changed",
-                                    now_mono_ns() + pool->settings.reclaim_deadline_ns, &r);
+                (void)reclaim_lease(broker, l, UINT64_MAX, &got, "tenants changed",
+                                    now_mono_ns() + broker->settings.reclaim_deadline_ns, &r);
                 broker_reclaim_clear(&r);
         }
         return true;

@@ -16,69 +16,70 @@
 
 /* ------------------------------------------------------------------------------ pins */
 
-static int pin_add(struct broker *pool, const char *producer, const char *consumer,
+static int pin_add(struct broker *broker, const char *producer, const char *consumer,
                    const char *source)
 {
-        struct broker_pin *pins = reallocarray(pool->pins, pool->n_pins + 1, sizeof(*pins));
+        struct broker_pin *pins = reallocarray(broker->pins, broker->n_pins + 1, sizeof(*pins));
 
         if (!pins)
                 return -ENOMEM;
-        pool->pins = pins;
-        pins[pool->n_pins] = (struct broker_pin){strdup(producer), strdup(consumer), source, NULL};
-        if (!pins[pool->n_pins].producer || !pins[pool->n_pins].consumer) {
-                pin_free(&pins[pool->n_pins]);
+        broker->pins = pins;
+        pins[broker->n_pins] =
+            (struct broker_pin){strdup(producer), strdup(consumer), source, NULL};
+        if (!pins[broker->n_pins].producer || !pins[broker->n_pins].consumer) {
+                pin_free(&pins[broker->n_pins]);
                 return -ENOMEM;
         }
-        pool->n_pins++;
+        broker->n_pins++;
         return 0;
 }
 
 /* Remove every pin that names uuid on either side; returns how many. */
-size_t broker_pins_remove(struct broker *pool, const char *uuid)
+size_t broker_pins_remove(struct broker *broker, const char *uuid)
 {
         size_t k = 0, removed = 0;
 
-        for (size_t i = 0; i < pool->n_pins; i++) {
-                if (strcmp(pool->pins[i].producer, uuid) == 0 ||
-                    strcmp(pool->pins[i].consumer, uuid) == 0) {
-                        pin_free(&pool->pins[i]);
+        for (size_t i = 0; i < broker->n_pins; i++) {
+                if (strcmp(broker->pins[i].producer, uuid) == 0 ||
+                    strcmp(broker->pins[i].consumer, uuid) == 0) {
+                        pin_free(&broker->pins[i]);
                         removed++;
                         continue;
                 }
-                pool->pins[k++] = pool->pins[i];
+                broker->pins[k++] = broker->pins[i];
         }
-        pool->n_pins = k;
+        broker->n_pins = k;
         return removed;
 }
 
-int broker_pins_add(struct broker *pool, const char *producer, const char *consumer,
+int broker_pins_add(struct broker *broker, const char *producer, const char *consumer,
                     const char *source)
 {
         if (producer[0])
-                broker_pins_remove(pool, producer);
+                broker_pins_remove(broker, producer);
         if (consumer[0])
-                broker_pins_remove(pool, consumer);
-        return pin_add(pool, producer, consumer, source);
+                broker_pins_remove(broker, consumer);
+        return pin_add(broker, producer, consumer, source);
 }
 
-int broker_set_config_pins(struct broker *pool, const char *const *producers,
+int broker_set_config_pins(struct broker *broker, const char *const *producers,
                            const char *const *consumers, size_t n)
 {
         int r;
 
-        pins_clear(pool, "config");
+        pins_clear(broker, "config");
         for (size_t i = 0; i < n; i++) {
                 /* An operator's pin on either GPU wins over the config. */
                 bool taken = false;
-                for (size_t k = 0; k < pool->n_pins; k++)
-                        if (strcmp(pool->pins[k].producer, producers[i]) == 0 ||
-                            strcmp(pool->pins[k].consumer, consumers[i]) == 0 ||
-                            strcmp(pool->pins[k].producer, consumers[i]) == 0 ||
-                            strcmp(pool->pins[k].consumer, producers[i]) == 0)
+                for (size_t k = 0; k < broker->n_pins; k++)
+                        if (strcmp(broker->pins[k].producer, producers[i]) == 0 ||
+                            strcmp(broker->pins[k].consumer, consumers[i]) == 0 ||
+                            strcmp(broker->pins[k].producer, consumers[i]) == 0 ||
+                            strcmp(broker->pins[k].consumer, producers[i]) == 0)
                                 taken = true;
                 if (taken)
                         continue;
-                r = pin_add(pool, producers[i], consumers[i], "config");
+                r = pin_add(broker, producers[i], consumers[i], "config");
                 if (r < 0)
                         return r;
         }
@@ -111,28 +112,28 @@ static size_t index_of(struct gpu *const *gpus, size_t n, const char *key)
  * their order. A pin naming a GPU that an earlier one named is passed over, however either names
  * it (uuid, ordinal, HOST:ORDINAL), so no GPU is ever in two pins.
  */
-static size_t pin_at(const struct broker *pool, size_t k)
+static size_t pin_at(const struct broker *broker, size_t k)
 {
         size_t n_operator = 0;
 
-        for (size_t i = 0; i < pool->n_pins; i++)
-                n_operator += strcmp(pool->pins[i].source, "aquactl") == 0;
-        for (size_t i = pool->n_pins, seen = 0; k < n_operator && i-- > 0;)
-                if (strcmp(pool->pins[i].source, "aquactl") == 0 && seen++ == k)
+        for (size_t i = 0; i < broker->n_pins; i++)
+                n_operator += strcmp(broker->pins[i].source, "aquactl") == 0;
+        for (size_t i = broker->n_pins, seen = 0; k < n_operator && i-- > 0;)
+                if (strcmp(broker->pins[i].source, "aquactl") == 0 && seen++ == k)
                         return i;
-        for (size_t i = 0, seen = n_operator; i < pool->n_pins; i++)
-                if (strcmp(pool->pins[i].source, "aquactl") != 0 && seen++ == k)
+        for (size_t i = 0, seen = n_operator; i < broker->n_pins; i++)
+                if (strcmp(broker->pins[i].source, "aquactl") != 0 && seen++ == k)
                         return i;
         return SIZE_MAX;
 }
 
 /* What a GPU reported for its k-th link, or the operator's topology file where it reported none. */
-static double link_bandwidth(const struct broker *pool, const struct gpu *g, size_t k)
+static double link_bandwidth(const struct broker *broker, const struct gpu *g, size_t k)
 {
-        if (g->links[k].bandwidth > 0 || !pool->settings.links)
+        if (g->links[k].bandwidth > 0 || !broker->settings.links)
                 return g->links[k].bandwidth;
         /* A GPU reports links to the devices its own driver sees: on its own host. */
-        return (double)topology_link_by_host(pool->settings.links, g->host, g->device, g->host,
+        return (double)topology_link_by_host(broker->settings.links, g->host, g->device, g->host,
                                              g->links[k].uuid) /
                1e9;
 }
@@ -163,7 +164,7 @@ static bool may_pair(const struct gpu *a, const struct gpu *b)
  * Whether pin p of producer a and consumer b may stand. A pin never joins two tenants: one that
  * would keeps its consumer unpaired, says why once (log, event) and shows it in `aquactl pairs`.
  */
-static bool pin_trusted(struct broker *pool, struct broker_pin *p, const struct gpu *a,
+static bool pin_trusted(struct broker *broker, struct broker_pin *p, const struct gpu *a,
                         const struct gpu *b)
 {
         char why[BROKER_ERR_MAX];
@@ -178,11 +179,11 @@ static bool pin_trusted(struct broker *pool, struct broker_pin *p, const struct 
         free(p->refused);
         p->refused = strdup(why);
         log_warning("Pin %s -> %s (%s) refused: %s", p->producer, p->consumer, p->source, why);
-        events_add(&pool->events, "pair", "pin %s %s refused: %s", p->producer, p->consumer, why);
+        events_add(&broker->events, "pair", "pin %s %s refused: %s", p->producer, p->consumer, why);
         return false;
 }
 
-int broker_recompute_pairs(struct broker *pool)
+int broker_recompute_pairs(struct broker *broker)
 {
         _cleanup_free_ struct gpu **gpus = NULL;
         _cleanup_free_ enum pairing_role *roles = NULL;
@@ -195,28 +196,28 @@ int broker_recompute_pairs(struct broker *pool)
         size_t n = 0, n_links = 0, n_pinned = 0, n_current = 0, n_out = 0, max_links = 0;
         int r;
 
-        for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next)
+        for (struct list_node *x = broker->gpus.next; x != &broker->gpus; x = x->next)
                 max_links += list_entry(x, struct gpu, node)->n_links;
-        gpus = calloc(pool->n_gpus + 1, sizeof(*gpus));
-        roles = calloc(pool->n_gpus + 1, sizeof(*roles));
-        mate = calloc(pool->n_gpus + 1, sizeof(*mate));
-        source = calloc(pool->n_gpus + 1, sizeof(*source));
-        bw = calloc(pool->n_gpus + 1, sizeof(*bw));
-        pinned_gpu = calloc(pool->n_gpus + 1, sizeof(*pinned_gpu));
+        gpus = calloc(broker->n_gpus + 1, sizeof(*gpus));
+        roles = calloc(broker->n_gpus + 1, sizeof(*roles));
+        mate = calloc(broker->n_gpus + 1, sizeof(*mate));
+        source = calloc(broker->n_gpus + 1, sizeof(*source));
+        bw = calloc(broker->n_gpus + 1, sizeof(*bw));
+        pinned_gpu = calloc(broker->n_gpus + 1, sizeof(*pinned_gpu));
         /*
          * A reported link may name a device's two registrations; a device's two are linked;
          * with a topology file, any two GPUs on different hosts may be (no client reports those).
          */
-        links = calloc(2 * max_links + pool->n_gpus + 1 +
-                           (pool->settings.links ? pool->n_gpus * (pool->n_gpus + 1) / 2 : 0),
+        links = calloc(2 * max_links + broker->n_gpus + 1 +
+                           (broker->settings.links ? broker->n_gpus * (broker->n_gpus + 1) / 2 : 0),
                        sizeof(*links));
-        pinned = calloc(pool->n_pins + 1, sizeof(*pinned));
-        current = calloc(pool->n_gpus + 1, sizeof(*current));
+        pinned = calloc(broker->n_pins + 1, sizeof(*pinned));
+        current = calloc(broker->n_gpus + 1, sizeof(*current));
         if (!gpus || !roles || !mate || !source || !bw || !pinned_gpu || !links || !pinned ||
             !current)
                 return -ENOMEM;
 
-        for (struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next)
+        for (struct list_node *x = broker->gpus.next; x != &broker->gpus; x = x->next)
                 gpus[n++] = list_entry(x, struct gpu, node);
         for (size_t i = 0; i < n; i++) {
                 struct gpu *g = gpus[i];
@@ -225,8 +226,8 @@ int broker_recompute_pairs(struct broker *pool)
                            : g->role == GPU_ROLE_CONSUMER ? PAIRING_CONSUMER
                                                           : PAIRING_OTHER;
         }
-        for (size_t k = 0; k < pool->n_pins; k++) {
-                struct broker_pin *p = &pool->pins[pin_at(pool, k)];
+        for (size_t k = 0; k < broker->n_pins; k++) {
+                struct broker_pin *p = &broker->pins[pin_at(broker, k)];
                 size_t a = index_of(gpus, n, p->producer), b = index_of(gpus, n, p->consumer);
 
                 if ((a != SIZE_MAX && pinned_gpu[a]) || (b != SIZE_MAX && pinned_gpu[b])) {
@@ -251,14 +252,14 @@ int broker_recompute_pairs(struct broker *pool)
                 if (a == SIZE_MAX || b == SIZE_MAX || !live(gpus[a]) || !live(gpus[b]) ||
                     gpus[a]->role != GPU_ROLE_PRODUCER || gpus[b]->role != GPU_ROLE_CONSUMER)
                         continue;
-                if (!pin_trusted(pool, p, gpus[a], gpus[b]))
+                if (!pin_trusted(broker, p, gpus[a], gpus[b]))
                         continue; /* kept apart, both, while the pin stands */
                 roles[a] = PAIRING_PRODUCER;
                 roles[b] = PAIRING_CONSUMER;
                 pinned[n_pinned++] = (struct pairing_pair){a, b};
                 source[a] = source[b] = p->source;
         }
-        for (size_t i = 0; pool->settings.auto_pairing && i < n; i++) {
+        for (size_t i = 0; broker->settings.auto_pairing && i < n; i++) {
                 if (!gpus[i]->owner)
                         continue;
                 /* A device may have a registration per role: link to each of them. */
@@ -269,7 +270,7 @@ int broker_recompute_pairs(struct broker *pool)
                                     !may_pair(gpus[i], gpus[j]))
                                         continue;
                                 links[n_links++] =
-                                    (struct pairing_link){i, j, link_bandwidth(pool, gpus[i], k),
+                                    (struct pairing_link){i, j, link_bandwidth(broker, gpus[i], k),
                                                           cross_host(gpus[i], gpus[j])};
                         }
                 for (size_t j = i + 1; j < n; j++) {
@@ -283,10 +284,10 @@ int broker_recompute_pairs(struct broker *pool)
                                 links[n_links++] = (struct pairing_link){i, j, HUGE_VAL, false};
                                 continue;
                         }
-                        if (!pool->settings.links || !cross_host(gpus[i], gpus[j]))
+                        if (!broker->settings.links || !cross_host(gpus[i], gpus[j]))
                                 continue;
                         bytes =
-                            topology_link_by_host(pool->settings.links, gpus[i]->host,
+                            topology_link_by_host(broker->settings.links, gpus[i]->host,
                                                   gpus[i]->device, gpus[j]->host, gpus[j]->device);
                         if (bytes > 0)
                                 links[n_links++] =
@@ -317,9 +318,9 @@ int broker_recompute_pairs(struct broker *pool)
         }
         for (size_t i = 0; i < n; i++) {
                 struct gpu *before = gpus[i]->paired;
-                gpu_set_pair(pool, gpus[i], mate[i], source[i], bw[i]);
+                gpu_set_pair(broker, gpus[i], mate[i], source[i], bw[i]);
                 if (before != mate[i])
-                        events_add(&pool->events, "pair", "%s %s %s", gpus[i]->uuid,
+                        events_add(&broker->events, "pair", "%s %s %s", gpus[i]->uuid,
                                    mate[i] ? "paired with" : "unpaired",
                                    mate[i] ? mate[i]->uuid : "");
                 else if (mate[i]) {
@@ -329,43 +330,43 @@ int broker_recompute_pairs(struct broker *pool)
         }
         /* A producer's consumer may have changed or gone: what the last one left is scrubbed. */
         for (size_t i = 0; i < n; i++)
-                scrub_check(pool, gpus[i]);
+                scrub_check(broker, gpus[i]);
         return 0;
 }
 
-int broker_pin(struct broker *pool, const char *producer, const char *consumer, char *err)
+int broker_pin(struct broker *broker, const char *producer, const char *consumer, char *err)
 {
         struct gpu *a = NULL, *b = NULL;
         int r;
 
-        r = broker_lookup_gpu(pool, producer, "pair", &a, err);
+        r = broker_lookup_gpu(broker, producer, "pair", &a, err);
         if (r == 0)
-                r = broker_lookup_gpu(pool, consumer, "pair", &b, err);
+                r = broker_lookup_gpu(broker, consumer, "pair", &b, err);
         if (r != 0)
                 return r;
         if (a->role != GPU_ROLE_PRODUCER || b->role != GPU_ROLE_CONSUMER)
                 return broker_fail(err, E(WRONG_ROLE),
                                    "pair: %s must be a producer and %s a consumer", a->uuid,
                                    b->uuid);
-        r = broker_pins_add(pool, a->uuid, b->uuid, "aquactl");
+        r = broker_pins_add(broker, a->uuid, b->uuid, "aquactl");
         if (r < 0)
                 return r;
-        journal_pin(pool, a->uuid, b->uuid, false);
-        return broker_recompute_pairs(pool);
+        journal_pin(broker, a->uuid, b->uuid, false);
+        return broker_recompute_pairs(broker);
 }
 
-int broker_unpin(struct broker *pool, const char *gpu, char *err)
+int broker_unpin(struct broker *broker, const char *gpu, char *err)
 {
         struct gpu *g = NULL;
         int r;
 
-        r = broker_lookup_gpu(pool, gpu, "unpair", &g, err);
+        r = broker_lookup_gpu(broker, gpu, "unpair", &g, err);
         if (r != 0)
                 return r;
         /* Pinned to nobody: automatic pairing leaves it alone too. */
-        r = broker_pins_add(pool, g->uuid, "", "aquactl");
+        r = broker_pins_add(broker, g->uuid, "", "aquactl");
         if (r < 0)
                 return r;
-        journal_pin(pool, g->uuid, "", false);
-        return broker_recompute_pairs(pool);
+        journal_pin(broker, g->uuid, "", false);
+        return broker_recompute_pairs(broker);
 }

@@ -57,7 +57,7 @@ static int set_links(struct gpu *g, const struct broker_link *links, size_t n)
  * back; unknown ones are handed back to it (Reclaimed); journaled ones it no longer has are
  * dropped, or, if a consumer maps them, treated as if their producer were gone.
  */
-static int reconcile_producer(struct broker *pool, struct gpu *g, const struct broker_hello *h,
+static int reconcile_producer(struct broker *broker, struct gpu *g, const struct broker_hello *h,
                               struct broker_welcome *w)
 {
         _cleanup_free_ uint64_t *unknown = NULL;
@@ -70,7 +70,7 @@ static int reconcile_producer(struct broker *pool, struct gpu *g, const struct b
                 return -ENOMEM;
         for (size_t i = 0; i < h->n_held; i++) {
                 const struct broker_held *hc = &h->held[i];
-                struct chunk *c = broker_find_chunk(pool, hc->chunk_id);
+                struct chunk *c = broker_find_chunk(broker, hc->chunk_id);
 
                 if (c && c->producer == g && !c->orphan && c->size == hc->size &&
                     !chunk_has_handle(c) &&
@@ -97,7 +97,7 @@ static int reconcile_producer(struct broker *pool, struct gpu *g, const struct b
                 if (chunk_has_handle(c) || c->orphan)
                         continue;
                 if (c->state == CHUNK_FREE) {
-                        chunk_drop(pool, c);
+                        chunk_drop(broker, c);
                         continue;
                 }
                 log_warning("Producer %s no longer lists chunk %" PRIu64 " that lease %" PRIu64
@@ -105,16 +105,16 @@ static int reconcile_producer(struct broker *pool, struct gpu *g, const struct b
                             g->uuid, c->id, c->lease->id);
                 c->orphan = true;
                 c->state = CHUNK_LEASED;
-                journal_chunk(pool, c);
+                journal_chunk(broker, c);
         }
         if (n_unknown) {
                 log_warning("Producer %s holds %zu chunks this daemon does not know; handing them "
                             "back",
                             g->uuid, n_unknown);
-                notice_queue(pool, NOTICE_RECLAIMED, g, 0, unknown, n_unknown, 0, NULL);
+                notice_queue(broker, NOTICE_RECLAIMED, g, 0, unknown, n_unknown, 0, NULL);
         }
         /* Orphaned leases: ask their consumers to move off, as when a producer dies. */
-        list_for_each(pos, tmp, &pool->leases)
+        list_for_each(pos, tmp, &broker->leases)
         {
                 struct lease *l = list_entry(pos, struct lease, broker_node);
                 _cleanup_free_ uint64_t *ids = NULL;
@@ -132,11 +132,11 @@ static int reconcile_producer(struct broker *pool, struct gpu *g, const struct b
                         ids = a;
                         ids[n++] = c->id;
                         c->state = CHUNK_RECLAIMING;
-                        journal_chunk(pool, c);
+                        journal_chunk(broker, c);
                 }
                 if (n) {
                         lease_update_state(l);
-                        notice_queue(pool, NOTICE_RECLAIM, l->consumer, l->id, ids, n, 0,
+                        notice_queue(broker, NOTICE_RECLAIM, l->consumer, l->id, ids, n, 0,
                                      "producer gone");
                 }
         }
@@ -147,7 +147,7 @@ static int reconcile_producer(struct broker *pool, struct gpu *g, const struct b
  * Reclaims asked while the consumer was away (or that it may have lost track of across the
  * restart) are asked again, with the time that is left.
  */
-static int renotice(struct broker *pool, struct gpu *g)
+static int renotice(struct broker *broker, struct gpu *g)
 {
         uint64_t now = now_mono_ns();
 
@@ -165,15 +165,16 @@ static int renotice(struct broker *pool, struct gpu *g)
                                 continue;
                         ids[k++] = c->id;
                         /* Never delivered: the whole deadline, from the coming delivery. */
-                        uint64_t d = c->deadline_pending ? now + pool->settings.reclaim_deadline_ns
-                                                         : c->deadline_ns;
+                        uint64_t d = c->deadline_pending
+                                         ? now + broker->settings.reclaim_deadline_ns
+                                         : c->deadline_ns;
                         if (d && (!deadline || d < deadline))
                                 deadline = d;
                 }
                 if (k == 0)
                         continue;
                 /* A passed deadline is sent as 1 ms: "now", not "no deadline". */
-                notice_queue(pool, NOTICE_RECLAIM, g, l->id, ids, k,
+                notice_queue(broker, NOTICE_RECLAIM, g, l->id, ids, k,
                              !deadline        ? 0
                              : deadline > now ? (deadline - now) / NSEC_PER_MSEC
                                               : 1,
@@ -187,7 +188,7 @@ static int renotice(struct broker *pool, struct gpu *g)
  * chunks of them it no longer lists go back to the pool); leases the daemon does not know, or
  * knows for another GPU, are lost: the consumer keeps the mappings it has and moves off them.
  */
-static int reconcile_consumer(struct broker *pool, struct gpu *g, const struct broker_hello *h,
+static int reconcile_consumer(struct broker *broker, struct gpu *g, const struct broker_hello *h,
                               struct broker_welcome *w)
 {
         struct list_node *pos, *tmp;
@@ -199,7 +200,7 @@ static int reconcile_consumer(struct broker *pool, struct gpu *g, const struct b
         }
         for (size_t i = 0; i < h->n_held; i++) {
                 const struct broker_held *hc = &h->held[i];
-                struct lease *l = hc->lease_id ? broker_find_lease(pool, hc->lease_id) : NULL;
+                struct lease *l = hc->lease_id ? broker_find_lease(broker, hc->lease_id) : NULL;
 
                 if (!hc->lease_id)
                         continue;
@@ -223,15 +224,15 @@ static int reconcile_consumer(struct broker *pool, struct gpu *g, const struct b
                 if (!l->confirmed && lease_was_returned(l)) {
                         /* Every chunk of it was being taken back: it finished while aquad was
                          * away, which is a completed reclaim, not a loss. */
-                        events_add(&pool->events, "lease",
+                        events_add(&broker->events, "lease",
                                    "lease %" PRIu64 " returned by %s while aquad was away", l->id,
                                    g->uuid);
                 } else if (!l->confirmed) {
                         log_notice("Consumer %s did not re-register lease %" PRIu64
                                    "; its chunks go back to the pool",
                                    g->uuid, l->id);
-                        pool->stats.leases_lost++;
-                        events_add(&pool->events, "lease",
+                        broker->stats.leases_lost++;
+                        events_add(&broker->events, "lease",
                                    "lease %" PRIu64 " lost: %s did not re-register it", l->id,
                                    g->uuid);
                 }
@@ -251,19 +252,19 @@ static int reconcile_consumer(struct broker *pool, struct gpu *g, const struct b
                                  * gets them back as unknown). */
                                 if (!c->orphan)
                                         back[n_back++] = c->id;
-                                chunk_drop(pool, c);
+                                chunk_drop(broker, c);
                         } else {
-                                chunk_release(pool, c);
-                                chunk_dirty(pool, c, g);
-                                journal_chunk(pool, c);
+                                chunk_release(broker, c);
+                                chunk_dirty(broker, c, g);
+                                journal_chunk(broker, c);
                         }
                 }
                 if (n_back)
-                        notice_queue(pool, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
+                        notice_queue(broker, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
                 if (l->n_chunks == 0)
-                        lease_free(pool, l);
+                        lease_free(broker, l);
         }
-        return renotice(pool, g);
+        return renotice(broker, g);
 }
 
 enum admission {
@@ -279,7 +280,7 @@ enum admission {
  * nothing or its process is provably gone (what it held is then released as at its death, to be
  * scrubbed before anyone gets it), never while the holder may still map its memory.
  */
-static int admit(struct broker *pool, const struct gpu *g, const struct broker_hello *h,
+static int admit(struct broker *broker, const struct gpu *g, const struct broker_hello *h,
                  enum admission *ret, char *err)
 {
         char who[192];
@@ -295,13 +296,13 @@ static int admit(struct broker *pool, const struct gpu *g, const struct broker_h
                 return 0;
         }
         if (g->owner) {
-                pool->stats.custody_refused++;
+                broker->stats.custody_refused++;
                 return broker_fail(err, E(BUSY), "hello: GPU %s is already registered by %s",
                                    g->uuid, gpu_holder(g, who, sizeof(who)));
         }
-        if (gpu_holds_state(g) && custody_liveness(pool, g) != PROC_GONE) {
-                pool->stats.custody_refused++;
-                events_add(&pool->events, "custody", "%s refused to %s: held by %s", g->uuid,
+        if (gpu_holds_state(g) && custody_liveness(broker, g) != PROC_GONE) {
+                broker->stats.custody_refused++;
+                events_add(&broker->events, "custody", "%s refused to %s: held by %s", g->uuid,
                            h->client_name && h->client_name[0] ? h->client_name : "a client",
                            gpu_holder(g, who, sizeof(who)));
                 return broker_fail(err, E(BUSY),
@@ -325,7 +326,7 @@ static const char *identity_text(const struct broker_identity *w, char *buf, siz
         return buf;
 }
 
-int broker_register(struct broker *pool, const struct broker_hello *h, struct client *owner,
+int broker_register(struct broker *broker, const struct broker_hello *h, struct client *owner,
                     struct broker_welcome *ret, char *err)
 {
         struct broker_welcome w = {0};
@@ -347,7 +348,7 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                                    h->role);
         if (h->n_held && !producer && !consumer)
                 return broker_fail(err, E(INVALID), "hello: a neutral GPU holds no chunks");
-        if (pool->settings.colocate && (producer || consumer)) {
+        if (broker->settings.colocate && (producer || consumer)) {
                 /* One device, a registration per role: the two may lend to each other. */
                 snprintf(name, sizeof(name), "%s/%s", h->uuid, producer ? "producer" : "consumer");
                 if (strchr(h->uuid, '/') || strlen(name) >= sizeof(name) - 1)
@@ -365,8 +366,8 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                                    "(%s) shows no evidence that it may use it: %s",
                                    h->uuid, identity_text(h->who, who, sizeof(who)),
                                    h->evidence_why ? h->evidence_why : "none given");
-        g = gpu_find(pool, name);
-        r = admit(pool, g, h, &how, err);
+        g = gpu_find(broker, name);
+        r = admit(broker, g, h, &how, err);
         if (r != 0)
                 return r;
         if (how == ADMIT_HOLDER) {
@@ -380,7 +381,7 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                         return broker_fail(err, E(INVALID),
                                            "hello: GPU %s still borrows as a consumer", g->uuid);
         }
-        if (producer && h->n_held + pool->n_chunks > pool->settings.max_chunks + chunks)
+        if (producer && h->n_held + broker->n_chunks > broker->settings.max_chunks + chunks)
                 return broker_fail(err, E(LIMIT), "hello: %zu held chunks exceed the pool limit",
                                    h->n_held);
 
@@ -391,16 +392,16 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                            "the old connection ends",
                            g->uuid, gpu_holder(g, who, sizeof(who)));
                 w.replaced = g->owner;
-                broker_gpu_detach(pool, g);
+                broker_gpu_detach(broker, g);
         } else if (how == ADMIT_RELEASED) {
                 if (gpu_holds_state(g))
                         log_notice("GPU %s: its holder %s is gone; what it held is released "
                                    "before another client registers it",
                                    g->uuid, gpu_holder(g, who, sizeof(who)));
-                broker_gpu_gone(pool, g);
-                g = gpu_find(pool, name);
+                broker_gpu_gone(broker, g);
+                g = gpu_find(broker, name);
         }
-        if (!g && !(g = gpu_ensure(pool, name)))
+        if (!g && !(g = gpu_ensure(broker, name)))
                 return -ENOMEM;
         r = set_links(g, h->links, h->n_links);
         if (r < 0)
@@ -417,7 +418,7 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
         g->pid = h->pid;
         g->fabric = h->fabric;
         g->owner = owner;
-        g->serial = ++pool->next_serial;
+        g->serial = ++broker->next_serial;
         g->held_alive = false;
         g->detached_until_ns = 0;
         /* Journaled: after a restart, whose process may still map what this GPU holds, and who
@@ -431,24 +432,24 @@ int broker_register(struct broker *pool, const struct broker_hello *h, struct cl
                 memcpy(g->custody.who.tenant, h->who->tenant, sizeof(g->custody.who.tenant));
                 g->custody.who.lends_to_all = h->who->lends_to_all;
         }
-        journal_gpu(pool, g);
+        journal_gpu(broker, g);
 
         if (producer)
-                r = reconcile_producer(pool, g, h, &w);
+                r = reconcile_producer(broker, g, h, &w);
         else if (consumer)
-                r = reconcile_consumer(pool, g, h, &w);
+                r = reconcile_consumer(broker, g, h, &w);
         if (r < 0)
                 goto fail;
         g->restored = false;
         for (struct list_node *n = g->chunks.next; n != &g->chunks; n = n->next)
                 chunk_set_free_listed(list_entry(n, struct chunk, producer_node));
-        events_add(&pool->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
+        events_add(&broker->events, "client", "GPU %s (%s, pid %d) registered as %s%s", g->uuid,
                    g->client_name ? g->client_name : "?", (int)g->pid,
                    producer   ? "producer"
                    : consumer ? "consumer"
                               : "neutral",
                    h->n_held ? ", re-registering what it holds" : "");
-        r = broker_recompute_pairs(pool);
+        r = broker_recompute_pairs(broker);
         if (r < 0)
                 goto fail;
         w.gpu = g;

@@ -10,9 +10,9 @@
 #include "broker-private.h"
 #include "log.h"
 
-void chunk_dirty(struct broker *pool, struct chunk *c, const struct gpu *consumer)
+void chunk_dirty(struct broker *broker, struct chunk *c, const struct gpu *consumer)
 {
-        if (!pool->settings.scrub)
+        if (!broker->settings.scrub)
                 return;
         c->dirty = true;
         c->dirty_for = consumer ? consumer->serial : 0;
@@ -26,7 +26,7 @@ bool chunk_grantable_to(const struct chunk *c, const struct gpu *consumer)
         return !c->dirty || (c->dirty_for && c->dirty_for == consumer->serial);
 }
 
-void scrub_check(struct broker *pool, struct gpu *producer)
+void scrub_check(struct broker *broker, struct gpu *producer)
 {
         struct gpu *mate = producer->paired;
         uint64_t keep = mate && mate->owner ? mate->serial : 0;
@@ -60,12 +60,12 @@ void scrub_check(struct broker *pool, struct gpu *producer)
         }
         if (n == 0)
                 return;
-        pool->stats.scrubs_requested += n;
-        notice_queue(pool, NOTICE_SCRUB, producer, 0, ids, n, 0, NULL);
-        events_add(&pool->events, "scrub", "%s asked to scrub %zu chunks", producer->uuid, n);
+        broker->stats.scrubs_requested += n;
+        notice_queue(broker, NOTICE_SCRUB, producer, 0, ids, n, 0, NULL);
+        events_add(&broker->events, "scrub", "%s asked to scrub %zu chunks", producer->uuid, n);
 }
 
-int broker_scrub_done(struct broker *pool, struct gpu *producer, const uint64_t *ids, size_t n,
+int broker_scrub_done(struct broker *broker, struct gpu *producer, const uint64_t *ids, size_t n,
                       const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err)
 {
         _cleanup_free_ uint64_t *back = calloc(n_failed + 1, sizeof(uint64_t));
@@ -75,7 +75,7 @@ int broker_scrub_done(struct broker *pool, struct gpu *producer, const uint64_t 
         if (!back)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                struct chunk *c = broker_find_chunk(pool, ids[i]);
+                struct chunk *c = broker_find_chunk(broker, ids[i]);
 
                 /* Another producer's chunk, one never asked about, or one gone meanwhile. */
                 if (!c || c->producer != producer || !c->scrubbing)
@@ -83,24 +83,24 @@ int broker_scrub_done(struct broker *pool, struct gpu *producer, const uint64_t 
                 c->scrubbing = c->dirty = false;
                 c->dirty_for = 0;
                 chunk_set_free_listed(c);
-                journal_chunk(pool, c);
+                journal_chunk(broker, c);
                 done++;
         }
         for (size_t i = 0; i < n_failed; i++) {
-                struct chunk *c = broker_find_chunk(pool, failed[i]);
+                struct chunk *c = broker_find_chunk(broker, failed[i]);
 
                 if (!c || c->producer != producer || !c->scrubbing)
                         continue;
                 log_warning("Producer %s could not scrub chunk %" PRIu64 "; it leaves the pool",
                             producer->uuid, c->id);
                 back[n_back++] = c->id;
-                chunk_drop(pool, c);
+                chunk_drop(broker, c);
         }
-        pool->stats.chunks_scrubbed += done;
-        pool->stats.scrub_failures += n_back;
+        broker->stats.chunks_scrubbed += done;
+        broker->stats.scrub_failures += n_back;
         if (n_back) {
-                notice_queue(pool, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
-                events_add(&pool->events, "scrub", "%s failed to scrub %zu chunks; dropped",
+                notice_queue(broker, NOTICE_RECLAIMED, producer, 0, back, n_back, 0, NULL);
+                events_add(&broker->events, "scrub", "%s failed to scrub %zu chunks; dropped",
                            producer->uuid, n_back);
         }
         if (ret_done)

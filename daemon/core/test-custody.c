@@ -81,7 +81,7 @@ static struct gpu *reg[GPUS]; /* connected registration, NULL: none */
 static int owner_of[GPUS];
 static struct map maps[MAX_MAPS];
 static size_t n_maps;
-static struct broker *pool;
+static struct broker *broker;
 static char dir[64], journal_path[128];
 static int memfd = -1;
 static uint64_t rng, clock_ns, violations, steps, next_pid = 100;
@@ -212,10 +212,10 @@ static void check_invariant(void)
 {
         char err[BROKER_ERR_MAX];
 
-        if (broker_check(pool, err))
+        if (broker_check(broker, err))
                 violation("books:", err, 0);
         /* Tenancy: what a consumer is leased is memory of a lender of its tenant, or root's. */
-        for (struct list_node *x = pool->leases.next; x != &pool->leases; x = x->next) {
+        for (struct list_node *x = broker->leases.next; x != &broker->leases; x = x->next) {
                 struct lease *l = list_entry(x, struct lease, broker_node);
                 int c = l->consumer->custody.held ? ident_of(&l->consumer->custody.who) : -1;
 
@@ -231,7 +231,7 @@ static void check_invariant(void)
                 }
         }
         for (size_t i = 0; i < n_maps; i++) {
-                struct chunk *c = broker_find_chunk(pool, maps[i].chunk);
+                struct chunk *c = broker_find_chunk(broker, maps[i].chunk);
                 int k = maps[i].ident;
 
                 if (!c)
@@ -270,7 +270,7 @@ static void deliver(void)
 {
         struct list_node taken = LIST_HEAD_INIT(taken), *pos, *tmp;
 
-        broker_take_notices(pool, &taken);
+        broker_take_notices(broker, &taken);
         list_for_each(pos, tmp, &taken)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
@@ -286,16 +286,16 @@ static void deliver(void)
                                           m->chunk_ids[i]);
                 }
                 if (m->kind == NOTICE_RECLAIM && m->gpu->owner) {
-                        broker_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
+                        broker_reclaim_delivered(broker, m->lease_id, m->chunk_ids, m->n_chunk_ids,
                                                  m->deadline_ms);
                         ids[m->gpu->owner->ident].reclaim_asked[m->gpu->owner->gpu] = true;
                 }
                 if (m->kind == NOTICE_SCRUB && m->gpu->owner && m->gpu->owner->gpu == 0)
-                        (void)broker_scrub_done(pool, m->gpu, m->chunk_ids, m->n_chunk_ids, NULL, 0,
-                                                NULL, NULL);
+                        (void)broker_scrub_done(broker, m->gpu, m->chunk_ids, m->n_chunk_ids, NULL,
+                                                0, NULL, NULL);
                 notice_free(m);
         }
-        (void)broker_commit(pool);
+        (void)broker_commit(broker);
 }
 
 static char last_err[BROKER_ERR_MAX];
@@ -322,7 +322,7 @@ static int hello(int k, int g, bool with_secret)
             .evidence = may_use(k, g) ? BROKER_EVIDENCE_SHOWN : BROKER_EVIDENCE_MISSING,
             .evidence_why = "it passed no device node",
         };
-        struct gpu *known = broker_find_gpu(pool, names[g]);
+        struct gpu *known = broker_find_gpu(broker, names[g]);
         int r;
 
         if (!ids[k].alive || (reg[g] && owner_of[g] == k && reg[g]->owner == &clients[k][g]))
@@ -354,7 +354,7 @@ static int hello(int k, int g, bool with_secret)
         h.held = held;
         h.n_held = n;
         h.held_fds = g == 0 && !ids[k].who.remote ? fds : NULL;
-        r = broker_register(pool, &h, &clients[k][g], &w, last_err);
+        r = broker_register(broker, &h, &clients[k][g], &w, last_err);
         tally.hellos++;
         tally.refused += r == E(BUSY);
         tally.impostors += r == E(PERMISSION);
@@ -395,7 +395,8 @@ static void offer_n(size_t n)
         if (reg[0]->fabric) {
                 for (size_t i = 0; i < n; i++)
                         sizes[i] = 2 * MiB, refs[i] = i;
-                if (broker_offer(pool, reg[0], sizes, refs, NULL, fabric_handles, n, out, err) == 0)
+                if (broker_offer(broker, reg[0], sizes, refs, NULL, fabric_handles, n, out, err) ==
+                    0)
                         offered(n, out);
                 return;
         }
@@ -404,7 +405,7 @@ static void offer_n(size_t n)
                 refs[i] = i;
                 fds[i] = dup(memfd);
         }
-        if (broker_offer(pool, reg[0], sizes, refs, fds, NULL, n, out, err) != 0)
+        if (broker_offer(broker, reg[0], sizes, refs, fds, NULL, n, out, err) != 0)
                 for (size_t i = 0; i < n; i++)
                         close(fds[i]);
         else
@@ -424,7 +425,7 @@ static void borrow_some(int g, uint64_t bytes)
 
         if (!reg[g])
                 return;
-        if (broker_borrow(pool, reg[g], bytes, 0, false, &grant, err) != 0 || !grant.lease)
+        if (broker_borrow(broker, reg[g], bytes, 0, false, &grant, err) != 0 || !grant.lease)
                 return;
         for (struct list_node *x = grant.lease->chunks.next; x != &grant.lease->chunks;
              x = x->next) {
@@ -455,13 +456,13 @@ static void give_back(int g, bool asked_only)
 
                 if (maps[i].ident != k || maps[i].gpu != g)
                         continue;
-                c = broker_find_chunk(pool, maps[i].chunk);
+                c = broker_find_chunk(broker, maps[i].chunk);
                 if (asked_only && c && c->state != CHUNK_RECLAIMING)
                         continue;
                 /* Unmapped first, then returned: the order libaqua keeps. */
                 uint64_t lease = maps[i].lease, chunk = maps[i].chunk;
                 map_drop(i);
-                (void)broker_return(pool, reg[g], lease, &chunk, 1, 0, NULL, err);
+                (void)broker_return(broker, reg[g], lease, &chunk, 1, 0, NULL, err);
         }
 }
 
@@ -469,14 +470,14 @@ static void restart(void)
 {
         struct journal *j = NULL;
 
-        (void)broker_commit(pool);
-        pool = broker_free(pool);
+        (void)broker_commit(broker);
+        broker = broker_free(broker);
         tally.restarts++;
         memset(reg, 0, sizeof(reg));
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        pool->settings.liveness = liveness;
-        cr_assert_eq(journal_open(journal_path, broker_apply, pool, &j, NULL), 0);
-        broker_attach_journal(pool, j, 1 << 16);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        broker->settings.liveness = liveness;
+        cr_assert_eq(journal_open(journal_path, broker_apply, broker, &j, NULL), 0);
+        broker_attach_journal(broker, j, 1 << 16);
 }
 
 /* k's process dies (a remote one: its host): its connections close, its mappings go. */
@@ -485,9 +486,9 @@ static void die(int k)
         for (int g = 0; g < GPUS; g++)
                 if (reg[g] && owner_of[g] == k && reg[g]->owner == &clients[k][g]) {
                         if (ids[k].who.remote)
-                                broker_gpu_detach(pool, reg[g]); /* no EOF across hosts */
+                                broker_gpu_detach(broker, reg[g]); /* no EOF across hosts */
                         else
-                                broker_gpu_gone(pool, reg[g]);
+                                broker_gpu_gone(broker, reg[g]);
                         reg[g] = NULL;
                 }
         for (size_t i = n_maps; i-- > 0;)
@@ -501,7 +502,7 @@ static void cut(int g)
 {
         if (reg[g] && ids[owner_of[g]].who.remote) {
                 tally.cuts++;
-                broker_gpu_detach(pool, reg[g]);
+                broker_gpu_detach(broker, reg[g]);
                 reg[g] = NULL;
         }
 }
@@ -510,7 +511,7 @@ static void cut(int g)
  * aquad quarantines (a local holder that runs). */
 static void release_random(int g)
 {
-        struct gpu *x = broker_find_gpu(pool, names[g]);
+        struct gpu *x = broker_find_gpu(broker, names[g]);
         char err[BROKER_ERR_MAX];
         bool force = next() & 1;
 
@@ -521,7 +522,7 @@ static void release_random(int g)
                         if (is_ident(&x->custody.who, k) && ids[k].alive)
                                 force = false; /* the operator's word would be wrong */
         size_t q = 0;
-        if (broker_release(pool, x, force, &q, err) == 0)
+        if (broker_release(broker, x, force, &q, err) == 0)
                 tally.releases++;
         tally.quarantined += q;
 }
@@ -578,7 +579,7 @@ static void step(void)
                 if (next() % 4 == 0) {
                         /* An operator pins whoever holds the two GPUs now. */
                         char err[BROKER_ERR_MAX];
-                        (void)broker_pin(pool, names[0], names[1 + next() % 2], err);
+                        (void)broker_pin(broker, names[0], names[1 + next() % 2], err);
                 } else
                         release_random(g);
                 break;
@@ -586,14 +587,14 @@ static void step(void)
                 struct broker_reclaim r = {0};
                 char err[BROKER_ERR_MAX];
                 if (reg[0])
-                        (void)broker_reclaim(pool, reg[0], 2 * MiB * (1 + next() % 4), false, false,
-                                             "load", &r, err);
+                        (void)broker_reclaim(broker, reg[0], 2 * MiB * (1 + next() % 4), false,
+                                             false, "load", &r, err);
                 broker_reclaim_clear(&r);
                 break;
         }
         default:
                 clock_ns += NSEC_PER_SEC / 2;
-                broker_tick(pool, now_mono_ns() + clock_ns);
+                broker_tick(broker, now_mono_ns() + clock_ns);
                 break;
         }
         deliver();
@@ -622,10 +623,10 @@ static void begin(uint64_t seed)
         scrubs_asked = handed_back = 0;
         for (size_t i = 0; i < MAX_OFFERED; i++)
                 offered_by[i] = -1;
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        pool->settings.liveness = liveness;
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        broker->settings.liveness = liveness;
         cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
-        broker_attach_journal(pool, j, 1 << 16);
+        broker_attach_journal(broker, j, 1 << 16);
 }
 
 static void end(void)
@@ -633,7 +634,7 @@ static void end(void)
         char cmd[128];
 
         deliver();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
         cr_assert_eq(system(cmd), 0);
 }
@@ -687,7 +688,7 @@ static void tenant_borrows(int tenant)
 
 static size_t leases_of(int g)
 {
-        struct gpu *x = broker_find_gpu(pool, names[g]);
+        struct gpu *x = broker_find_gpu(broker, names[g]);
         return x ? list_length(&x->leases) : 0;
 }
 
@@ -763,10 +764,10 @@ Test(custody, a_release_of_a_live_holder_is_refused_and_force_quarantines_until_
         tenant_borrows(TENANT);
         restart();
         cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
-        a = broker_find_gpu(pool, "GPU-A");
-        cr_assert_eq(broker_release(pool, a, false, NULL, err), E(BUSY));
+        a = broker_find_gpu(broker, "GPU-A");
+        cr_assert_eq(broker_release(broker, a, false, NULL, err), E(BUSY));
         cr_assert(strstr(err, "still runs") && strstr(err, "pid"), "%s", err);
-        cr_assert_eq(broker_release(pool, a, true, &q, err), 0, "%s", err);
+        cr_assert_eq(broker_release(broker, a, true, &q, err), 0, "%s", err);
         cr_assert_eq(q, 4);
         deliver();
         cr_assert_eq(scrubs_asked, 0, "nothing the tenant maps is scrubbed");
@@ -774,7 +775,7 @@ Test(custody, a_release_of_a_live_holder_is_refused_and_force_quarantines_until_
         cr_assert_eq(hello(NOBODY, A, true), 0, "%s", last_err);
         borrow_some(A, 2 * MiB);
         cr_assert_eq(leases_of(A), 0);
-        cr_assert_eq(broker_reclaim(pool, reg[P], 0, true, false, "load", &r, err), 0, "%s", err);
+        cr_assert_eq(broker_reclaim(broker, reg[P], 0, true, false, "load", &r, err), 0, "%s", err);
         cr_assert_eq(r.n_free, 0);
         cr_assert_eq(r.n_pending, 4, "they come back once the process is gone");
         broker_reclaim_clear(&r);
@@ -782,10 +783,10 @@ Test(custody, a_release_of_a_live_holder_is_refused_and_force_quarantines_until_
         cr_assert_eq(handed_back, 0);
         check_invariant();
         die(TENANT);
-        broker_tick(pool, now_mono_ns() + 5 * NSEC_PER_SEC);
+        broker_tick(broker, now_mono_ns() + 5 * NSEC_PER_SEC);
         deliver();
         cr_assert_eq(handed_back, 4, "its producer gets them back now");
-        cr_assert_eq(pool->n_quarantined, 0);
+        cr_assert_eq(broker->n_quarantined, 0);
         cr_assert_eq(violations, 0, "%s", why);
         end();
 }
@@ -805,9 +806,9 @@ Test(custody, a_consumer_borrows_only_from_a_lender_of_its_own_tenant)
         borrow_some(A, 8 * MiB);
         cr_assert_eq(n_maps, 0, "the consumer was granted a stranger's memory");
         /* An operator's pin across tenants stands as a pin but pairs nobody, and says why. */
-        cr_assert_eq(broker_pin(pool, "GPU-P", "GPU-A", err), 0, "%s", err);
+        cr_assert_eq(broker_pin(broker, "GPU-P", "GPU-A", err), 0, "%s", err);
         cr_assert_null(reg[A]->paired, "a pin joined two tenants");
-        cr_assert_eq(broker_view_refused_pins(pool, refused, 4), 1);
+        cr_assert_eq(broker_view_refused_pins(broker, refused, 4), 1);
         cr_assert(strstr(refused[0].why, "user:1002") && strstr(refused[0].why, "team"), "%s",
                   refused[0].why);
         borrow_some(A, 8 * MiB);
@@ -818,7 +819,7 @@ Test(custody, a_consumer_borrows_only_from_a_lender_of_its_own_tenant)
         cr_assert_eq(hello(ROOT, P, true), 0, "%s", last_err);
         offer_n(4);
         cr_assert_eq(reg[A]->paired, reg[P], "the pin stands now");
-        cr_assert_eq(broker_view_refused_pins(pool, refused, 4), 0);
+        cr_assert_eq(broker_view_refused_pins(broker, refused, 4), 0);
         borrow_some(A, 4 * MiB);
         cr_assert_eq(n_maps, 2);
         check_invariant();
@@ -854,7 +855,7 @@ Test(custody, a_gpu_claimed_without_evidence_is_refused_naming_it)
         cr_assert(strstr(last_err, "GPU-P") && strstr(last_err, "uid 65534") &&
                       strstr(last_err, "no device node"),
                   "%s", last_err);
-        cr_assert_null(broker_find_gpu(pool, "GPU-P"), "the claim left a GPU behind");
+        cr_assert_null(broker_find_gpu(broker, "GPU-P"), "the claim left a GPU behind");
         cr_assert_eq(hello(PRODUCER, P, true), 0, "%s", last_err);
         cr_assert_eq(violations, 0, "%s", why);
         end();

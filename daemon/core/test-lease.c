@@ -11,7 +11,7 @@
 #define MiB     (UINT64_C(1) << 20)
 #define E(name) BROKER_E_##name
 
-static struct broker *pool;
+static struct broker *broker;
 static struct gpu *producer, *consumer;
 /* The pool never looks inside the transport's clients: any object stands in for one. */
 struct client {
@@ -66,7 +66,7 @@ static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
                                  .client_name = uuid};
         struct broker_welcome w = {0};
 
-        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        cr_assert_eq(broker_register(broker, &h, owner, &w, err), 0, "%s", err);
         if (w.new_secret)
                 memcpy(secret_of(uuid, true), w.secret, BROKER_SECRET_LEN);
         if (ret)
@@ -79,7 +79,7 @@ static struct gpu *hello(const char *uuid, enum gpu_role role, const char *peer,
 static void setup(void)
 {
         memset(secrets, 0, sizeof(secrets));
-        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         consumer =
@@ -93,7 +93,7 @@ static void drain_notices(void);
 static void teardown(void)
 {
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
         if (dir[0]) {
                 char cmd[128];
                 snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -115,7 +115,7 @@ static void offer(size_t n, uint64_t *ret_ids)
                 cr_assert_geq(fds[i], 0);
         }
         cr_assert_eq(
-            broker_offer(pool, producer, sizes, refs, fds, NULL, n, ret_ids ? ret_ids : ids, err),
+            broker_offer(broker, producer, sizes, refs, fds, NULL, n, ret_ids ? ret_ids : ids, err),
             0, "%s", err);
         for (size_t i = 0; i < n; i++)
                 cr_assert_eq(fds[i], -1, "the pool takes the descriptors");
@@ -129,12 +129,12 @@ static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size
         struct list_node list = LIST_HEAD_INIT(list), *pos, *tmp;
         size_t count = 0;
 
-        broker_take_notices(pool, &list);
+        broker_take_notices(broker, &list);
         list_for_each(pos, tmp, &list)
         {
                 struct notice *m = list_entry(pos, struct notice, node);
                 if (m->kind == NOTICE_RECLAIM)
-                        broker_reclaim_delivered(pool, m->lease_id, m->chunk_ids, m->n_chunk_ids,
+                        broker_reclaim_delivered(broker, m->lease_id, m->chunk_ids, m->n_chunk_ids,
                                                  m->deadline_ms);
                 if (m->kind == kind && m->gpu == to) {
                         if (count == 0 && ids) {
@@ -152,13 +152,13 @@ static size_t notices(enum notice_kind kind, struct gpu *to, uint64_t *ids, size
 
 static void drain_notices(void)
 {
-        if (pool)
+        if (broker)
                 notices(_NOTICE_KIND_MAX, NULL, NULL, NULL, NULL, 0);
 }
 
 static struct lease *borrow(uint64_t bytes, uint64_t min, bool dram, struct broker_grant *g)
 {
-        cr_assert_eq(broker_borrow(pool, consumer, bytes, min, dram, g, err), 0, "%s", err);
+        cr_assert_eq(broker_borrow(broker, consumer, bytes, min, dram, g, err), 0, "%s", err);
         return g->lease;
 }
 
@@ -195,7 +195,7 @@ Test(lease, the_views_agree_with_the_books)
 
         offer(4, ids);
         borrow(6 * MiB, 6 * MiB, true, &g);
-        broker_totals(pool, &t);
+        broker_totals(broker, &t);
         cr_assert_eq(t.gpus, 2);
         cr_assert_eq(t.pairs, 1);
         cr_assert_eq(t.leases, 1);
@@ -207,9 +207,9 @@ Test(lease, the_views_agree_with_the_books)
         cr_assert_eq(t.leases_by_state[LEASE_GRANTED], 1);
         cr_assert_eq(t.gpus_by_role[GPU_ROLE_PRODUCER], 1);
 
-        cr_assert_eq(broker_view_gpus(pool, gv, 4), 2);
-        cr_assert_eq(broker_view_gpus(pool, gv, 1), 1, "cut at max");
-        n = broker_view_gpus(pool, gv, 4);
+        cr_assert_eq(broker_view_gpus(broker, gv, 4), 2);
+        cr_assert_eq(broker_view_gpus(broker, gv, 1), 1, "cut at max");
+        n = broker_view_gpus(broker, gv, 4);
         for (size_t i = 0; i < n; i++) {
                 bool prod = gv[i].role == GPU_ROLE_PRODUCER;
                 cr_assert_str_eq(gv[i].paired_with, prod ? consumer->uuid : producer->uuid);
@@ -217,17 +217,17 @@ Test(lease, the_views_agree_with_the_books)
                 cr_assert_eq(gv[i].owner, prod ? &producer_client : &consumer_client);
         }
 
-        cr_assert_eq(broker_view_leases(pool, now_mono_ns(), lv, 2), 1);
+        cr_assert_eq(broker_view_leases(broker, now_mono_ns(), lv, 2), 1);
         cr_assert_eq(lv[0].id, g.lease->id);
         cr_assert_eq(lv[0].chunks, 3);
         cr_assert_str_eq(lv[0].consumer_uuid, consumer->uuid);
 
-        n = broker_view_chunks(pool, cv, 8);
+        n = broker_view_chunks(broker, cv, 8);
         cr_assert_eq(n, 4);
         for (size_t i = 0; i < n; i++)
                 leased += cv[i].lease_id == g.lease->id && !strcmp(cv[i].condition, "leased");
         cr_assert_eq(leased, 3);
-        cr_assert_eq(broker_view_chunks(pool, cv, 2), 2, "cut at max");
+        cr_assert_eq(broker_view_chunks(broker, cv, 2), 2, "cut at max");
 
         cr_assert_eq(broker_grant_size(&g), 3);
         cr_assert_eq(broker_grant_lease_id(&g), g.lease->id);
@@ -240,8 +240,8 @@ Test(lease, the_views_agree_with_the_books)
         }
         cr_assert_eq(sum, g.lease->bytes);
 
-        broker_report_load(pool, consumer, &(struct broker_load){.load = 0.25, .migrations = 7});
-        n = broker_view_gpus(pool, gv, 4);
+        broker_report_load(broker, consumer, &(struct broker_load){.load = 0.25, .migrations = 7});
+        n = broker_view_gpus(broker, gv, 4);
         for (size_t i = 0; i < n; i++)
                 if (gv[i].role == GPU_ROLE_CONSUMER)
                         cr_assert_eq(gv[i].reported.migrations, 7);
@@ -265,16 +265,17 @@ Test(lease, a_return_naming_chunks_returned_already_returns_the_rest)
                 ids[i] = list_entry(k, struct chunk, lease_node)->id;
         }
         first = ids[0];
-        cr_assert_eq(broker_return(pool, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(broker_return(broker, consumer, lease_id, &first, 1, 0, &n, err), 0, "%s",
+                     err);
         cr_assert_eq(n, 1);
         /* The first again, with the second: the second goes back, the first is skipped. */
         stale[0] = ids[0];
         stale[1] = ids[1];
-        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
+        cr_assert_eq(broker_return(broker, consumer, lease_id, stale, 2, 0, &n, err), 0, "%s", err);
         cr_assert_eq(n, 1);
         cr_assert_eq(l->n_chunks, 1);
         /* Only stale ids: refused, nothing changes. */
-        cr_assert_eq(broker_return(pool, consumer, lease_id, stale, 2, 0, &n, err),
+        cr_assert_eq(broker_return(broker, consumer, lease_id, stale, 2, 0, &n, err),
                      E(UNKNOWN_CHUNK));
         cr_assert_eq(l->n_chunks, 1);
 }
@@ -289,7 +290,7 @@ Test(lease, borrow_makes_up_the_rest_with_dram_budget)
         cr_assert_eq(g.dram_bytes, 4 * MiB);
         cr_assert_not(g.partial);
         cr_assert_eq(consumer->dram_bytes, 4 * MiB);
-        cr_assert_eq(pool->dram_granted, 4 * MiB);
+        cr_assert_eq(broker->dram_granted, 4 * MiB);
 }
 
 Test(lease, borrow_grants_partially_when_min_bytes_is_met)
@@ -307,9 +308,10 @@ Test(lease, borrow_grants_nothing_below_min_bytes)
         struct broker_grant g;
 
         offer(1, NULL);
-        cr_assert_eq(broker_borrow(pool, consumer, 8 * MiB, 4 * MiB, false, &g, err), E(NO_MEMORY));
+        cr_assert_eq(broker_borrow(broker, consumer, 8 * MiB, 4 * MiB, false, &g, err),
+                     E(NO_MEMORY));
         cr_assert(strstr(err, "GPU-P"), "%s", err);
-        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker->n_leases, 0);
         cr_assert_eq(list_length(&producer->free_chunks), 1);
 }
 
@@ -320,7 +322,7 @@ Test(lease, borrow_stops_at_the_lease_limit)
         offer(8, NULL);
         for (int i = 0; i < 4; i++)
                 borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(LIMIT));
+        cr_assert_eq(broker_borrow(broker, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(LIMIT));
 }
 
 Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
@@ -333,9 +335,11 @@ Test(lease, offer_refuses_more_chunks_than_the_pool_limit)
                 sizes[i] = 2 * MiB;
                 fds[i] = -1;
         }
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 65, ids, err), E(LIMIT));
+        cr_assert_eq(broker_offer(broker, producer, sizes, refs, fds, NULL, 65, ids, err),
+                     E(LIMIT));
         sizes[0] = 3 * MiB;
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err), E(INVALID));
+        cr_assert_eq(broker_offer(broker, producer, sizes, refs, fds, NULL, 1, ids, err),
+                     E(INVALID));
         cr_assert(strstr(err, "granularity"), "%s", err);
 }
 
@@ -347,10 +351,10 @@ Test(lease, reclaim_frees_unleased_chunks_at_once)
         offer(4, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
         cr_assert_eq(
-            broker_reclaim(pool, producer, 4 * MiB, false, false, "producer load", &r, err), 0);
+            broker_reclaim(broker, producer, 4 * MiB, false, false, "producer load", &r, err), 0);
         cr_assert_eq(r.n_free, 2);
         cr_assert_eq(r.n_pending, 0);
-        cr_assert_eq(pool->n_chunks, 2);
+        cr_assert_eq(broker->n_chunks, 2);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 0);
         broker_reclaim_clear(&r);
 }
@@ -368,7 +372,7 @@ Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
         offer(2, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
         cr_assert_eq(
-            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
+            broker_reclaim(broker, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
         cr_assert_eq(r.n_free, 0);
         cr_assert_eq(r.n_pending, 1);
         cr_assert_eq(r.deadline_ms, 100);
@@ -380,14 +384,15 @@ Test(lease, reclaim_waits_for_the_consumer_to_return_leased_chunks)
 
         /* Nothing goes back to the producer while the consumer maps it. */
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
-        cr_assert_eq(broker_return(pool, consumer, l->id, ids, 1, 0, &returned, err), 0, "%s", err);
+        cr_assert_eq(broker_return(broker, consumer, l->id, ids, 1, 0, &returned, err), 0, "%s",
+                     err);
         cr_assert_eq(returned, 1);
         n = 0;
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, ids, &n, NULL, 0), 1);
         cr_assert_eq(ids[0], r.pending_ids[0]);
         cr_assert_eq(l->state, LEASE_GRANTED);
         cr_assert_eq(l->n_chunks, 1);
-        cr_assert_eq(pool->n_chunks, 1);
+        cr_assert_eq(broker->n_chunks, 1);
         broker_reclaim_clear(&r);
 }
 
@@ -401,20 +406,21 @@ Test(lease, a_missed_deadline_bars_the_consumer_and_keeps_its_chunks_from_the_pr
         offer(2, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
         lease_id = l->id;
-        cr_assert_eq(broker_reclaim(pool, producer, 0, true, false, "producer load", &r, err), 0);
+        cr_assert_eq(broker_reclaim(broker, producer, 0, true, false, "producer load", &r, err), 0);
         drain_notices();
-        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        broker_tick(broker, now_mono_ns() + 10 * NSEC_PER_SEC);
         cr_assert(consumer->barred);
         cr_assert(l->overdue);
-        cr_assert_eq(pool->stats.deadline_misses, 1);
+        cr_assert_eq(broker->stats.deadline_misses, 1);
         cr_assert_eq(l->n_chunks, 2, "overdue chunks stay with the consumer");
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
         offer(1, NULL);
-        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 0, true, &g, err), E(BARRED));
+        cr_assert_eq(broker_borrow(broker, consumer, 2 * MiB, 0, true, &g, err), E(BARRED));
 
         /* Late, but returned: only now does the producer get them. */
-        cr_assert_eq(broker_return(pool, consumer, lease_id, NULL, 0, 0, NULL, err), 0, "%s", err);
-        cr_assert_null(broker_find_lease(pool, lease_id));
+        cr_assert_eq(broker_return(broker, consumer, lease_id, NULL, 0, 0, NULL, err), 0, "%s",
+                     err);
+        cr_assert_null(broker_find_lease(broker, lease_id));
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
         broker_reclaim_clear(&r);
 }
@@ -428,10 +434,10 @@ Test(lease, return_refuses_a_chunk_of_another_lease)
         borrow(2 * MiB, 2 * MiB, false, &a);
         borrow(2 * MiB, 2 * MiB, false, &b);
         other = list_entry(b.lease->chunks.next, struct chunk, lease_node)->id;
-        cr_assert_eq(broker_return(pool, consumer, a.lease->id, &other, 1, 0, NULL, err),
+        cr_assert_eq(broker_return(broker, consumer, a.lease->id, &other, 1, 0, NULL, err),
                      E(UNKNOWN_CHUNK));
-        cr_assert_eq(broker_return(pool, consumer, 999, NULL, 0, 0, NULL, err), E(UNKNOWN_LEASE));
-        cr_assert_eq(broker_return(pool, consumer, 0, NULL, 0, MiB, NULL, err), E(INVALID));
+        cr_assert_eq(broker_return(broker, consumer, 999, NULL, 0, 0, NULL, err), E(UNKNOWN_LEASE));
+        cr_assert_eq(broker_return(broker, consumer, 0, NULL, 0, MiB, NULL, err), E(INVALID));
 }
 
 Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
@@ -440,9 +446,9 @@ Test(lease, a_voluntary_return_puts_chunks_back_in_the_pool)
 
         offer(2, NULL);
         borrow(4 * MiB, 4 * MiB, true, &g);
-        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(broker, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
         cr_assert_eq(list_length(&producer->free_chunks), 2);
-        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker->n_leases, 0);
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 0);
 }
 
@@ -457,10 +463,10 @@ Test(lease, returning_a_lease_aquad_already_ended_is_done)
         offer(2, NULL);
         borrow(4 * MiB, 4 * MiB, true, &g);
         id = g.lease->id;
-        cr_assert_eq(broker_return(pool, consumer, id, NULL, 0, 0, NULL, err), 0);
-        cr_assert_eq(broker_return(pool, consumer, id, NULL, 0, 0, &returned, err), 0, "%s", err);
+        cr_assert_eq(broker_return(broker, consumer, id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(broker, consumer, id, NULL, 0, 0, &returned, err), 0, "%s", err);
         cr_assert_eq(returned, 0);
-        cr_assert_eq(broker_return(pool, consumer, id + 1000, NULL, 0, 0, NULL, err),
+        cr_assert_eq(broker_return(broker, consumer, id + 1000, NULL, 0, 0, NULL, err),
                      E(UNKNOWN_LEASE), "a lease never granted");
         cr_assert_eq(list_length(&producer->free_chunks), 2);
 }
@@ -472,12 +478,12 @@ Test(lease, consumer_death_returns_its_chunks_and_dram_to_the_pool)
 
         offer(3, NULL);
         borrow(8 * MiB, 2 * MiB, true, &g);
-        cr_assert_eq(broker_reclaim(pool, producer, 2 * MiB, false, false, "x", &r, err), 0);
+        cr_assert_eq(broker_reclaim(broker, producer, 2 * MiB, false, false, "x", &r, err), 0);
         cr_assert_eq(r.n_pending, 1);
         drain_notices();
-        broker_gpu_gone(pool, consumer);
-        cr_assert_eq(pool->n_leases, 0);
-        cr_assert_eq(pool->dram_granted, 0);
+        broker_gpu_gone(broker, consumer);
+        cr_assert_eq(broker->n_leases, 0);
+        cr_assert_eq(broker->dram_granted, 0);
         cr_assert_eq(list_length(&producer->free_chunks), 2);
         /* The chunk it was asked to return goes to the producer now that nothing maps it. */
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
@@ -494,17 +500,17 @@ Test(lease, producer_death_keeps_leased_chunks_and_asks_consumers_to_move_off)
 
         offer(3, NULL);
         l = borrow(4 * MiB, 4 * MiB, false, &g);
-        broker_gpu_gone(pool, producer);
-        cr_assert_eq(pool->n_chunks, 2, "the free chunk is dropped, the leased ones stay");
+        broker_gpu_gone(broker, producer);
+        cr_assert_eq(broker->n_chunks, 2, "the free chunk is dropped, the leased ones stay");
         cr_assert_eq(l->state, LEASE_RECLAIMING);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, ids, &n, reason, sizeof(reason)), 1);
         cr_assert_eq(n, 2);
         cr_assert_str_eq(reason, "producer gone");
-        broker_tick(pool, now_mono_ns() + 100 * NSEC_PER_SEC);
+        broker_tick(broker, now_mono_ns() + 100 * NSEC_PER_SEC);
         cr_assert_not(consumer->barred, "no deadline when the producer is gone");
-        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0);
-        cr_assert_eq(pool->n_chunks, 0);
-        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker_return(broker, consumer, l->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker->n_chunks, 0);
+        cr_assert_eq(broker->n_leases, 0);
 }
 
 /* Found by fuzz-core: a lease whose chunks all came back unusable still names its producer. */
@@ -521,16 +527,16 @@ Test(lease, a_producer_gone_under_a_lease_emptied_by_unusable_chunks_outlives_it
                 ids[i] =
                     list_entry(i ? l->chunks.next->next : l->chunks.next, struct chunk, lease_node)
                         ->id;
-        cr_assert_eq(broker_return_unusable(pool, consumer, l->id, ids, 2, err), 0, "%s", err);
+        cr_assert_eq(broker_return_unusable(broker, consumer, l->id, ids, 2, err), 0, "%s", err);
         cr_assert_eq(l->n_chunks, 0, "the lease stays, empty, for the consumer's Return");
         drain_notices(); /* the producer heard of them: nothing else holds it */
-        broker_gpu_gone(pool, producer);
-        p = broker_find_gpu(pool, "GPU-P");
+        broker_gpu_gone(broker, producer);
+        p = broker_find_gpu(broker, "GPU-P");
         cr_assert_not_null(p, "the lease still names its producer");
         cr_assert_eq(l->producer, p);
-        cr_assert_eq(broker_return(pool, consumer, l->id, NULL, 0, 0, NULL, err), 0, "%s", err);
-        cr_assert_eq(pool->n_leases, 0);
-        cr_assert_eq(broker_check(pool, err), 0, "%s", err);
+        cr_assert_eq(broker_return(broker, consumer, l->id, NULL, 0, 0, NULL, err), 0, "%s", err);
+        cr_assert_eq(broker->n_leases, 0);
+        cr_assert_eq(broker_check(broker, err), 0, "%s", err);
 }
 
 Test(lease, drain_takes_everything_back_and_stops_grants)
@@ -540,12 +546,13 @@ Test(lease, drain_takes_everything_back_and_stops_grants)
 
         offer(3, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(broker_drain(pool, producer, &r, err), 0);
+        cr_assert_eq(broker_drain(broker, producer, &r, err), 0);
         cr_assert_eq(r.n_free, 2);
         cr_assert_eq(r.n_pending, 1);
         cr_assert(producer->draining);
         cr_assert_eq(notices(NOTICE_RECLAIMED, producer, NULL, NULL, NULL, 0), 1);
-        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
+        cr_assert_eq(broker_borrow(broker, consumer, 2 * MiB, 2 * MiB, false, &g, err),
+                     E(NO_MEMORY));
         broker_reclaim_clear(&r);
 }
 
@@ -570,7 +577,7 @@ static void with_journal(void)
         cr_assert_not_null(mkdtemp(dir));
         snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
         cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
-        broker_attach_journal(pool, j, 1 << 20);
+        broker_attach_journal(broker, j, 1 << 20);
 }
 
 Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_lost)
@@ -584,13 +591,13 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
         with_journal();
         offer(3, chunk_ids);
         lease_id = borrow(4 * MiB, 4 * MiB, true, &g)->id;
-        cr_assert_eq(broker_commit(pool), 0);
-        pool = broker_free(pool); /* the daemon dies */
+        cr_assert_eq(broker_commit(broker), 0);
+        broker = broker_free(broker); /* the daemon dies */
 
-        pool = restart();
-        cr_assert_eq(pool->n_chunks, 3);
-        cr_assert_eq(pool->n_leases, 1);
-        consumer = broker_find_gpu(pool, "GPU-C");
+        broker = restart();
+        cr_assert_eq(broker->n_chunks, 3);
+        cr_assert_eq(broker->n_leases, 1);
+        consumer = broker_find_gpu(broker, "GPU-C");
         cr_assert(consumer->restored);
 
         /* The consumer holds its lease and claims one the daemon never granted. */
@@ -622,8 +629,8 @@ Test(lease, a_restart_keeps_leases_both_sides_re_register_and_reports_the_rest_l
         for (int i = 0; i < 3; i++)
                 cr_assert_eq(fds[i], -1);
 
-        cr_assert_eq(pool->n_leases, 1);
-        cr_assert_eq(broker_find_lease(pool, lease_id)->n_chunks, 2);
+        cr_assert_eq(broker->n_leases, 1);
+        cr_assert_eq(broker_find_lease(broker, lease_id)->n_chunks, 2);
         cr_assert_eq(list_length(&producer->free_chunks), 1);
         /* A new grant does not reuse an id from before the restart. */
         cr_assert_gt(borrow(2 * MiB, 2 * MiB, false, &g)->id, lease_id);
@@ -640,35 +647,35 @@ Test(lease, a_drain_outlives_its_producers_restart_and_aquads_until_undrained)
 
         with_journal();
         offer(1, NULL);
-        cr_assert_eq(broker_drain(pool, producer, &r, err), 0, "%s", err);
+        cr_assert_eq(broker_drain(broker, producer, &r, err), 0, "%s", err);
         broker_reclaim_clear(&r);
         drain_notices();
-        broker_gpu_gone(pool, producer);
+        broker_gpu_gone(broker, producer);
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         cr_assert(producer->draining, "a new client of the GPU ended the drain");
         fds[0] = memfd_create("chunk", MFD_CLOEXEC);
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, fds, NULL, 1, ids, err),
+        cr_assert_eq(broker_offer(broker, producer, sizes, refs, fds, NULL, 1, ids, err),
                      E(DRAINING));
         cr_assert(strstr(err, "drained by an operator") && strstr(err, "aquactl undrain"), "%s",
                   err);
         close(fds[0]);
 
-        cr_assert_eq(broker_commit(pool), 0);
-        pool = broker_free(pool); /* the daemon dies */
-        pool = restart();
-        cr_assert(broker_find_gpu(pool, "GPU-P")->draining, "the restart ended the drain");
+        cr_assert_eq(broker_commit(broker), 0);
+        broker = broker_free(broker); /* the daemon dies */
+        broker = restart();
+        cr_assert(broker_find_gpu(broker, "GPU-P")->draining, "the restart ended the drain");
         consumer =
             hello("GPU-C", GPU_ROLE_CONSUMER, "GPU-P", &consumer_client, NULL, 0, NULL, NULL);
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         cr_assert(producer->draining);
 
-        cr_assert_eq(broker_admin_undrain(pool, "GPU-P", err), 0, "%s", err);
-        cr_assert_eq(broker_admin_undrain(pool, "GPU-P", err), E(INVALID));
+        cr_assert_eq(broker_admin_undrain(broker, "GPU-P", err), 0, "%s", err);
+        cr_assert_eq(broker_admin_undrain(broker, "GPU-P", err), E(INVALID));
         cr_assert(strstr(err, "is not draining"), "%s", err);
         offer(1, NULL);
-        cr_assert_eq(broker_check(pool, err), 0, "%s", err);
+        cr_assert_eq(broker_check(broker, err), 0, "%s", err);
 }
 
 static enum proc_liveness holder_liveness = PROC_UNKNOWN;
@@ -685,26 +692,26 @@ Test(lease, a_restart_releases_what_a_client_that_never_returns_held_once_it_is_
         with_journal();
         offer(2, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(broker_commit(pool), 0);
-        pool = broker_free(pool);
+        cr_assert_eq(broker_commit(broker), 0);
+        broker = broker_free(broker);
 
-        pool = restart();
+        broker = restart();
         producer =
             hello("GPU-P", GPU_ROLE_PRODUCER, "GPU-C", &producer_client, NULL, 0, NULL, NULL);
         /* It re-registered holding nothing: everything of it is dropped, the lease orphaned. */
-        cr_assert_eq(pool->n_leases, 1);
-        pool->settings.liveness = liveness;
+        cr_assert_eq(broker->n_leases, 1);
+        broker->settings.liveness = liveness;
         holder_liveness = PROC_UNKNOWN;
-        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
+        broker_tick(broker, now_mono_ns() + 10 * NSEC_PER_SEC);
         /* Silent, and nobody can say its process is gone: it may still map the lease. */
-        cr_assert_eq(pool->n_leases, 1);
-        cr_assert(broker_find_gpu(pool, "GPU-C")->held_alive);
+        cr_assert_eq(broker->n_leases, 1);
+        cr_assert(broker_find_gpu(broker, "GPU-C")->held_alive);
         holder_liveness = PROC_GONE;
-        broker_tick(pool, now_mono_ns() + 20 * NSEC_PER_SEC);
+        broker_tick(broker, now_mono_ns() + 20 * NSEC_PER_SEC);
         /* The consumer never came back and its process is gone: its lease is gone. */
-        cr_assert_eq(pool->n_leases, 0);
-        cr_assert_eq(pool->stats.leases_lost, 1);
-        cr_assert_eq(pool->n_chunks, 0);
+        cr_assert_eq(broker->n_leases, 0);
+        cr_assert_eq(broker->stats.leases_lost, 1);
+        cr_assert_eq(broker->n_chunks, 0);
 }
 
 Test(lease, a_snapshot_replays_to_the_same_state)
@@ -715,10 +722,10 @@ Test(lease, a_snapshot_replays_to_the_same_state)
 
         offer(4, NULL);
         borrow(4 * MiB, 4 * MiB, true, &g);
-        cr_assert_eq(broker_return(pool, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
+        cr_assert_eq(broker_return(broker, consumer, g.lease->id, NULL, 0, 0, NULL, err), 0);
         borrow(12 * MiB, 12 * MiB, true, &g);
-        cr_assert_eq(broker_pin(pool, "GPU-P", "GPU-C", err), 0, "%s", err);
-        cr_assert_eq(broker_snapshot(pool, &snap), 0);
+        cr_assert_eq(broker_pin(broker, "GPU-P", "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(broker_snapshot(broker, &snap), 0);
         cr_assert_eq(broker_new(&settings, &copy), 0);
         cr_assert_eq(broker_apply(snap, copy), 0);
         cr_assert_eq(copy->n_chunks, 4);
@@ -727,7 +734,7 @@ Test(lease, a_snapshot_replays_to_the_same_state)
         cr_assert_eq(copy->dram_granted, 4 * MiB);
         cr_assert_eq(broker_find_gpu(copy, "GPU-C")->dram_bytes, 4 * MiB);
         cr_assert_eq(copy->n_pins, 1);
-        cr_assert_eq(copy->next_lease_id, pool->next_lease_id);
+        cr_assert_eq(copy->next_lease_id, broker->next_lease_id);
         aquaj__journal_record__free_unpacked(snap, NULL);
         broker_free(copy);
 }
@@ -745,13 +752,13 @@ Test(lease, a_restart_asks_a_re_registering_consumer_again_for_what_is_being_rec
         offer(2, chunk_ids);
         lease_id = borrow(4 * MiB, 4 * MiB, false, &g)->id;
         cr_assert_eq(
-            broker_reclaim(pool, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
+            broker_reclaim(broker, producer, 2 * MiB, false, false, "producer load", &r, err), 0);
         broker_reclaim_clear(&r);
-        cr_assert_eq(broker_commit(pool), 0);
+        cr_assert_eq(broker_commit(broker), 0);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 
-        pool = restart();
+        broker = restart();
         for (int i = 0; i < 2; i++) {
                 held[i] = (struct broker_held){0};
                 held[i].chunk_id = chunk_ids[i];
@@ -777,7 +784,7 @@ static void offer_fabric(size_t n, uint8_t *ret_handles)
                 memset(ret_handles + i * BROKER_FABRIC_HANDLE_SIZE, 0xa0 + (int)i,
                        BROKER_FABRIC_HANDLE_SIZE);
         }
-        cr_assert_eq(broker_offer(pool, producer, sizes, refs, NULL, ret_handles, n, ids, err), 0,
+        cr_assert_eq(broker_offer(broker, producer, sizes, refs, NULL, ret_handles, n, ids, err), 0,
                      "%s", err);
 }
 
@@ -789,7 +796,8 @@ Test(lease, fabric_handles_go_only_to_a_consumer_that_takes_them)
 
         offer_fabric(2, handles);
         /* A local consumer takes descriptors, which these chunks do not have. */
-        cr_assert_eq(broker_borrow(pool, consumer, 2 * MiB, 2 * MiB, false, &g, err), E(NO_MEMORY));
+        cr_assert_eq(broker_borrow(broker, consumer, 2 * MiB, 2 * MiB, false, &g, err),
+                     E(NO_MEMORY));
         consumer->fabric = true;
         cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
         for (struct list_node *n = g.lease->chunks.next; n != &g.lease->chunks; n = n->next, i++) {
@@ -819,16 +827,16 @@ Test(lease, a_consumer_that_cannot_be_heard_keeps_its_lease_until_it_registers_i
                     (struct broker_held){.chunk_id = list_entry(n, struct chunk, lease_node)->id,
                                          .size = 2 * MiB,
                                          .lease_id = g.lease->id};
-        broker_gpu_detach(pool, consumer);
+        broker_gpu_detach(broker, consumer);
         cr_assert_null(consumer->owner);
         cr_assert(consumer->held_alive, "named silent at once");
         /* The producer's reuse waits: nothing comes back while the consumer may map it. */
-        cr_assert_eq(broker_reclaim(pool, producer, 4 * MiB, false, false, "test", &rec, err), 0);
+        cr_assert_eq(broker_reclaim(broker, producer, 4 * MiB, false, false, "test", &rec, err), 0);
         cr_assert_eq(rec.n_free, 0);
         cr_assert_eq(rec.n_pending, 2);
         broker_reclaim_clear(&rec);
-        broker_tick(pool, now_mono_ns() + 10 * NSEC_PER_SEC);
-        cr_assert_eq(pool->n_leases, 1, "silence never releases it");
+        broker_tick(broker, now_mono_ns() + 10 * NSEC_PER_SEC);
+        cr_assert_eq(broker->n_leases, 1, "silence never releases it");
         /* It registers again from a new connection, listing what it maps: the lease is kept
          * and the reclaim is asked again. */
         drain_notices();
@@ -837,7 +845,7 @@ Test(lease, a_consumer_that_cannot_be_heard_keeps_its_lease_until_it_registers_i
             consumer);
         cr_assert_eq(w.n_lost_leases, 0);
         free(w.lost_leases);
-        cr_assert_eq(pool->n_leases, 1);
+        cr_assert_eq(broker->n_leases, 1);
         cr_assert_eq(notices(NOTICE_RECLAIM, consumer, NULL, NULL, NULL, 0), 1);
 }
 
@@ -849,14 +857,14 @@ Test(lease, an_operator_releases_what_an_unheard_consumer_held)
         offer_fabric(2, handles);
         consumer->fabric = true;
         cr_assert_not_null(borrow(4 * MiB, 4 * MiB, false, &g));
-        cr_assert_eq(broker_admin_release(pool, "GPU-C", false, NULL, err), E(BUSY),
+        cr_assert_eq(broker_admin_release(broker, "GPU-C", false, NULL, err), E(BUSY),
                      "registered: %s", err);
-        broker_gpu_detach(pool, consumer);
+        broker_gpu_detach(broker, consumer);
         /* Nothing can tell whether it still maps them: only the operator's word releases. */
-        cr_assert_eq(broker_admin_release(pool, "GPU-C", false, NULL, err), E(BUSY), "%s", err);
+        cr_assert_eq(broker_admin_release(broker, "GPU-C", false, NULL, err), E(BUSY), "%s", err);
         cr_assert(strstr(err, "--force"), "%s", err);
-        cr_assert_eq(broker_admin_release(pool, "GPU-C", true, NULL, err), 0, "%s", err);
-        cr_assert_eq(pool->n_leases, 0);
+        cr_assert_eq(broker_admin_release(broker, "GPU-C", true, NULL, err), 0, "%s", err);
+        cr_assert_eq(broker->n_leases, 0);
         cr_assert_eq(producer->lent_bytes, 0, "the producer's memory is free again");
 }
 
@@ -870,18 +878,18 @@ Test(lease, an_unheard_producer_has_its_own_reconcile_window_then_is_gone)
         consumer->fabric = true;
         cr_assert_not_null(borrow(2 * MiB, 2 * MiB, false, &g));
         /* A silent consumer makes the window close every second (its window: 1 s). */
-        broker_gpu_detach(pool, consumer);
-        pool->settings.reconcile_timeout_ns = 10 * NSEC_PER_SEC;
-        broker_gpu_detach(pool, producer);
+        broker_gpu_detach(broker, consumer);
+        broker->settings.reconcile_timeout_ns = 10 * NSEC_PER_SEC;
+        broker_gpu_detach(broker, producer);
         cr_assert_eq(list_length(&producer->free_chunks), 0, "no handles: nothing to grant");
-        broker_tick(pool, t0 + 2 * NSEC_PER_SEC);
-        broker_tick(pool, t0 + 4 * NSEC_PER_SEC);
-        cr_assert_eq(broker_find_gpu(pool, "GPU-P"), producer, "inside its own window");
+        broker_tick(broker, t0 + 2 * NSEC_PER_SEC);
+        broker_tick(broker, t0 + 4 * NSEC_PER_SEC);
+        cr_assert_eq(broker_find_gpu(broker, "GPU-P"), producer, "inside its own window");
         cr_assert(producer->restored);
-        broker_tick(pool, t0 + 12 * NSEC_PER_SEC);
-        cr_assert(!broker_find_gpu(pool, "GPU-P") || !broker_find_gpu(pool, "GPU-P")->restored,
+        broker_tick(broker, t0 + 12 * NSEC_PER_SEC);
+        cr_assert(!broker_find_gpu(broker, "GPU-P") || !broker_find_gpu(broker, "GPU-P")->restored,
                   "gone once its window closed");
-        cr_assert_eq(pool->n_leases, 1, "the consumer's lease stays, orphaned");
+        cr_assert_eq(broker->n_leases, 1, "the consumer's lease stays, orphaned");
 }
 
 Test(pins, pair_gpus_named_by_ordinal)
@@ -894,8 +902,8 @@ Test(pins, pair_gpus_named_by_ordinal)
         struct gpu *g[4];
         struct client owners[4];
 
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 2), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 2), 0);
         for (int i = 0; i < 4; i++) {
                 links[i] = (struct broker_link){.uuid = uuids[i], .bandwidth = 400};
         }
@@ -910,14 +918,14 @@ Test(pins, pair_gpus_named_by_ordinal)
                                          .client_name = uuids[i]};
                 struct broker_welcome w = {0};
 
-                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                cr_assert_eq(broker_register(broker, &h, &owners[i], &w, err), 0, "%s", err);
                 free(w.lost_leases);
                 g[i] = w.gpu;
         }
         cr_assert_eq(g[0]->paired, g[3], "consumer 0 pinned to producer 3");
         cr_assert_eq(g[1]->paired, g[2], "consumer 1 pinned to producer 2");
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* GPUs report links without a bandwidth; the operator's probe file says which link is fast. */
@@ -936,7 +944,7 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
         struct client owners[3];
 
         with_links.links = &topo;
-        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        cr_assert_eq(broker_new(&with_links, &broker), 0);
         for (int i = 0; i < 3; i++) {
                 links[i] = (struct broker_link){.uuid = uuids[i]};
         }
@@ -951,13 +959,13 @@ Test(pins, auto_pairing_prefers_the_faster_link_of_the_topology_file)
                                          .client_name = uuids[i]};
                 struct broker_welcome w = {0};
 
-                cr_assert_eq(broker_register(pool, &h, &owners[i], &w, err), 0, "%s", err);
+                cr_assert_eq(broker_register(broker, &h, &owners[i], &w, err), 0, "%s", err);
                 free(w.lost_leases);
                 g[i] = w.gpu;
         }
         cr_assert_eq(g[2]->paired, g[1], "the consumer pairs over the 900 GB/s link");
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* Registers uuid on host with links to the uuids in peers (no bandwidth reported). */
@@ -977,7 +985,7 @@ static struct gpu *hello_on(const char *host, const char *uuid, enum gpu_role ro
 
         for (size_t i = 0; i < n_peers; i++)
                 links[i] = (struct broker_link){.uuid = peers[i]};
-        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        cr_assert_eq(broker_register(broker, &h, owner, &w, err), 0, "%s", err);
         free(w.lost_leases);
         return w.gpu;
 }
@@ -1000,17 +1008,17 @@ Test(pins, auto_pairing_links_hosts_from_the_topology_file_and_prefers_the_same_
         struct gpu *p, *l, *r;
 
         with_links.links = &topo;
-        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        cr_assert_eq(broker_new(&with_links, &broker), 0);
         l = hello_on("node-a", "GPU-L", GPU_ROLE_CONSUMER, to_p, 1, &owners[0]);
         r = hello_on("node-b", "GPU-R", GPU_ROLE_CONSUMER, NULL, 0, &owners[1]);
         p = hello_on("node-a", "GPU-P", GPU_ROLE_PRODUCER, to_l, 1, &owners[2]);
         cr_assert_eq(p->paired, l, "a same-host consumer over a faster cross-host one");
         cr_assert_null(r->paired);
-        broker_gpu_gone(pool, l);
+        broker_gpu_gone(broker, l);
         cr_assert_eq(p->paired, r, "then the consumer on the other host, over the fabric");
         cr_assert_float_eq(p->pair_bandwidth, 900.0, 1e-9);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* Hosts not known: the topology file's hosts add no link, as before hosts existed. */
@@ -1025,12 +1033,12 @@ Test(pins, auto_pairing_adds_no_cross_host_link_for_gpus_without_a_host)
         struct gpu *p;
 
         with_links.links = &topo;
-        cr_assert_eq(broker_new(&with_links, &pool), 0);
+        cr_assert_eq(broker_new(&with_links, &broker), 0);
         p = hello_on(NULL, "GPU-P", GPU_ROLE_PRODUCER, NULL, 0, &owners[0]);
         hello_on(NULL, "GPU-R", GPU_ROLE_CONSUMER, NULL, 0, &owners[1]);
         cr_assert_eq(p->paired, NULL);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* Registers uuid with an ordinal and no links. */
@@ -1045,7 +1053,7 @@ static struct gpu *hello_ordinal(const char *uuid, uint32_t ordinal, enum gpu_ro
                                  .client_name = uuid};
         struct broker_welcome w = {0};
 
-        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        cr_assert_eq(broker_register(broker, &h, owner, &w, err), 0, "%s", err);
         free(w.lost_leases);
         return w.gpu;
 }
@@ -1061,27 +1069,27 @@ Test(lease, a_restored_gpu_keeps_its_ordinal_and_host_and_an_ambiguous_name_is_r
         consumer->ordinal = 0;
         free(consumer->host);
         consumer->host = strdup("node-a");
-        journal_gpu(pool, producer);
-        journal_gpu(pool, consumer);
+        journal_gpu(broker, producer);
+        journal_gpu(broker, consumer);
         offer(1, NULL);
         borrow(2 * MiB, 2 * MiB, false, &g);
-        cr_assert_eq(broker_commit(pool), 0);
-        pool = broker_free(pool);
+        cr_assert_eq(broker_commit(broker), 0);
+        broker = broker_free(broker);
 
-        pool = restart();
-        cr_assert_eq(broker_lookup_gpu(pool, "2", "release", &x, err), 0, "%s", err);
+        broker = restart();
+        cr_assert_eq(broker_lookup_gpu(broker, "2", "release", &x, err), 0, "%s", err);
         cr_assert_str_eq(x->uuid, "GPU-P", "GPU 2 is the producer, not the first one restored");
-        cr_assert_eq(broker_lookup_gpu(pool, "node-a:0", "release", &x, err), 0, "%s", err);
+        cr_assert_eq(broker_lookup_gpu(broker, "node-a:0", "release", &x, err), 0, "%s", err);
         cr_assert_str_eq(x->uuid, "GPU-C");
         cr_assert_str_eq(x->client_name, "GPU-C", "its client's name survives too");
         /* A second GPU 0 on another host: "0" names two and is refused, listing both. */
         consumer = NULL;
         hello_on("node-b", "GPU-D", GPU_ROLE_CONSUMER, NULL, 0, &consumer_client);
-        cr_assert_eq(broker_lookup_gpu(pool, "0", "release", &x, err), E(INVALID));
+        cr_assert_eq(broker_lookup_gpu(broker, "0", "release", &x, err), E(INVALID));
         cr_assert(strstr(err, "GPU-C (node-a)") && strstr(err, "GPU-D (node-b)"), "%s", err);
-        cr_assert_eq(broker_admin_release(pool, "0", true, NULL, err), E(INVALID), "%s", err);
-        cr_assert_eq(pool->n_leases, 1, "nothing released on an ambiguous name");
-        cr_assert_eq(broker_lookup_gpu(pool, "node-b:0", "release", &x, err), 0, "%s", err);
+        cr_assert_eq(broker_admin_release(broker, "0", true, NULL, err), E(INVALID), "%s", err);
+        cr_assert_eq(broker->n_leases, 1, "nothing released on an ambiguous name");
+        cr_assert_eq(broker_lookup_gpu(broker, "node-b:0", "release", &x, err), 0, "%s", err);
         cr_assert_str_eq(x->uuid, "GPU-D");
 }
 
@@ -1095,35 +1103,35 @@ Test(pins, pairs_by_ordinal_hold_for_restored_gpus)
         snprintf(dir, sizeof(dir), "/tmp/test-lease-XXXXXX");
         cr_assert_not_null(mkdtemp(dir));
         snprintf(journal_path, sizeof(journal_path), "%s/journal", dir);
-        cr_assert_eq(broker_new(&settings, &pool), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
         {
                 struct journal *j = NULL;
                 cr_assert_eq(journal_open(journal_path, NULL, NULL, &j, NULL), 0);
-                broker_attach_journal(pool, j, 1 << 20);
+                broker_attach_journal(broker, j, 1 << 20);
         }
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 1), 0);
         p = hello_ordinal("GPU-X", 2, GPU_ROLE_PRODUCER, &owners[0]);
         c = hello_ordinal("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[1]);
         cr_assert_eq(c->paired, p);
         producer = p;
         offer(2, NULL);
-        cr_assert_eq(broker_commit(pool), 0);
+        cr_assert_eq(broker_commit(broker), 0);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 
-        pool = restart();
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        broker = restart();
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 1), 0);
         /* GPU 0 comes back first, while GPU 2 (which lends) is still the restored one: "2" and
          * "0" name them as before the restart, and the pair holds. */
-        p = broker_find_gpu(pool, "GPU-X");
-        cr_assert_eq(broker_lookup_gpu(pool, "2", "pair", &c, err), 0, "%s", err);
+        p = broker_find_gpu(broker, "GPU-X");
+        cr_assert_eq(broker_lookup_gpu(broker, "2", "pair", &c, err), 0, "%s", err);
         cr_assert_eq(c, p, "GPU 2 is GPU-X, restored");
         c = hello_ordinal("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[1]);
         cr_assert_eq(c->paired, p, "the pair by number holds after the restart");
-        cr_assert_eq(broker_lookup_gpu(pool, "0", "pair", &p, err), 0, "%s", err);
+        cr_assert_eq(broker_lookup_gpu(broker, "0", "pair", &p, err), 0, "%s", err);
         cr_assert_eq(p, c);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
         cr_assert_eq(system(cmd), 0);
@@ -1149,7 +1157,7 @@ static struct gpu *hello_linked(const char *uuid, uint32_t ordinal, enum gpu_rol
 
         for (size_t i = 0; i < ARRAY_SIZE(all); i++)
                 links[i] = (struct broker_link){.uuid = all[i], .bandwidth = 400};
-        cr_assert_eq(broker_register(pool, &h, owner, &w, err), 0, "%s", err);
+        cr_assert_eq(broker_register(broker, &h, owner, &w, err), 0, "%s", err);
         free(w.lost_leases);
         return w.gpu;
 }
@@ -1162,9 +1170,9 @@ Test(pins, a_snapshot_keeps_the_configs_pins)
         Aquaj__JournalRecord *snap = NULL;
         struct broker *copy;
 
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
-        cr_assert_eq(broker_snapshot(pool, &snap), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 1), 0);
+        cr_assert_eq(broker_snapshot(broker, &snap), 0);
         cr_assert_eq(broker_new(&settings, &copy), 0);
         cr_assert_eq(broker_set_config_pins(copy, prod, cons, 1), 0);
         cr_assert_eq(broker_apply(snap, copy), 0);
@@ -1172,7 +1180,7 @@ Test(pins, a_snapshot_keeps_the_configs_pins)
         cr_assert_str_eq(copy->pins[0].source, "config");
         aquaj__journal_record__free_unpacked(snap, NULL);
         broker_free(copy);
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* One GPU is in one pin however pins name it: an operator's pin by uuid wins over the config's by
@@ -1183,24 +1191,24 @@ Test(pins, an_operators_pin_by_uuid_wins_over_the_configs_by_ordinal)
         struct client owners[4];
         struct gpu *g[4];
 
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 2), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 2), 0);
         g[0] = hello_linked("GPU-A", 0, GPU_ROLE_CONSUMER, &owners[0]);
         g[1] = hello_linked("GPU-B", 1, GPU_ROLE_CONSUMER, &owners[1]);
         g[2] = hello_linked("GPU-C", 2, GPU_ROLE_PRODUCER, &owners[2]);
         g[3] = hello_linked("GPU-D", 3, GPU_ROLE_PRODUCER, &owners[3]);
         cr_assert_eq(g[0]->paired, g[2]);
         cr_assert_eq(g[1]->paired, g[3]);
-        cr_assert_eq(broker_pin(pool, "GPU-C", "GPU-B", err), 0, "%s", err);
+        cr_assert_eq(broker_pin(broker, "GPU-C", "GPU-B", err), 0, "%s", err);
         cr_assert_eq(g[1]->paired, g[2], "the operator's pin");
         /* Both config pins give way (each names a GPU of the operator's): 3 and 0 are free. */
         cr_assert_eq(g[0]->paired, g[3], "paired automatically once their pins gave way");
-        cr_assert_eq(broker_unpin(pool, "GPU-C", err), 0, "%s", err);
+        cr_assert_eq(broker_unpin(broker, "GPU-C", err), 0, "%s", err);
         cr_assert_null(g[2]->paired, "unpinned: kept apart");
         cr_assert_null(g[0]->paired, "no producer is free for GPU 0");
         cr_assert_eq(g[3]->paired, g[1], "the config's pin of GPUs 3 and 1 stands again");
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }
 
 /* A pinned GPU waits for its pin's other side: it is never lent to a stranger in the meantime,
@@ -1211,17 +1219,17 @@ Test(pins, a_pinned_producer_waits_for_its_consumer)
         struct client owners[3];
         struct gpu *p, *c, *other;
 
-        cr_assert_eq(broker_new(&settings, &pool), 0);
-        cr_assert_eq(broker_set_config_pins(pool, prod, cons, 1), 0);
+        cr_assert_eq(broker_new(&settings, &broker), 0);
+        cr_assert_eq(broker_set_config_pins(broker, prod, cons, 1), 0);
         p = hello_linked("GPU-X", 2, GPU_ROLE_PRODUCER, &owners[0]);
         other = hello_linked("GPU-O", 1, GPU_ROLE_CONSUMER, &owners[1]);
         cr_assert_null(p->paired, "GPU 2 waits for GPU 0");
         cr_assert_null(other->paired, "and GPU 1 gets no producer of another's pin");
         c = hello_linked("GPU-Y", 0, GPU_ROLE_CONSUMER, &owners[2]);
         cr_assert_eq(c->paired, p);
-        broker_gpu_gone(pool, p);
+        broker_gpu_gone(broker, p);
         cr_assert_null(c->paired, "its producer gone, the consumer waits");
         cr_assert_null(other->paired);
         drain_notices();
-        pool = broker_free(pool);
+        broker = broker_free(broker);
 }

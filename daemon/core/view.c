@@ -42,59 +42,59 @@ size_t broker_gpu_leases(const struct gpu *g)
         return list_length(&g->leases);
 }
 
-void broker_counts(const struct broker *pool, struct broker_counts *ret)
+void broker_counts(const struct broker *broker, struct broker_counts *ret)
 {
         *ret = (struct broker_counts){
-            .gpus = pool->n_gpus,
-            .leases = pool->n_leases,
-            .chunks = pool->n_chunks,
-            .pool_bytes = pool->pool_bytes,
-            .lent_bytes = pool->lent_bytes,
-            .dram_granted = pool->dram_granted,
-            .deadline_misses = pool->stats.deadline_misses,
-            .journal_error = pool->journal_error,
-            .compact_error = pool->compact_error,
-            .next_deadline_ns = pool->next_deadline_ns,
-            .uncommitted = pool->n_ops,
+            .gpus = broker->n_gpus,
+            .leases = broker->n_leases,
+            .chunks = broker->n_chunks,
+            .pool_bytes = broker->pool_bytes,
+            .lent_bytes = broker->lent_bytes,
+            .dram_granted = broker->dram_granted,
+            .deadline_misses = broker->stats.deadline_misses,
+            .journal_error = broker->journal_error,
+            .compact_error = broker->compact_error,
+            .next_deadline_ns = broker->next_deadline_ns,
+            .uncommitted = broker->n_ops,
         };
 }
 
-const struct broker_settings *broker_settings_in_force(const struct broker *pool)
+const struct broker_settings *broker_settings_in_force(const struct broker *broker)
 {
-        return &pool->settings;
+        return &broker->settings;
 }
 
-struct events *broker_events(struct broker *pool)
+struct events *broker_events(struct broker *broker)
 {
-        return &pool->events;
+        return &broker->events;
 }
 
-struct journal *broker_journal(struct broker *pool)
+struct journal *broker_journal(struct broker *broker)
 {
-        return pool->journal;
+        return broker->journal;
 }
 
-void broker_totals(const struct broker *pool, struct broker_totals *ret)
+void broker_totals(const struct broker *broker, struct broker_totals *ret)
 {
         *ret = (struct broker_totals){
-            .gpus = pool->n_gpus,
-            .leases = pool->n_leases,
-            .chunks = pool->n_chunks,
-            .pool_bytes = pool->pool_bytes,
-            .lent_bytes = pool->lent_bytes,
-            .dram_budget = pool->settings.dram_budget,
-            .dram_granted = pool->dram_granted,
-            .chunks_quarantined = pool->n_quarantined,
-            .degraded = pool->journal_error || pool->compact_error,
-            .stats = pool->stats,
+            .gpus = broker->n_gpus,
+            .leases = broker->n_leases,
+            .chunks = broker->n_chunks,
+            .pool_bytes = broker->pool_bytes,
+            .lent_bytes = broker->lent_bytes,
+            .dram_budget = broker->settings.dram_budget,
+            .dram_granted = broker->dram_granted,
+            .chunks_quarantined = broker->n_quarantined,
+            .degraded = broker->journal_error || broker->compact_error,
+            .stats = broker->stats,
         };
-        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next) {
+        for (const struct list_node *x = broker->gpus.next; x != &broker->gpus; x = x->next) {
                 const struct gpu *g = list_entry(x, struct gpu, node);
 
                 if (g->role < _GPU_ROLE_MAX)
                         ret->gpus_by_role[g->role]++;
                 ret->pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
-                ret->pins = pool->n_pins;
+                ret->pins = broker->n_pins;
                 ret->gpus_silent += g->held_alive;
                 for (const struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         const struct chunk *c = list_entry(k, struct chunk, producer_node);
@@ -105,7 +105,7 @@ void broker_totals(const struct broker *pool, struct broker_totals *ret)
                         }
                 }
         }
-        for (const struct list_node *x = pool->leases.next; x != &pool->leases; x = x->next) {
+        for (const struct list_node *x = broker->leases.next; x != &broker->leases; x = x->next) {
                 const struct lease *l = list_entry(x, struct lease, broker_node);
 
                 if (l->state < _LEASE_STATE_MAX)
@@ -113,11 +113,11 @@ void broker_totals(const struct broker *pool, struct broker_totals *ret)
         }
 }
 
-size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, size_t max)
+size_t broker_view_gpus(const struct broker *broker, struct broker_gpu_view *out, size_t max)
 {
         size_t n = 0;
 
-        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus && n < max;
+        for (const struct list_node *x = broker->gpus.next; x != &broker->gpus && n < max;
              x = x->next, n++) {
                 const struct gpu *g = list_entry(x, struct gpu, node);
 
@@ -156,25 +156,25 @@ size_t broker_view_gpus(const struct broker *pool, struct broker_gpu_view *out, 
         return n;
 }
 
-size_t broker_view_refused_pins(const struct broker *pool, struct broker_refused_pin *out,
+size_t broker_view_refused_pins(const struct broker *broker, struct broker_refused_pin *out,
                                 size_t max)
 {
         size_t n = 0;
 
-        for (size_t k = 0; k < pool->n_pins && n < max; k++)
-                if (pool->pins[k].refused)
+        for (size_t k = 0; k < broker->n_pins && n < max; k++)
+                if (broker->pins[k].refused)
                         out[n++] = (struct broker_refused_pin){
-                            pool->pins[k].producer, pool->pins[k].consumer, pool->pins[k].source,
-                            pool->pins[k].refused};
+                            broker->pins[k].producer, broker->pins[k].consumer,
+                            broker->pins[k].source, broker->pins[k].refused};
         return n;
 }
 
-size_t broker_view_leases(const struct broker *pool, uint64_t now_ns,
+size_t broker_view_leases(const struct broker *broker, uint64_t now_ns,
                           struct broker_lease_view *out, size_t max)
 {
         size_t n = 0;
 
-        for (const struct list_node *x = pool->leases.next; x != &pool->leases && n < max;
+        for (const struct list_node *x = broker->leases.next; x != &broker->leases && n < max;
              x = x->next, n++) {
                 const struct lease *l = list_entry(x, struct lease, broker_node);
                 uint64_t deadline = 0;
@@ -213,11 +213,11 @@ static const char *chunk_condition(const struct chunk *c)
                               : "free";
 }
 
-size_t broker_view_chunks(const struct broker *pool, struct broker_chunk_view *out, size_t max)
+size_t broker_view_chunks(const struct broker *broker, struct broker_chunk_view *out, size_t max)
 {
         size_t n = 0;
 
-        for (const struct list_node *x = pool->gpus.next; x != &pool->gpus; x = x->next) {
+        for (const struct list_node *x = broker->gpus.next; x != &broker->gpus; x = x->next) {
                 const struct gpu *g = list_entry(x, struct gpu, node);
 
                 for (const struct list_node *k = g->chunks.next; k != &g->chunks && n < max;
@@ -268,29 +268,29 @@ uint64_t broker_grant_lease_id(const struct broker_grant *grant)
         return grant->lease ? grant->lease->id : 0;
 }
 
-void broker_report_load(struct broker *pool, struct gpu *g, const struct broker_load *load)
+void broker_report_load(struct broker *broker, struct gpu *g, const struct broker_load *load)
 {
-        (void)pool;
+        (void)broker;
         g->reported = *load;
 }
 
-void broker_set_settings(struct broker *pool, const struct broker_settings *settings,
+void broker_set_settings(struct broker *broker, const struct broker_settings *settings,
                          uint64_t compact_threshold)
 {
-        pool->settings = *settings;
-        pool->compact_threshold = compact_threshold;
+        broker->settings = *settings;
+        broker->compact_threshold = compact_threshold;
 }
 
-void broker_observe_reclaims(struct broker *pool, broker_reclaimed_fn fn, void *userdata)
+void broker_observe_reclaims(struct broker *broker, broker_reclaimed_fn fn, void *userdata)
 {
-        pool->on_reclaimed = fn;
-        pool->on_reclaimed_userdata = userdata;
+        broker->on_reclaimed = fn;
+        broker->on_reclaimed_userdata = userdata;
 }
 
-void broker_unobserve_reclaims(struct broker *pool, void *userdata)
+void broker_unobserve_reclaims(struct broker *broker, void *userdata)
 {
-        if (pool->on_reclaimed_userdata != userdata)
+        if (broker->on_reclaimed_userdata != userdata)
                 return;
-        pool->on_reclaimed = NULL;
-        pool->on_reclaimed_userdata = NULL;
+        broker->on_reclaimed = NULL;
+        broker->on_reclaimed_userdata = NULL;
 }

@@ -380,7 +380,7 @@ static int render(struct prom_text *t, void *userdata)
         return 0;
 }
 
-int metrics_new(struct broker *p, const char *address, metrics_view_fn view, void *userdata,
+int metrics_new(struct broker *broker, const char *address, metrics_view_fn view, void *userdata,
                 struct metrics **ret)
 {
         _cleanup_(metrics_freep) struct metrics *m = NULL;
@@ -390,14 +390,14 @@ int metrics_new(struct broker *p, const char *address, metrics_view_fn view, voi
         m = calloc(1, sizeof(*m));
         if (!m)
                 return log_error_errno(-ENOMEM, "Failed to set up metrics: %m");
-        m->broker = p;
+        m->broker = broker;
         m->view = view;
         m->view_userdata = userdata;
         prom_histogram_init(&m->reclaim, reclaim_bounds, ARRAY_SIZE(reclaim_bounds));
         r = prom_server_new(address, render, m, &m->http, err, sizeof(err));
         if (r < 0)
                 return log_error_errno(r, "Failed to serve metrics: %s", err);
-        broker_observe_reclaims(p, observe_reclaim, m);
+        broker_observe_reclaims(broker, observe_reclaim, m);
         log_info("Serving metrics on http://%s/metrics", address);
         *ret = TAKE_PTR(m);
         return 0;

@@ -53,7 +53,7 @@ typedef void (*metrics_view_fn)(void *userdata, struct metrics_view *view);
  * Serve s's metrics on address, and observe reclaims in s's pool. Returns 0 or a negative
  * errno, logged with the address.
  */
-int metrics_new(struct broker *p, const char *address, metrics_view_fn view, void *userdata,
+int metrics_new(struct broker *broker, const char *address, metrics_view_fn view, void *userdata,
                 struct metrics **ret);
 struct metrics *metrics_free(struct metrics *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct metrics *, metrics_free);

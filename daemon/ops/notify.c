@@ -33,11 +33,11 @@ static bool same(const struct status_figures *a, const struct status_figures *b)
 static struct status_figures last;
 static bool sent;
 
-static struct status_figures figures(const struct broker *p, size_t n_clients)
+static struct status_figures figures(const struct broker *broker, size_t n_clients)
 {
         struct broker_counts n;
 
-        broker_counts(p, &n);
+        broker_counts(broker, &n);
         return (struct status_figures){
             .clients = n_clients,
             .gpus = n.gpus,
@@ -71,16 +71,16 @@ static void send_status(const struct status_figures *f, const char *prefix)
                 log_warning_errno(r, "Failed to notify systemd: %m");
 }
 
-void notify_ready(const struct broker *p, size_t n_clients)
+void notify_ready(const struct broker *broker, size_t n_clients)
 {
-        last = figures(p, n_clients);
+        last = figures(broker, n_clients);
         sent = true;
         send_status(&last, "READY=1\n");
 }
 
-void notify_status(const struct broker *p, size_t n_clients)
+void notify_status(const struct broker *broker, size_t n_clients)
 {
-        struct status_figures now = figures(p, n_clients);
+        struct status_figures now = figures(broker, n_clients);
 
         if (sent && same(&now, &last))
                 return;

@@ -10,8 +10,8 @@
 struct broker;
 
 /* aquad serves requests now, to n_clients clients of pool p. */
-void notify_ready(const struct broker *p, size_t n_clients);
+void notify_ready(const struct broker *broker, size_t n_clients);
 /* Refresh STATUS= when the figures it shows have changed since the last one; cheap otherwise. */
-void notify_status(const struct broker *p, size_t n_clients);
+void notify_status(const struct broker *broker, size_t n_clients);
 /* aquad is stopping, and why. */
 void notify_stopping(const char *why);

@@ -31,7 +31,7 @@ struct settings settings_from_config(const struct config *c)
         return st;
 }
 
-int settings_apply_pins(struct broker *p, const struct config *c)
+int settings_apply_pins(struct broker *broker, const struct config *c)
 {
         _cleanup_free_ const char **prod = calloc(c->n_pairs + 1, sizeof(char *));
         _cleanup_free_ const char **cons = calloc(c->n_pairs + 1, sizeof(char *));
@@ -42,7 +42,7 @@ int settings_apply_pins(struct broker *p, const struct config *c)
                 prod[i] = c->pairs[i].producer;
                 cons[i] = c->pairs[i].consumer;
         }
-        return broker_set_config_pins(p, prod, cons, c->n_pairs);
+        return broker_set_config_pins(broker, prod, cons, c->n_pairs);
 }
 
 static bool str_changed(const char *a, const char *b)

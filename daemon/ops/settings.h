@@ -21,7 +21,7 @@ struct settings {
 /* The settings c says (its links stay c's: c must outlive them). */
 struct settings settings_from_config(const struct config *c);
 /* Set the pairs c pins on p: 0 or -ENOMEM. */
-int settings_apply_pins(struct broker *p, const struct config *c);
+int settings_apply_pins(struct broker *broker, const struct config *c);
 /* Load path again for a reload. What only a restart may change (endpoints, paths, keys and
  * heartbeats bound, the socket mode) is moved from old into the new config and named in kept
  * ("" if nothing); on success *ret is the config to run by. On a file with errors: < 0, the

@@ -78,19 +78,19 @@ static void fill_status(struct server *s, const struct broker_totals *t, Aqua__S
 }
 
 /* The pool's GPUs as views (m->view): how many. */
-static size_t view_gpus(struct broker *p, const struct broker_totals *t, struct reply_mem *m)
+static size_t view_gpus(struct broker *broker, const struct broker_totals *t, struct reply_mem *m)
 {
         struct broker_gpu_view *v = calloc(MAX(t->gpus, 1), sizeof(*v));
 
         m->view = v;
-        return v ? broker_view_gpus(p, v, t->gpus) : 0;
+        return v ? broker_view_gpus(broker, v, t->gpus) : 0;
 }
 
 static size_t fill_gpus(const struct server *s, const struct broker_totals *t,
                         struct reply_mem *m, size_t max)
 {
-        struct broker *p = s->broker;
-        size_t all = view_gpus(p, t, m), n = MIN(all, max); /* MIN evaluates twice */
+        struct broker *broker = s->broker;
+        size_t all = view_gpus(broker, t, m), n = MIN(all, max); /* MIN evaluates twice */
         const struct broker_gpu_view *v = m->view;
 
         m->gpus = calloc(MAX(n, 1), sizeof(*m->gpus));
@@ -129,16 +129,16 @@ static size_t fill_gpus(const struct server *s, const struct broker_totals *t,
 }
 
 /* Every pair (a producer's side of it), then every pin refused; the caller cuts to its limit. */
-static size_t fill_pairs(struct broker *p, const struct broker_totals *t, struct reply_mem *m)
+static size_t fill_pairs(struct broker *broker, const struct broker_totals *t, struct reply_mem *m)
 {
-        size_t total = view_gpus(p, t, m), n = 0, n_refused;
+        size_t total = view_gpus(broker, t, m), n = 0, n_refused;
         const struct broker_gpu_view *v = m->view;
 
         m->pairs = calloc(total + t->pins + 1, sizeof(*m->pairs));
         m->refused = calloc(t->pins + 1, sizeof(*m->refused));
         if (!m->pairs || !m->refused)
                 return 0;
-        n_refused = broker_view_refused_pins(p, m->refused, t->pins);
+        n_refused = broker_view_refused_pins(broker, m->refused, t->pins);
         for (size_t k = 0; k < n_refused; k++) {
                 Aqua__PairInfo *i = &m->pairs[total + k];
 
@@ -164,7 +164,7 @@ static size_t fill_pairs(struct broker *p, const struct broker_totals *t, struct
         return n + n_refused;
 }
 
-static size_t fill_leases(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
+static size_t fill_leases(struct broker *broker, const struct broker_totals *t, struct reply_mem *m,
                           size_t max)
 {
         size_t want = MIN(t->leases, max), n;
@@ -173,7 +173,7 @@ static size_t fill_leases(struct broker *p, const struct broker_totals *t, struc
         m->leases = calloc(MAX(want, 1), sizeof(*m->leases));
         if (!v || !m->leases)
                 return 0;
-        n = broker_view_leases(p, now_mono_ns(), v, want);
+        n = broker_view_leases(broker, now_mono_ns(), v, want);
         for (size_t k = 0; k < n; k++) {
                 Aqua__LeaseInfo *i = &m->leases[k];
 
@@ -192,7 +192,7 @@ static size_t fill_leases(struct broker *p, const struct broker_totals *t, struc
         return n;
 }
 
-static size_t fill_chunks(struct broker *p, const struct broker_totals *t, struct reply_mem *m,
+static size_t fill_chunks(struct broker *broker, const struct broker_totals *t, struct reply_mem *m,
                           size_t max)
 {
         size_t want = MIN(t->chunks, max), n;
@@ -201,7 +201,7 @@ static size_t fill_chunks(struct broker *p, const struct broker_totals *t, struc
         m->chunks = calloc(MAX(want, 1), sizeof(*m->chunks));
         if (!v || !m->chunks)
                 return 0;
-        n = broker_view_chunks(p, v, want);
+        n = broker_view_chunks(broker, v, want);
         for (size_t k = 0; k < n; k++) {
                 Aqua__ChunkInfo *i = &m->chunks[k];
 
@@ -215,9 +215,9 @@ static size_t fill_chunks(struct broker *p, const struct broker_totals *t, struc
         return n;
 }
 
-static size_t fill_events(struct broker *p, struct reply_mem *m, size_t max)
+static size_t fill_events(struct broker *broker, struct reply_mem *m, size_t max)
 {
-        const struct events *ev = broker_events(p);
+        const struct events *ev = broker_events(broker);
         size_t n = 0, first = ev->count > max ? ev->count - max : 0;
 
         m->events = calloc(MAX(ev->count, 1), sizeof(*m->events));
