@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "test-core.h"
+#include "test/fixture.h"
 
 TestSuite(lease, .init = setup, .fini = teardown);
 

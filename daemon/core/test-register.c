@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "test-core.h"
+#include "test/fixture.h"
 
 TestSuite(register, .init = setup, .fini = teardown);
 

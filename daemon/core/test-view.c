@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "test-core.h"
+#include "test/fixture.h"
 
 TestSuite(view, .init = setup, .fini = teardown);
 

@@ -1,11 +1,11 @@
-/* The broker core's tests' common ground (test-core.h): a pool with a producer and a consumer
+/* The broker core's tests' common ground (test/fixture.h): a pool with a producer and a consumer
  * paired, the custody secrets their holders were given, and the steps every test takes. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "test-core.h"
+#include "fixture.h"
 
 struct broker *broker;
 struct gpu *producer, *consumer;

@@ -1,4 +1,4 @@
-/* What the broker core's tests share (test-core.c): a pool (broker) with a producer and a
+/* What the broker core's tests share (test/fixture.c): a pool (broker) with a producer and a
  * consumer registered and paired by setup(), and the steps the tests take on it. */
 #pragma once
 
