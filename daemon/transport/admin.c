@@ -310,7 +310,7 @@ static void query(struct server *s, struct client *c, const Aqua__Envelope *e)
         reply_mem_free(&m);
 }
 
-static void ack(struct server *s, struct client *c, uint64_t request_id, const char *text)
+static void admin_ack(struct server *s, struct client *c, uint64_t request_id, const char *text)
 {
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Ack a = AQUA__ACK__INIT;
@@ -400,5 +400,5 @@ void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e)
                    (int)c->cred.pid);
         events_add(broker_events(s->broker), "admin", "%s by uid %u", wire_body_name(e),
                    c->cred.uid);
-        ack(s, c, e->request_id, text);
+        admin_ack(s, c, e->request_id, text);
 }

@@ -55,8 +55,8 @@ struct pending *pending_add(struct server *s, struct client *c, uint64_t request
         return p;
 }
 
-void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f, int *fds,
-                         size_t n_fds)
+struct pending *pending_take_fds(struct server *s, struct client *c, Aqua__SideFrame *f, int *fds,
+                                 size_t n_fds)
 {
         struct pending *p;
         /* Before its Hello, a re-registering producer may pass a handle per chunk it holds. */
@@ -70,7 +70,7 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 log_debug("Client %" PRIu64 " sent a side frame of kind %d; ignored", c->id,
                           f->kind);
                 side_close_fds(fds, n_fds);
-                return;
+                return NULL;
         }
         p = pending_find(c, f->request_id);
         if (!p && !(p = pending_add(s, c, f->request_id))) {
@@ -78,7 +78,7 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                            " beyond its pending limit; closed",
                            c->id, f->request_id);
                 side_close_fds(fds, n_fds);
-                return;
+                return NULL;
         }
         need = p->env ? pending_fds_needed(p->env) : cap;
         if (!server_may_take_fds(s, c, n_fds)) {
@@ -91,7 +91,7 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 else
                         log_debug("Client %" PRIu64 ": descriptors refused over its budget", c->id);
                 client_free_pending(c, p);
-                return;
+                return NULL;
         }
         if (p->n_fds + n_fds > need) {
                 char msg[128];
@@ -104,21 +104,20 @@ void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f,
                 else
                         log_notice("Client %" PRIu64 ": %s", c->id, msg);
                 client_free_pending(c, p);
-                return;
+                return NULL;
         }
         a = reallocarray(p->fds, p->n_fds + n_fds + 1, sizeof(int));
         if (!a) {
                 side_close_fds(fds, n_fds);
-                return;
+                return NULL;
         }
         p->fds = a;
         memcpy(p->fds + p->n_fds, fds, n_fds * sizeof(int));
         p->n_fds += n_fds;
-        if (p->env && p->n_fds == need)
-                dispatch_complete(s, c, p);
+        return p->env && p->n_fds == need ? p : NULL;
 }
 
-void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns)
+void pending_expire(struct server *s, struct client *c, uint64_t now_ns)
 {
         struct list_node *pos, *tmp;
 

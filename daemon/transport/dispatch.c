@@ -10,30 +10,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dispatch.h"
+#include "hello.h"
 #include "log.h"
 #include "parse-util.h"
 #include "server.h"
+#include "throttle.h"
 #include "time-util.h"
 #include "translate.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
-
-const char *dispatch_role_name(Aqua__Role r)
-{
-        switch (r) {
-        case AQUA__ROLE__ROLE_PRODUCER:
-                return "producer";
-        case AQUA__ROLE__ROLE_CONSUMER:
-                return "consumer";
-        case AQUA__ROLE__ROLE_NEUTRAL:
-                return "neutral";
-        case AQUA__ROLE__ROLE_ADMIN:
-                return "admin";
-        default:
-                return "unspecified";
-        }
-}
 
 /* A request the core (or the transport) refused: code is a wire code or a negative errno. */
 static int reply_failure(struct server *s, struct client *c, uint64_t request_id, int code,
@@ -42,12 +27,6 @@ static int reply_failure(struct server *s, struct client *c, uint64_t request_id
         if (code < 0)
                 return client_queue_error(s, c, request_id, ECODE(INTERNAL), what, "out of memory");
         return client_queue_error(s, c, request_id, code, NULL, err);
-}
-
-void dispatch_reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
-{
-        e->request_id = request_id;
-        server_queue(s, c, e);
 }
 
 /*
@@ -78,41 +57,7 @@ static void reply_ack(struct server *s, struct client *c, uint64_t request_id)
 
         e.body_case = AQUA__ENVELOPE__BODY_ACK;
         e.ack = &ack;
-        dispatch_reply(s, c, request_id, &e);
-}
-
-/*
- * A client may send limits.request-burst requests at once and limits.request-rate per second
- * after that (a token bucket); one that sends more gets ERROR_CODE_THROTTLED for the excess,
- * which costs the daemon no more than the decoding. A client that waits for each reply stays
- * far below any sensible rate.
- */
-bool dispatch_take_credit(struct server *s, struct client *c, uint64_t request_id)
-{
-        const struct config_limits *l = &s->config->limits;
-        uint64_t now;
-
-        if (l->request_rate <= 0)
-                return true;
-        now = now_mono_ns();
-        if (!c->credit_ns)
-                c->credit = (double)l->request_burst;
-        else
-                c->credit =
-                    MIN((double)l->request_burst,
-                        c->credit + (double)(now - c->credit_ns) * (double)l->request_rate / 1e9);
-        c->credit_ns = now;
-        if (c->credit >= 1.0) {
-                c->credit -= 1.0;
-                return true;
-        }
-        s->stats.throttled++;
-        server_queue_error(s, c->routing_id, c->routing_id_len, request_id, ECODE(THROTTLED),
-                           "over %" PRId64 " requests per second (bursts of %" PRId64
-                           "); retry in %.0f ms",
-                           l->request_rate, l->request_burst,
-                           ceil((1.0 - c->credit) * 1e3 / (double)l->request_rate));
-        return false;
+        server_reply(s, c, request_id, &e);
 }
 
 /* ------------------------------------------------------------------------------ offer */
@@ -140,7 +85,7 @@ static void finish_offer(struct server *s, struct client *c, const Aqua__Envelop
 
                 sizes[i] = e->offer->chunks[i]->size;
                 refs[i] = e->offer->chunks[i]->client_ref;
-                code = dispatch_fabric_check(f->len, c->remote, "offer: chunk", i, err);
+                code = hello_fabric_check(f->len, c->remote, "offer: chunk", i, err);
                 if (code == 0 && fabrics)
                         memcpy(fabrics + i * BROKER_FABRIC_HANDLE_SIZE, f->data, f->len);
         }
@@ -187,11 +132,20 @@ void dispatch_complete(struct server *s, struct client *c, struct pending *p)
                 finish_offer(s, c, e, fds, n);
         else {
                 server_turn_barrier(s);
-                dispatch_finish_hello(s, c, e, fds, n);
+                hello_finish(s, c, e, fds, n);
         }
         side_close_fds(fds, n);
         free(fds);
         aqua__envelope__free_unpacked(e, NULL);
+}
+
+void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *f, int *fds,
+                         size_t n_fds)
+{
+        struct pending *p = pending_take_fds(s, c, f, fds, n_fds);
+
+        if (p)
+                dispatch_complete(s, c, p);
 }
 
 /* Takes e. */
@@ -335,7 +289,7 @@ static void handle_return(struct server *s, struct client *c, const Aqua__Envelo
         rr.returned = returned;
         r.body_case = AQUA__ENVELOPE__BODY_RETURN_REPLY;
         r.return_reply = &rr;
-        dispatch_reply(s, c, e->request_id, &r);
+        server_reply(s, c, e->request_id, &r);
 }
 
 static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envelope *e)
@@ -360,7 +314,7 @@ static void handle_reclaim(struct server *s, struct client *c, const Aqua__Envel
         rr.deadline_ms = res.deadline_ms;
         r.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
         r.reclaim_reply = &rr;
-        dispatch_reply(s, c, e->request_id, &r);
+        server_reply(s, c, e->request_id, &r);
 }
 
 static void handle_load(struct server *s, struct client *c, const Aqua__Envelope *e)
@@ -417,7 +371,7 @@ static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, c
         default:
                 return true;
         }
-        *need = dispatch_role_name(want);
+        *need = translate_role_name(want);
         return client_role(c) == want;
 }
 
@@ -458,12 +412,12 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
                 break;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
-                dispatch_hello(s, o, e);
+                hello_handle(s, o, e);
                 s->request = NULL;
                 return;
         }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO_HELD) {
-                dispatch_hello_held(s, o, e);
+                hello_handle_held(s, o, e);
                 goto done;
         }
         c = server_find_by_routing(s, o->rid, o->rlen);
@@ -482,12 +436,12 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
         }
         if (c->remote)
                 c->last_seen_ns = now_mono_ns();
-        if (!dispatch_take_credit(s, c, e->request_id))
+        if (!throttle_take(s, c, e->request_id))
                 goto done;
         if (!role_allows(c, e->body_case, &need)) {
                 server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(WRONG_ROLE),
                                    "%s: needs a %s, this client registered as %s",
-                                   wire_body_name(e), need, dispatch_role_name(client_role(c)));
+                                   wire_body_name(e), need, translate_role_name(client_role(c)));
                 goto done;
         }
         switch (e->body_case) {
@@ -513,7 +467,7 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
                 /* Its arrival is all it says (last_seen_ns, above). */
                 break;
         case AQUA__ENVELOPE__BODY_GOODBYE:
-                dispatch_goodbye(s, c, e);
+                hello_goodbye(s, c, e);
                 break;
         case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
         case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:

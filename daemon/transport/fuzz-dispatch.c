@@ -344,7 +344,7 @@ static void time_passes(uint64_t ns)
         server_turn_barrier(srv);
         broker_tick(srv->broker, now);
         for (size_t i = 0; i < FUZZ_CLIENTS; i++)
-                dispatch_expire(srv, fake[i], now);
+                pending_expire(srv, fake[i], now);
         server_end_turn(srv);
 }
 

@@ -8,10 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dispatch.h"
 #include "gpunode.h"
+#include "hello.h"
 #include "log.h"
 #include "server.h"
+#include "throttle.h"
 #include "time-util.h"
 #include "translate.h"
 
@@ -22,7 +23,7 @@
  * that passes fabric handles, none from one whose handles are descriptors. The bytes themselves
  * are the driver's business: aquad passes them on and never reads them.
  */
-int dispatch_fabric_check(size_t len, bool fabric, const char *what, size_t i, char *err)
+int hello_fabric_check(size_t len, bool fabric, const char *what, size_t i, char *err)
 {
         if (fabric && len != BROKER_FABRIC_HANDLE_SIZE)
                 return broker_fail(err, ECODE(INVALID),
@@ -105,7 +106,7 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
                 w.custody_secret = (ProtobufCBinaryData){.len = BROKER_SECRET_LEN, .data = secret};
         r.body_case = AQUA__ENVELOPE__BODY_WELCOME;
         r.welcome = &w;
-        dispatch_reply(s, c, request_id, &r);
+        server_reply(s, c, request_id, &r);
 }
 
 /*
@@ -113,8 +114,8 @@ static void reply_welcome(struct server *s, struct client *c, uint64_t request_i
  * what"): by its key, cgroup, user or groups; none named: its own. Root and aquad's own user on
  * this host lend to every tenant: they can read any process's memory already.
  */
-void dispatch_identify_tenant(const struct server *s, const struct client *c,
-                              struct broker_identity *who)
+void hello_identify_tenant(const struct server *s, const struct client *c,
+                           struct broker_identity *who)
 {
         char cgroup[1024];
         struct config_peer peer = {.remote = c->remote,
@@ -182,8 +183,7 @@ static enum broker_evidence evidence_of(const struct server *s, const struct cli
         return BROKER_EVIDENCE_MISSING;
 }
 
-void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e, int *fds,
-                           size_t n_fds)
+void hello_finish(struct server *s, struct client *c, Aqua__Envelope *e, int *fds, size_t n_fds)
 {
         const Aqua__Hello *h = e->hello;
         _cleanup_free_ struct broker_held *all = NULL;
@@ -218,7 +218,7 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                 snprintf(who.key, sizeof(who.key), "%s", c->remote_key);
         else
                 who.process = c->process;
-        dispatch_identify_tenant(s, c, &who);
+        hello_identify_tenant(s, c, &who);
         /* The device node comes first, the producer's handles after it. */
         if (h->device_node && fds && n_fds > 0) {
                 device_fd = fds[0];
@@ -238,9 +238,9 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                                    h->custody_secret.len, BROKER_SECRET_LEN);
         /* A remote producer passes its handles again; a consumer holds what it maps. */
         for (size_t i = 0; code == 0 && i < h->n_held; i++)
-                code = dispatch_fabric_check(h->held[i]->fabric_handle.len,
-                                             c->remote && h->role == AQUA__ROLE__ROLE_PRODUCER,
-                                             "hello: held chunk", i, err);
+                code = hello_fabric_check(h->held[i]->fabric_handle.len,
+                                          c->remote && h->role == AQUA__ROLE__ROLE_PRODUCER,
+                                          "hello: held chunk", i, err);
         if (code == 0 && h->held_total && h->held_total != n_all)
                 code = broker_fail(err, ECODE(INVALID),
                                    "hello: held_total %" PRIu32 ", but %zu held chunks arrived",
@@ -280,12 +280,12 @@ void dispatch_finish_hello(struct server *s, struct client *c, Aqua__Envelope *e
                 log_info("Remote client %" PRIu64 " (%s at %s) registered GPU %s as %s with fabric "
                          "handles%s",
                          c->id, c->remote_user, c->remote_addr, broker_gpu_uuid(pw.gpu),
-                         dispatch_role_name(h->role),
+                         translate_role_name(h->role),
                          pw.n_lost_leases ? " (with lost leases)" : "");
         else
                 log_info("Client %" PRIu64 " (pid %d uid %u) registered GPU %s as %s%s", c->id,
                          (int)c->cred.pid, c->cred.uid, broker_gpu_uuid(pw.gpu),
-                         dispatch_role_name(h->role),
+                         translate_role_name(h->role),
                          pw.n_lost_leases ? " (with lost leases)" : "");
         reply_welcome(s, c, e->request_id, pw.gpu, pw.lost_leases, pw.n_lost_leases,
                       pw.new_secret ? pw.secret : NULL);
@@ -343,7 +343,7 @@ static void handle_remote_hello(struct server *s, const struct origin *o, Aqua__
                                    "register as admin (the control path) unless it passes fabric "
                                    "handles (Hello.fabric_handles); descriptors need the local "
                                    "side channel",
-                                   dispatch_role_name(h->role));
+                                   translate_role_name(h->role));
                 return;
         }
         /* Its HelloHeld parts came first on this connection: the same client. */
@@ -367,12 +367,12 @@ static void handle_remote_hello(struct server *s, const struct origin *o, Aqua__
         }
         /* An earlier connection of its own (the same key, with the custody secret) is replaced
          * by the core; any other identity is refused while the GPU holds state. */
-        dispatch_finish_hello(s, c, e, NULL, 0);
+        hello_finish(s, c, e, NULL, 0);
         if (!c->registered)
                 server_drop_client(s, c);
 }
 
-void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
+void hello_handle(struct server *s, const struct origin *o, Aqua__Envelope *e)
 {
         const Aqua__Hello *h = e->hello;
         struct client *c = server_find_by_routing(s, o->rid, o->rlen);
@@ -380,7 +380,7 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
         size_t need;
 
         if (c && c->registered) {
-                if (!dispatch_take_credit(s, c, e->request_id))
+                if (!throttle_take(s, c, e->request_id))
                         goto done;
                 server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID),
                                    "hello: already registered as client %" PRIu64, c->id);
@@ -403,7 +403,7 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
         }
         need = pending_fds_needed(e);
         if (need == 0) {
-                dispatch_finish_hello(s, c, e, NULL, 0);
+                hello_finish(s, c, e, NULL, 0);
                 goto done;
         }
         /* Its device node (a DEVICE_FD frame) and a producer's handles (REREGISTER_FDS). */
@@ -413,7 +413,7 @@ void dispatch_hello(struct server *s, const struct origin *o, Aqua__Envelope *e)
                 size_t n = p->n_fds;
                 p->n_fds = 0;
                 client_free_pending(c, p);
-                dispatch_finish_hello(s, c, e, fds, n);
+                hello_finish(s, c, e, fds, n);
                 side_close_fds(fds, n);
                 free(fds);
                 goto done;
@@ -466,7 +466,7 @@ static struct client *remote_part_owner(struct server *s, const struct origin *o
  * producer and its consumers list the same chunks), and at its request rate. No reply unless
  * refused.
  */
-void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__Envelope *e)
+void hello_handle_held(struct server *s, const struct origin *o, const Aqua__Envelope *e)
 {
         const Aqua__HelloHeld *hh = e->hello_held;
         uint64_t max = broker_settings_in_force(s->broker)->max_chunks;
@@ -484,7 +484,7 @@ void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__E
                 memcpy(c->routing_id, o->rid, o->rlen);
                 c->routing_id_len = o->rlen;
         }
-        if (!dispatch_take_credit(s, c, e->request_id))
+        if (!throttle_take(s, c, e->request_id))
                 return;
         if (c->n_held + hh->n_held > max || s->n_held_parts + hh->n_held > 2 * max) {
                 server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(LIMIT),
@@ -497,9 +497,9 @@ void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__E
                 return;
         }
         for (size_t i = 0; i < hh->n_held; i++)
-                if (dispatch_fabric_check(hh->held[i]->fabric_handle.len,
-                                          c->remote && hh->held[i]->fabric_handle.len,
-                                          "hello_held: held chunk", i, err) != 0) {
+                if (hello_fabric_check(hh->held[i]->fabric_handle.len,
+                                       c->remote && hh->held[i]->fabric_handle.len,
+                                       "hello_held: held chunk", i, err) != 0) {
                         server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID), "%s",
                                            err);
                         client_free_held(s, c);
@@ -534,7 +534,7 @@ void dispatch_hello_held(struct server *s, const struct origin *o, const Aqua__E
  * client's only way to say so). Only its own connection can say it (dispatch_envelope checked the
  * routing id and, over tcp, the key).
  */
-void dispatch_goodbye(struct server *s, struct client *c, const Aqua__Envelope *e)
+void hello_goodbye(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
         Aqua__Envelope r = AQUA__ENVELOPE__INIT;
         Aqua__Ack a = AQUA__ACK__INIT;
@@ -547,7 +547,7 @@ void dispatch_goodbye(struct server *s, struct client *c, const Aqua__Envelope *
         }
         r.body_case = AQUA__ENVELOPE__BODY_ACK;
         r.ack = &a;
-        dispatch_reply(s, c, e->request_id, &r);
+        server_reply(s, c, e->request_id, &r);
         /* Forgotten: a further request from it is NOT_REGISTERED, a Hello starts afresh. */
         server_drop_client(s, c);
 }

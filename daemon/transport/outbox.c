@@ -9,10 +9,15 @@
  * the client's leases and chunks.
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
+#include "log.h"
 #include "server.h"
+#include "time-util.h"
 #include "util.h"
 
 static bool ids_have(const uint64_t *ids, size_t n, uint64_t id)
@@ -226,4 +231,82 @@ void server_flush_outboxes(struct server *s)
                 if (c->n_outbox)
                         outbox_flush(s, c);
         }
+}
+
+/* ------------------------------------------------------------------------------ sending */
+
+/* Who a routing id names, for the log. */
+const char *outbox_peer_text(struct server *s, const void *rid, size_t len, char *buf, size_t size)
+{
+        struct client *c = server_find_by_routing(s, rid, len);
+        const char *gpu = c && c->gpu ? broker_gpu_uuid(c->gpu) : NULL;
+
+        if (!c)
+                snprintf(buf, size, "a connection without a Hello");
+        else if (c->remote)
+                snprintf(buf, size, "client %" PRIu64 " (CURVE key %.8s...%s%s)", c->id,
+                         c->remote_key, gpu ? ", GPU " : "", gpu ? gpu : "");
+        else
+                snprintf(buf, size, "client %" PRIu64 " (pid %d uid %u%s%s)", c->id,
+                         (int)c->cred.pid, (unsigned)c->cred.uid, gpu ? ", GPU " : "",
+                         gpu ? gpu : "");
+        return buf;
+}
+
+/* Likewise every send aquad drops: to whom, what and why. */
+void outbox_log_dropped(struct server *s, const void *rid, size_t len, const char *body,
+                        const char *why)
+{
+        char who[160], more[80] = "";
+        uint64_t held = 0;
+
+        if (!ratelimit_take(&s->drop_log, now_mono_ns(), &held))
+                return;
+        if (held)
+                snprintf(more, sizeof(more), " (%" PRIu64 " dropped sends before it not logged)",
+                         held);
+        log_notice("Dropped a %s to %s: %s%s", body,
+                   outbox_peer_text(s, rid, len, who, sizeof(who)), why, more);
+}
+
+int outbox_router_send(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len,
+                       const char *body)
+{
+        int r = 0;
+
+        if (s->sink)
+                r = s->sink(s, rid, rlen, buf, len);
+        else if (!s->router)
+                r = -ENOTCONN;
+        else if (zmq_send(s->router, rid, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+                 zmq_send(s->router, buf, len, ZMQ_DONTWAIT) < 0)
+                r = -errno;
+        /* A full queue is retried by those who can (outboxes); for the others it is a drop. */
+        if (r < 0 && r != -EAGAIN) {
+                s->stats.send_dropped++;
+                outbox_log_dropped(s, rid, rlen, body, zmq_strerror(-r));
+        }
+        return r;
+}
+
+int server_send_encoded(struct server *s, struct client *c, const void *buf, size_t len,
+                        const char *body)
+{
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        return outbox_router_send(s, c->routing_id, c->routing_id_len, buf, len, body);
+}
+
+int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e)
+{
+        _cleanup_free_ void *buf = NULL;
+        size_t n;
+        int r;
+
+        if (!c || !c->routing_id_len)
+                return -ENOTCONN;
+        r = wire_encode(e, &buf, &n);
+        if (r < 0)
+                return r;
+        return outbox_router_send(s, c->routing_id, c->routing_id_len, buf, n, wire_body_name(e));
 }

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dispatch.h"
+#include "hello.h"
 #include "log.h"
 #include "server.h"
 #include "settings.h"
@@ -33,7 +33,7 @@ static void retenant(struct server *s)
 
                 if (!c->registered || !c->gpu)
                         continue;
-                dispatch_identify_tenant(s, c, &who);
+                hello_identify_tenant(s, c, &who);
                 if (broker_set_tenant(s->broker, c->gpu, who.tenant, who.lends_to_all))
                         log_notice("GPU %s is now of tenant %s", broker_gpu_uuid(c->gpu),
                                    who.tenant[0] ? who.tenant : "of its own user");

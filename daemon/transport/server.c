@@ -501,7 +501,7 @@ static void expire(struct server *s, uint64_t now)
                         tmp = s->clients.next;
                         continue;
                 }
-                dispatch_expire(s, c, now);
+                pending_expire(s, c, now);
         }
 }
 

@@ -226,6 +226,8 @@ void server_handle_monitor(struct server *s);
 /* turn.c: what a turn says waits until the turn's one commit (server_end_turn); nothing here
  * touches the disk. Queue e to client c (-ENOTCONN before its Hello). */
 int server_queue(struct server *s, struct client *c, Aqua__Envelope *e);
+/* Queue e as the reply to request_id. */
+void server_reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e);
 /* Queue to a routing id (a peer that may not be registered). */
 int server_queue_to(struct server *s, const void *routing_id, size_t len, Aqua__Envelope *e);
 int server_queue_error(struct server *s, const void *routing_id, size_t len, uint64_t request_id,
@@ -264,6 +266,13 @@ uint64_t server_turn_deadline(const struct server *s);
 void server_turn_clear(struct server *s);
 /* Send now, bypassing the turn: for the notices and deferred replies of server_flush_outboxes.
  * -EAGAIN: the ROUTER's queue to c is full (ZeroMQ's high-water mark); try again later. */
+/* outbox.c: the ROUTER's sends (through s->sink in tests); a drop is counted and logged. */
+int outbox_router_send(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len,
+                       const char *body);
+void outbox_log_dropped(struct server *s, const void *rid, size_t len, const char *body,
+                        const char *why);
+/* Who a routing id names, for the log. */
+const char *outbox_peer_text(struct server *s, const void *rid, size_t len, char *buf, size_t size);
 int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e);
 int server_send_encoded(struct server *s, struct client *c, const void *buf, size_t len,
                         const char *body);
@@ -302,6 +311,10 @@ struct client *server_add_remote(struct server *s, const struct origin *o, uint6
 void dispatch_envelope(struct server *s, const struct origin *o, const void *data, size_t size);
 /* A request whose descriptors have all arrived (p is freed). */
 void dispatch_complete(struct server *s, struct client *c, struct pending *p);
+/* A frame of descriptors from the client's side channel: its request runs once they are all
+ * there (descriptors.c matches them). */
+void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *frame, int *fds,
+                         size_t n_fds);
 
 /* descriptors.c: requests and the descriptors they wait for */
 /* How many descriptors a waiting request needs. */
@@ -309,10 +322,12 @@ size_t pending_fds_needed(const Aqua__Envelope *e);
 struct pending *pending_find(struct client *c, uint64_t request_id);
 /* NULL over the client's pending limit (before its Hello: one), or out of memory. */
 struct pending *pending_add(struct server *s, struct client *c, uint64_t request_id);
-void dispatch_side_frame(struct server *s, struct client *c, Aqua__SideFrame *frame, int *fds,
-                         size_t n_fds);
+/* Take a side frame's descriptors for the request they belong to (a bad frame closes them and
+ * says why); that request's pending entry when it now has every descriptor it needs, else NULL. */
+struct pending *pending_take_fds(struct server *s, struct client *c, Aqua__SideFrame *frame,
+                                 int *fds, size_t n_fds);
 /* A request still waiting at now_ns past its deadline is answered with an error. */
-void dispatch_expire(struct server *s, struct client *c, uint64_t now_ns);
+void pending_expire(struct server *s, struct client *c, uint64_t now_ns);
 
 /* admin.c */
 void admin_handle(struct server *s, struct client *c, const Aqua__Envelope *e);

@@ -53,3 +53,19 @@ enum gpu_role translate_role_from_wire(Aqua__Role r)
                 return _GPU_ROLE_MAX;
         }
 }
+
+const char *translate_role_name(Aqua__Role r)
+{
+        switch (r) {
+        case AQUA__ROLE__ROLE_PRODUCER:
+                return "producer";
+        case AQUA__ROLE__ROLE_CONSUMER:
+                return "consumer";
+        case AQUA__ROLE__ROLE_NEUTRAL:
+                return "neutral";
+        case AQUA__ROLE__ROLE_ADMIN:
+                return "admin";
+        default:
+                return "unspecified";
+        }
+}

@@ -17,3 +17,5 @@ Aqua__Role translate_role_to_wire(enum gpu_role r);
 /* The pool's role for a role a GPU client registers with; _GPU_ROLE_MAX for any other (admin,
  * unspecified, unknown). */
 enum gpu_role translate_role_from_wire(Aqua__Role r);
+/* A wire role in words, for the log. */
+const char *translate_role_name(Aqua__Role r);

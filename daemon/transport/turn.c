@@ -43,24 +43,6 @@ struct queued {
         struct turn_change *change;
 };
 
-/* Who a routing id names, for the log. */
-static const char *peer_text(struct server *s, const void *rid, size_t len, char *buf, size_t size)
-{
-        struct client *c = server_find_by_routing(s, rid, len);
-        const char *gpu = c && c->gpu ? broker_gpu_uuid(c->gpu) : NULL;
-
-        if (!c)
-                snprintf(buf, size, "a connection without a Hello");
-        else if (c->remote)
-                snprintf(buf, size, "client %" PRIu64 " (CURVE key %.8s...%s%s)", c->id,
-                         c->remote_key, gpu ? ", GPU " : "", gpu ? gpu : "");
-        else
-                snprintf(buf, size, "client %" PRIu64 " (pid %d uid %u%s%s)", c->id,
-                         (int)c->cred.pid, (unsigned)c->cred.uid, gpu ? ", GPU " : "",
-                         gpu ? gpu : "");
-        return buf;
-}
-
 static const char *error_code_name(int code)
 {
         const ProtobufCEnumValue *v =
@@ -86,24 +68,8 @@ static void log_error_reply(struct server *s, const void *rid, size_t len, const
                 snprintf(more, sizeof(more), " (%" PRIu64 " error replies before it not logged)",
                          held);
         log_notice("Error %s to %s, answering its %s (request %" PRIu64 "): %s%s",
-                   error_code_name(code), peer_text(s, rid, len, who, sizeof(who)),
+                   error_code_name(code), outbox_peer_text(s, rid, len, who, sizeof(who)),
                    what ? what : "message", request_id, msg, more);
-}
-
-/* Likewise every send aquad drops: to whom, what and why. */
-static void log_dropped(struct server *s, const void *rid, size_t len, const char *body,
-                        const char *why)
-{
-        char who[160], more[80] = "";
-        uint64_t held = 0;
-
-        if (!ratelimit_take(&s->drop_log, now_mono_ns(), &held))
-                return;
-        if (held)
-                snprintf(more, sizeof(more), " (%" PRIu64 " dropped sends before it not logged)",
-                         held);
-        log_notice("Dropped a %s to %s: %s%s", body, peer_text(s, rid, len, who, sizeof(who)), why,
-                   more);
 }
 
 static void queued_free(struct queued *q)
@@ -144,8 +110,8 @@ int server_queue_to(struct server *s, const void *routing_id, size_t len, Aqua__
 
         if (r < 0) {
                 s->stats.send_dropped++;
-                log_dropped(s, routing_id, len, wire_body_name(e),
-                            r == -ENOMEM ? "out of memory encoding it" : strerror(-r));
+                outbox_log_dropped(s, routing_id, len, wire_body_name(e),
+                                   r == -ENOMEM ? "out of memory encoding it" : strerror(-r));
         }
         return r;
 }
@@ -155,6 +121,12 @@ int server_queue(struct server *s, struct client *c, Aqua__Envelope *e)
         if (!c || !c->routing_id_len)
                 return -ENOTCONN;
         return server_queue_to(s, c->routing_id, c->routing_id_len, e);
+}
+
+void server_reply(struct server *s, struct client *c, uint64_t request_id, Aqua__Envelope *e)
+{
+        e->request_id = request_id;
+        server_queue(s, c, e);
 }
 
 /* An Error envelope's parts, counted as sent. */
@@ -280,50 +252,6 @@ static void refuse_turn(struct server *s)
                                ECODE(JOURNAL), msg);
 }
 
-/* ------------------------------------------------------------------------------ sending */
-
-static int router_send(struct server *s, const void *rid, size_t rlen, const void *buf, size_t len,
-                       const char *body)
-{
-        int r = 0;
-
-        if (s->sink)
-                r = s->sink(s, rid, rlen, buf, len);
-        else if (!s->router)
-                r = -ENOTCONN;
-        else if (zmq_send(s->router, rid, rlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-                 zmq_send(s->router, buf, len, ZMQ_DONTWAIT) < 0)
-                r = -errno;
-        /* A full queue is retried by those who can (outboxes); for the others it is a drop. */
-        if (r < 0 && r != -EAGAIN) {
-                s->stats.send_dropped++;
-                log_dropped(s, rid, rlen, body, zmq_strerror(-r));
-        }
-        return r;
-}
-
-int server_send_encoded(struct server *s, struct client *c, const void *buf, size_t len,
-                        const char *body)
-{
-        if (!c || !c->routing_id_len)
-                return -ENOTCONN;
-        return router_send(s, c->routing_id, c->routing_id_len, buf, len, body);
-}
-
-int server_send_now(struct server *s, struct client *c, Aqua__Envelope *e)
-{
-        _cleanup_free_ void *buf = NULL;
-        size_t n;
-        int r;
-
-        if (!c || !c->routing_id_len)
-                return -ENOTCONN;
-        r = wire_encode(e, &buf, &n);
-        if (r < 0)
-                return r;
-        return router_send(s, c->routing_id, c->routing_id_len, buf, n, wire_body_name(e));
-}
-
 /* A grant's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel. */
 static int send_grant_fds(struct client *c, const struct broker_grant *g)
 {
@@ -376,7 +304,7 @@ static void send_queued(struct server *s, struct queued *q)
          * them, nor a grant the notices that may follow it. */
         r = k && !list_empty(&k->client->deferred)
                 ? -EAGAIN
-                : router_send(s, q->rid, q->rlen, q->buf, q->len, q->body);
+                : outbox_router_send(s, q->rid, q->rlen, q->buf, q->len, q->body);
         if (r == -EAGAIN && k && server_defer_reply(s, k->client, q->buf, q->len, q->body) == 0) {
                 /* The client's queue is full (ZeroMQ's high-water mark) but it is there: what the
                  * reply hands over is its, and the reply waits in its outbox. */
@@ -388,8 +316,8 @@ static void send_queued(struct server *s, struct queued *q)
         }
         if (r == -EAGAIN) {
                 s->stats.send_dropped++;
-                log_dropped(s, q->rid, q->rlen, q->body,
-                            "its queue is full (ZeroMQ's high-water mark)");
+                outbox_log_dropped(s, q->rid, q->rlen, q->body,
+                                   "its queue is full (ZeroMQ's high-water mark)");
         }
         if (r < 0 && k) {
                 /* A grant or an offer its client never hears of would be custody nobody knows
