@@ -7,6 +7,7 @@
 #include "config.h"
 #include "log.h"
 #include "notify.h"
+#include "reload.h"
 #include "server.h"
 #include "wire.h"
 

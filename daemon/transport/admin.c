@@ -4,10 +4,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "admin.h"
+#include "clients.h"
 #include "log.h"
-#include "server.h"
+#include "reload.h"
+#include "state.h"
 #include "time-util.h"
 #include "translate.h"
+#include "turn.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 

@@ -12,8 +12,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "admission.h"
+#include "dispatch.h"
+#include "drop.h"
 #include "log.h"
-#include "server.h"
+#include "state.h"
 #include "time-util.h"
 
 /* Out of descriptors: how long aquad stops accepting side channels (and serves the others). */

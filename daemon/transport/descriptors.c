@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clients.h"
+#include "descriptors.h"
 #include "log.h"
-#include "server.h"
+#include "state.h"
 #include "time-util.h"
+#include "turn.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 

@@ -10,13 +10,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "admin.h"
+#include "clients.h"
+#include "descriptors.h"
+#include "dispatch.h"
 #include "hello.h"
 #include "log.h"
 #include "parse-util.h"
-#include "server.h"
+#include "state.h"
 #include "throttle.h"
 #include "time-util.h"
 #include "translate.h"
+#include "turn.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 

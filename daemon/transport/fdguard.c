@@ -27,8 +27,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "fdguard.h"
 #include "log.h"
-#include "server.h"
+#include "state.h"
 #include "time-util.h"
 
 #define MONITOR_ENDPOINT "inproc://aquad-router-monitor"

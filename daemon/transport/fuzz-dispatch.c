@@ -28,10 +28,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "descriptors.h"
+#include "dispatch.h"
+#include "drop.h"
 #include "fuzz-dispatch.h"
 #include "log.h"
+#include "reload.h"
 #include "server.h"
+#include "state.h"
 #include "time-util.h"
+#include "turn.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

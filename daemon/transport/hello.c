@@ -8,13 +8,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clients.h"
+#include "descriptors.h"
+#include "drop.h"
 #include "gpunode.h"
 #include "hello.h"
 #include "log.h"
-#include "server.h"
+#include "remote.h"
+#include "state.h"
 #include "throttle.h"
 #include "time-util.h"
 #include "translate.h"
+#include "turn.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server.h"
+#include "state.h"
 
 /* A fabric handle's length where one may come (0, or an outcome with err filled). */
 int hello_fabric_check(size_t len, bool fabric, const char *what, size_t i, char *err);

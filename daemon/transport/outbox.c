@@ -15,8 +15,10 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "clients.h"
 #include "log.h"
-#include "server.h"
+#include "outbox.h"
+#include "state.h"
 #include "time-util.h"
 #include "util.h"
 

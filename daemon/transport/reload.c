@@ -4,8 +4,9 @@
 
 #include "hello.h"
 #include "log.h"
-#include "server.h"
+#include "reload.h"
 #include "settings.h"
+#include "state.h"
 
 void server_apply_settings(struct server *s)
 {

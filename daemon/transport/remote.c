@@ -13,9 +13,12 @@
 #include <zmq.h>
 
 #include "curve.h"
+#include "fdguard.h"
 #include "log.h"
-#include "server.h"
+#include "remote.h"
+#include "state.h"
 #include "time-util.h"
+#include "turn.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 /* Refusals of tcp peers are logged at most this often (a scan must not flood the log). */

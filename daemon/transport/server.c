@@ -1,6 +1,18 @@
 /* aquad's sockets, clients, signals and the poll loop; who may connect is admission.c's, requests
  * themselves go to dispatch.c. */
 #include "server.h"
+#include "admission.h"
+#include "clients.h"
+#include "descriptors.h"
+#include "dispatch.h"
+#include "drop.h"
+#include "fdguard.h"
+#include "outbox.h"
+#include "reload.h"
+#include "remote.h"
+#include "setup.h"
+#include "state.h"
+#include "turn.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -26,134 +38,6 @@
 
 /* How soon a notice the ROUTER could not take is tried again. */
 #define OUTBOX_RETRY_MS 10
-/* Descriptors kept free for ZeroMQ, the journal, the metrics endpoint and new connections. */
-#define FD_RESERVE 128
-
-/* ------------------------------------------------------------------------------ clients */
-
-struct client *server_find_by_routing(struct server *s, const void *routing_id, size_t len)
-{
-        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
-                struct client *c = list_entry(n, struct client, node);
-                if (c->routing_id_len == len && memcmp(c->routing_id, routing_id, len) == 0)
-                        return c;
-        }
-        return NULL;
-}
-
-struct client *server_find_by_token(struct server *s, const void *token, size_t len)
-{
-        if (len != SIDE_TOKEN_LEN)
-                return NULL;
-        for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
-                struct client *c = list_entry(n, struct client, node);
-                if (!c->registered && memcmp(c->token, token, len) == 0)
-                        return c;
-        }
-        return NULL;
-}
-
-int origin_peer(const struct origin *o, struct side_cred *ret)
-{
-        if (o->fd < 0)
-                return -ENOENT;
-        /* Fails for TCP, where the kernel knows no peer process. */
-        return side_peer_cred(o->fd, ret);
-}
-
-Aqua__Role client_role(const struct client *c)
-{
-        if (!c->registered)
-                return AQUA__ROLE__ROLE_UNSPECIFIED;
-        /* Every registration but an admin's is a GPU's, whose role the core keeps. */
-        return c->gpu ? translate_role_to_wire(broker_gpu_role(c->gpu)) : AQUA__ROLE__ROLE_ADMIN;
-}
-
-bool client_is_admin(const struct server *s, const struct client *c)
-{
-        return config_access_allows(&s->config->admin, c->cred.uid, c->cred.gid, c->groups,
-                                    c->n_groups);
-}
-
-void client_free_pending(struct client *c, struct pending *p)
-{
-        list_unlink(&p->node);
-        c->n_pending--;
-        side_close_fds(p->fds, p->n_fds);
-        free(p->fds);
-        if (p->env)
-                aqua__envelope__free_unpacked(p->env, NULL);
-        free(p);
-}
-
-void client_free_held(struct server *s, struct client *c)
-{
-        s->n_held_parts -= MIN(c->n_held, s->n_held_parts);
-        free(c->held);
-        c->held = NULL;
-        c->n_held = 0;
-}
-
-static void client_free(struct server *s, struct client *c)
-{
-        /* Its custody changes of this turn are settled (and their replies sent) first. */
-        server_turn_barrier(s);
-        server_outbox_clear(s, c);
-        client_free_held(s, c);
-        while (!list_empty(&c->pending))
-                client_free_pending(c, list_entry(c->pending.next, struct pending, node));
-        if (c->remote)
-                log_info("Remote client %" PRIu64 " (%s at %s) gone", c->id, c->remote_user,
-                         c->remote_addr);
-        else if (c->gpu) {
-                log_info("Client %" PRIu64 " (pid %d) gone; releasing GPU %s", c->id,
-                         (int)c->cred.pid, broker_gpu_uuid(c->gpu));
-                broker_gpu_gone(s->broker, c->gpu);
-                c->gpu = NULL;
-        } else if (c->registered)
-                log_debug("Client %" PRIu64 " (pid %d) gone", c->id, (int)c->cred.pid);
-        list_unlink(&c->node);
-        s->n_clients--;
-        safe_close(c->side_fd);
-        free(c);
-}
-
-static size_t fds_held(const struct server *s)
-{
-        struct broker_counts counts;
-
-        broker_counts(s->broker, &counts);
-        size_t n = counts.chunks + s->n_clients;
-
-        for (struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
-                struct client *c = list_entry(x, struct client, node);
-                for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
-                        n += list_entry(k, struct pending, node)->n_fds;
-        }
-        return n;
-}
-
-/*
- * Whether c may make aquad hold n more descriptors: within RLIMIT_NOFILE less FD_RESERVE, and,
- * before its Hello, within what the pool could still take (a re-registering producer's handles;
- * an unregistered connection is owed nothing more).
- */
-bool server_may_take_fds(struct server *s, const struct client *c, size_t n)
-{
-        size_t mine = 0;
-
-        for (struct list_node *k = c->pending.next; k != &c->pending; k = k->next)
-                mine += list_entry(k, struct pending, node)->n_fds;
-        struct broker_counts counts;
-        uint64_t max = broker_settings_in_force(s->broker)->max_chunks;
-
-        broker_counts(s->broker, &counts);
-        if (!c->registered && max >= counts.chunks && mine + n > max - counts.chunks)
-                return false;
-        if (s->fd_limit && fds_held(s) + n + FD_RESERVE > s->fd_limit)
-                return false;
-        return true;
-}
 
 /* Registered clients count against limits.clients; the rest against limits.unregistered. */
 static void read_router(struct server *s)
@@ -392,20 +276,6 @@ static void handle_signals(struct server *s)
         }
 }
 
-void server_drop_client(struct server *s, struct client *c)
-{
-        client_free(s, c);
-}
-
-void server_detach_gpu(struct server *s, struct client *c)
-{
-        server_turn_barrier(s);
-        if (c->gpu)
-                broker_gpu_detach(s->broker, c->gpu);
-        c->gpu = NULL;
-        client_free(s, c);
-}
-
 /*
  * Whether silence may end a remote client's registration: any remote one's, and its GPU then
  * keeps what it holds as after an aquad restart (server_detach_gpu). A remote consumer is never
@@ -463,8 +333,8 @@ static void expire(struct server *s, uint64_t now)
                         log_notice("Client %" PRIu64 " (pid %d) sent no Hello in time; closing "
                                    "its side channel",
                                    c->id, (int)c->cred.pid);
-                        client_free(s, c);
-                        /* client_free may have freed no other client, but restart to be safe. */
+                        server_drop_client(s, c);
+                        /* Dropping it may have freed no other client, but restart to be safe. */
                         tmp = s->clients.next;
                         continue;
                 }

@@ -1,6 +1,9 @@
 /* Setting aquad up: the sockets' locks, the journal's replay (or repair), descriptors, signals,
  * the side-channel listener and the ROUTER. server_new() calls these in order. */
-#include "server.h"
+#include "setup.h"
+#include "fdguard.h"
+#include "remote.h"
+#include "state.h"
 
 #include <fcntl.h>
 #include <grp.h>

@@ -15,10 +15,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dispatch.h"
 #include "fuzz-dispatch.h"
 #include "log.h"
+#include "outbox.h"
 #include "server.h"
+#include "state.h"
 #include "time-util.h"
+#include "turn.h"
 
 #define CHUNK   FUZZ_CHUNK
 #define MAX_OUT 64

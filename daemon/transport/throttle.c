@@ -2,9 +2,10 @@
 #include <inttypes.h>
 #include <math.h>
 
-#include "server.h"
+#include "state.h"
 #include "throttle.h"
 #include "time-util.h"
+#include "turn.h"
 #include "util.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name

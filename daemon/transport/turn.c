@@ -21,8 +21,10 @@
 #include <zmq.h>
 
 #include "log.h"
-#include "server.h"
+#include "outbox.h"
+#include "state.h"
 #include "time-util.h"
+#include "turn.h"
 
 #define ECODE(name) AQUA__ERROR_CODE__ERROR_CODE_##name
 
