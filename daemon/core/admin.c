@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "broker.h"
 
 #define E(name) BROKER_E_##name
 

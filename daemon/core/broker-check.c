@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "broker-private.h"
+#include "broker.h"
 
 int broker_check(struct broker *broker, char *err)
 {

@@ -8,7 +8,9 @@
 #error "broker-private.h is the core's own: outside daemon/core/ use broker.h and view.c"
 #endif
 
-#include "broker.h"
+#include "broker-types.h"
+
+struct broker_reclaim; /* broker.h */
 
 struct gpu_link {
         char *uuid;

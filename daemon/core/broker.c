@@ -2,6 +2,7 @@
 #include <sodium.h>
 
 #include "broker-private.h"
+#include "broker.h"
 
 #include <search.h>
 #include <stdarg.h>

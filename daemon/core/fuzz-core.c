@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "broker-private.h"
+#include "broker.h"
 #include "log.h"
 #include "time-util.h"
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "broker.h"
 #include "log.h"
 #include "parse-util.h"
 #include "time-util.h"

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "broker.h"
 #include "log.h"
 #include "time-util.h"
 

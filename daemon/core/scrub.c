@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "broker-private.h"
+#include "broker.h"
 #include "log.h"
 
 void chunk_dirty(struct broker *broker, struct chunk *c, const struct gpu *consumer)

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "broker-private.h"
+#include "broker.h"
 #include "time-util.h"
 
 #define MiB      (UINT64_C(1) << 20)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "broker-private.h"
+#include "broker.h"
 
 static const char *or_empty(const char *s)
 {

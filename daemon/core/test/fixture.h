@@ -3,6 +3,7 @@
 #pragma once
 
 #include "broker-private.h"
+#include "broker.h"
 #include "time-util.h"
 #include "topology.h"
 
