@@ -395,6 +395,47 @@ Test(exhaustion, idle_zeromq_connections_past_the_descriptor_limit_never_abort_a
         cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad is gone");
 }
 
+/*
+ * The backstop under the descriptor guard (daemon/accept-guard.c). The guard (fdguard) takes the
+ * ipc:// socket's name away when its loop sees descriptors run short, but libzmq accepts in its
+ * own I/O thread at once: with the limit lowered to what aquad already holds, the next
+ * connection reaches libzmq's accept() before any turn of the loop. libzmq 4.3 aborts the
+ * process when that accept() fails with EMFILE (ipc_listener.cpp); aquad's accept() refuses the
+ * connection waiting first instead, and aquad serves on once there is room. Built without that
+ * refusal, aquad died here (SIGABRT) in 6 runs of 6; with it, it served on in 6 of 6.
+ */
+Test(exhaustion, connections_past_a_limit_lowered_under_aquads_feet_never_abort_it, .timeout = 60)
+{
+        int fds[8], n;
+        struct rlimit tight;
+
+        cr_assert_eq(aquad_start_logged(NULL, &daemon_), 0);
+        n = aquad_fds();
+        tight = (struct rlimit){.rlim_cur = (rlim_t)n, .rlim_max = 4096};
+        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &tight, NULL), 0, "prlimit: %m");
+        for (int i = 0; i < 8; i++) {
+                struct sockaddr_un a = {.sun_family = AF_UNIX};
+
+                snprintf(a.sun_path, sizeof(a.sun_path), "%s",
+                         aquad_endpoint(daemon_) + strlen("ipc://"));
+                fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+                cr_assert_geq(fds[i], 0);
+                (void)connect(fds[i], (struct sockaddr *)&a, sizeof(a));
+        }
+        usleep(500 * 1000);
+        cr_assert_eq(kill(aquad_pid(daemon_), 0), 0, "aquad died%s",
+                     log_has("Too many open files") ? ": Too many open files" : "");
+        for (int i = 0; i < 8; i++)
+                close(fds[i]);
+        tight.rlim_cur = 4096;
+        cr_assert_eq(prlimit(aquad_pid(daemon_), RLIMIT_NOFILE, &tight, NULL), 0, "prlimit: %m");
+        /* Room again: clients get in (once the guard gives the socket its name back). */
+        for (int i = 0; i < 100 && log_has("left of") && log_count("accepts connections") < 1; i++)
+                usleep(100 * 1000);
+        test_connect_as(daemon_, &producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-P", "GPU-C");
+        offer_works();
+}
+
 #define FLOOD 60000
 
 /*

@@ -173,7 +173,7 @@ void fake_welcome(struct fake *f, uint64_t request_id, uint64_t client_id, const
 
         w.client_id = client_id;
         w.paired_with = (char *)paired;
-        w.dram_budget = UINT64_C(1) << 30;
+        w.dram_budget = UINT64_C(1) << 30; /* as if the GPU held 1 GiB granted before */
         w.reclaim_deadline_ms = 5000;
         e.request_id = request_id;
         e.body_case = AQUA__ENVELOPE__BODY_WELCOME;

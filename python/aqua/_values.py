@@ -52,7 +52,7 @@ class Info:
     chunk_bytes: int
     client_id: int  #: the daemon's id for this context; 0 while disconnected
     connected: bool
-    dram_budget: int
+    dram_budget: int  #: the DRAM budget aquad held granted to this GPU when it registered
     reclaim_deadline: float  #: seconds
     offered_bytes: int
     borrowed_bytes: int

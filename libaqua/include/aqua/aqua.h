@@ -177,7 +177,9 @@ struct aqua_info {
         uint64_t chunk_bytes; /* producer: size of an offered chunk */
         uint64_t client_id;   /* the daemon's id for this context; 0 while disconnected */
         bool connected;
-        uint64_t dram_budget; /* consumer: DRAM bytes the daemon allows it to pin */
+        /* consumer: the DRAM budget aquad held granted to this GPU when it last registered (its
+         * Welcome): a re-registering consumer's grants survive aquad's restarts */
+        uint64_t dram_budget;
         uint64_t reclaim_deadline_ms;
         uint64_t offered_bytes;  /* producer: in the daemon's pool (leased or not) */
         uint64_t borrowed_bytes; /* consumer: peer memory currently mapped */
@@ -187,7 +189,7 @@ struct aqua_info {
         uint64_t tensor_local_bytes;
         uint64_t tensor_dram_bytes; /* placement keeps it within dram_granted; reclaims may not */
         uint64_t pool_free_bytes;   /* free chunks of AQUA_BORROW_TENSORS leases */
-        uint64_t dram_granted;      /* DRAM budget the daemon granted (AQUA_BORROW_ALLOW_DRAM) */
+        uint64_t dram_granted;      /* DRAM budget this context borrowed (AQUA_BORROW_ALLOW_DRAM) */
 };
 
 /* Fill *ret with the context's state as last known locally (no round trip). */
