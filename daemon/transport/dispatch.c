@@ -258,12 +258,15 @@ static void handle_borrow(struct server *s, struct client *c, const Aqua__Envelo
         /* Its descriptors leave on the side channel just before it, after the turn's commit. */
         k->kind = CUSTODY_GRANT;
         k->grant = pg;
+        k->granted = view;
+        k->n_granted = g.n_chunks;
         if (server_queue_custody(s, c, &r, k) < 0) {
                 broker_undo_grant(s->broker, c->gpu, &pg);
                 client_queue_error(s, c, e->request_id, ECODE(INTERNAL), "borrow", "out of memory");
                 return;
         }
         k = NULL;
+        view = NULL; /* the turn's change holds it */
 }
 
 /* ------------------------------------------------------------------------------ the rest */

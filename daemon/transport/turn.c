@@ -204,6 +204,7 @@ void turn_change_free(struct turn_change *k)
         if (k->reply)
                 k->reply->change = NULL;
         free(k->ids);
+        free(k->granted);
         free(k);
 }
 
@@ -254,28 +255,25 @@ static void refuse_turn(struct server *s)
                                ECODE(JOURNAL), msg);
 }
 
-/* A grant's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel. */
-static int send_grant_fds(struct client *c, const struct broker_grant *g)
+/* A grant's descriptors, SIDE_MAX_FDS to a frame, on its consumer's side channel: the chunks
+ * its request described (the turn's barrier keeps them as they were). */
+static int send_grant_fds(struct client *c, const struct turn_change *k)
 {
-        size_t total = broker_grant_size(g), n;
-        _cleanup_free_ struct broker_granted_chunk *v = calloc(MAX(total, 1), sizeof(*v));
         uint64_t ids[SIDE_MAX_FDS];
         int fds[SIDE_MAX_FDS];
+        size_t n;
 
-        if (!v)
-                return -ENOMEM;
-        total = broker_grant_chunks(g, v, total);
-        for (size_t at = 0; at < total; at += n) {
+        for (size_t at = 0; at < k->n_granted; at += n) {
                 Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
                 int r;
 
-                n = MIN(total - at, (size_t)SIDE_MAX_FDS);
+                n = MIN(k->n_granted - at, (size_t)SIDE_MAX_FDS);
                 for (size_t i = 0; i < n; i++) {
-                        ids[i] = v[at + i].id;
-                        fds[i] = v[at + i].fd;
+                        ids[i] = k->granted[at + i].id;
+                        fds[i] = k->granted[at + i].fd;
                 }
                 f.kind = AQUA__SIDE_FRAME__KIND__KIND_GRANT_FDS;
-                f.lease_id = broker_grant_lease_id(g);
+                f.lease_id = broker_grant_lease_id(&k->grant);
                 f.chunk_ids = ids;
                 f.n_chunk_ids = n;
                 r = side_send(c->side_fd, &f, fds, n);
@@ -290,8 +288,8 @@ static void send_queued(struct server *s, struct queued *q)
         struct turn_change *k = q->change;
         int r;
 
-        if (k && k->kind == CUSTODY_GRANT && broker_grant_size(&k->grant) && !k->client->remote) {
-                r = send_grant_fds(k->client, &k->grant);
+        if (k && k->kind == CUSTODY_GRANT && k->n_granted && !k->client->remote) {
+                r = send_grant_fds(k->client, k);
                 if (r < 0) {
                         char msg[160];
                         snprintf(msg, sizeof(msg),

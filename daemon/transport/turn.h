@@ -25,6 +25,10 @@ struct turn_change {
         struct client *client;
         uint64_t request_id;
         struct broker_grant grant; /* CUSTODY_GRANT */
+        /* CUSTODY_GRANT: its chunks as the request described them once, for the reply and then
+         * for their descriptors (owned) */
+        struct broker_granted_chunk *granted;
+        size_t n_granted;
         uint64_t *ids;             /* CUSTODY_OFFER: the chunks taken (owned) */
         size_t n;
         struct queued *reply;
