@@ -280,7 +280,7 @@ static int reclaim_request(aqua_ctx *ctx, uint64_t bytes, uint64_t token)
 static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint64_t *ret_covered)
 {
         struct reclaim_wait *w = &ctx->producer.reclaim;
-        bool again = ctx->fabric;
+        bool again = true;
         int r;
 
         for (;;) {
@@ -294,7 +294,9 @@ static int reclaim_round(aqua_ctx *ctx, uint64_t bytes, uint64_t deadline, uint6
                         r = ctx_wait(ctx, &w->replied, deadline);
                 if (r == 0)
                         r = w->replied.result;
-                /* Over tcp a cut link makes this a new client: once registered again, ask again. */
+                /* aquad restarted, or over tcp a cut link made this a new client (aquad then
+                 * answers NOT_REGISTERED, having done nothing): once registered again, ask
+                 * again. A reclaim asked twice takes nothing twice. */
                 if (r == -ENOTCONN && again) {
                         again = false;
                         continue;

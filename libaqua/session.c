@@ -382,7 +382,7 @@ int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
 int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply)
 {
         Aqua__Envelope *reply = NULL;
-        bool again = ctx->fabric;
+        bool again = true;
         int r;
 
 retry:
@@ -399,10 +399,10 @@ retry:
         if (reply->body_case == AQUA__ENVELOPE__BODY_ERROR) {
                 alog_debug("aquad answered %s with error %d: %s", wire_body_name(req),
                            reply->error->code, reply->error->message ? reply->error->message : "");
-                /* Over tcp a new connection (ZeroMQ reconnected after a cut link) is a new
-                 * client to aquad: register again, with what this context holds. */
-                if (ctx->fabric &&
-                    reply->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED) {
+                /* aquad did nothing with a request from a connection it does not know (over
+                 * tcp ZeroMQ reconnected after a cut link; over ipc aquad restarted): register
+                 * again, with what this context holds, and ask once more. */
+                if (reply->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED) {
                         aqua__envelope__free_unpacked(reply, NULL);
                         session_lost(ctx, "aquad no longer knows this connection");
                         if (!again)
@@ -469,9 +469,11 @@ int ctx_dispatch(aqua_ctx *ctx, Aqua__Envelope *e)
         bool handled = false;
         int r = 0;
 
-        /* Over tcp aquad ended the registration (silent past remote.grace, or a new
-         * connection): register again with what this context holds. */
-        if (ctx->fabric && e->body_case == AQUA__ENVELOPE__BODY_ERROR &&
+        /* aquad does not know this connection: over tcp it ended the registration (silent
+         * past remote.grace, or a new connection); over ipc a request sent while aquad
+         * restarted reached the new one before this context noticed (ZeroMQ delivers what it
+         * queued as soon as it reconnects). Register again with what this context holds. */
+        if (e->body_case == AQUA__ENVELOPE__BODY_ERROR &&
             e->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED &&
             ctx->state == SESSION_CONNECTED) {
                 session_lost(ctx, "aquad no longer knows this connection");

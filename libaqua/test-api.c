@@ -855,6 +855,72 @@ Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
         cr_assert_eq(used_on(0), 0);
 }
 
+/* A restarted daemon that got the reclaim before the Hello of this connection: it answers
+ * NOT_REGISTERED (having done nothing), then takes the registration and the reclaim asked
+ * again. */
+static void *serve_reclaim_to_a_restarted_daemon(void *arg)
+{
+        Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
+        Aqua__Error err = AQUA__ERROR__INIT;
+        Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
+        static uint64_t now_ids[] = {11, 12};
+        Aqua__SideFrame *f;
+        int fds[8];
+        size_t n = 0;
+
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
+        err.code = AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED;
+        err.message = "reclaim_request before a successful Hello";
+        reply.body_case = AQUA__ENVELOPE__BODY_ERROR;
+        reply.error = &err;
+        send_env(&reply, e->request_id);
+        aqua__envelope__free_unpacked(e, NULL);
+
+        fake_accept(&fk, false);
+        e = fake_recv(&fk);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_HELLO, "got %d", e->body_case);
+        keep_hello(e->hello);
+        /* The held chunks' descriptors came first; this daemon keeps none. */
+        f = fake_side_recv(&fk, fds, 8, &n);
+        cr_assert_eq(f->kind, AQUA__SIDE_FRAME__KIND__KIND_REREGISTER_FDS);
+        cr_assert_eq(n, 3);
+        side_close_fds(fds, n);
+        aqua__side_frame__free_unpacked(f, NULL);
+        fake_welcome(&fk, e->request_id, 43, "GPU-peer");
+        aqua__envelope__free_unpacked(e, NULL);
+
+        e = fake_recv(&fk);
+        cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST, "got %d", e->body_case);
+        cr_assert_eq(e->reclaim_request->bytes, 2 * CHUNK);
+        rr.n_chunk_ids = 2;
+        rr.chunk_ids = now_ids;
+        reply = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
+        reply.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
+        reply.reclaim_reply = &rr;
+        send_env(&reply, e->request_id);
+        aqua__envelope__free_unpacked(e, NULL);
+        return arg;
+}
+
+Test(api, a_reclaim_that_reached_a_restarted_daemon_before_the_hello_is_asked_again)
+{
+        struct aqua_info info;
+        uint64_t freed = 0;
+        pthread_t th;
+
+        open_producer_with_three_chunks();
+        pthread_create(&th, NULL, serve_reclaim_to_a_restarted_daemon, NULL);
+        cr_assert_eq(aqua_reclaim(ctx, 2 * CHUNK, 10000, &freed), 0);
+        pthread_join(th, NULL);
+        cr_assert_eq(freed, 2 * CHUNK);
+        cr_assert_eq(used_on(0), CHUNK);
+        cr_assert_not_null(hello_seen);
+        cr_assert_eq(hello_seen->n_held, 3, "the new registration names what it holds");
+        cr_assert_eq(aqua_get_info(ctx, &info), 0);
+        cr_assert(info.connected);
+        cr_assert_eq(info.client_id, 43);
+}
+
 /* ---------------------------------------------------------------- scrubbing across a restart */
 
 /* Five of them are more than the two 256 MiB scrub steps one aqua_poll() takes. */
