@@ -133,6 +133,81 @@ class Kit(UnifiedRadixCacheStorageFixtures):
             self.assertTrue(torch.equal(v, expected_v[:got]))
         cons.sanity_check()
 
+    def _produce_paged(self, storage_dir, seq):
+        """_l3_produce with a marker of its own per page, so that a page delivered in place of
+        another does not compare equal."""
+        ps = self.cfg.page_size
+        prod, alloc, rtp = build_fixture(self.cfg)
+        self._init_hicache(prod, storage_backend="file", storage_dir=storage_dir,
+                           prefetch_threshold=1)
+        self._insert(prod, alloc, rtp, seq)
+        leaf = match_prefix(prod, seq).last_device_node
+        indices = prod.path_device_indices(leaf)
+        for p in range(len(seq) // ps):
+            self._fill_full_kv(alloc, indices[p * ps:(p + 1) * ps], marker=20 + 2 * p)
+        expected = self._snapshot_full_kv(alloc, indices)
+        self._backup_node(prod, leaf)
+        self._write_path_to_l3(prod, leaf)
+        self._flush_l3_backups(prod)
+        return expected
+
+    def _anchor(self, cache, alloc, rtp, head):
+        """A prefix the consumer computed itself, on device and backed up to host: what the
+        scheduler requires of the node a prefetch hangs under."""
+        ps = self.cfg.page_size
+        self._insert(cache, alloc, rtp, head)
+        node = match_prefix(cache, head).last_device_node
+        indices = cache.path_device_indices(node)
+        for p in range(len(head) // ps):
+            self._fill_full_kv(alloc, indices[p * ps:(p + 1) * ps], marker=20 + 2 * p)
+        self._backup_node(cache, node)
+        return node
+
+    def _prefetch_under(self, cache, anchor, tokens, name):
+        req = CacheRequestHandle(name, 0)
+        cache.prefetch_from_storage(req, anchor, array("q", tokens),
+                                    cache.get_last_hash_value(anchor), None)
+        self._run_prefetch_to_completion(cache, req)
+
+    def test_a_prefetch_committed_under_a_prefix_is_the_producers_kv_page_for_page(self) -> None:
+        """The kit's prefetch-corruption concern, with the commit made for real through the
+        backend (the kit's own corruption fixtures fake it with made-up hashes and no storage):
+        the consumer holds the first two pages itself and prefetches the rest under them. What
+        loads back is the producer's KV page for page (each page has its own marker); the same
+        tail under another prefix finds nothing, a page's key being its whole prefix. Over
+        aqua the lender has taken everything back first: the pages come from host memory."""
+        ps = self.cfg.page_size
+        seq = self._make_seq(1, 4)
+        storage_dir = self._make_storage_dir()
+        want_k, want_v = self._produce_paged(storage_dir, seq)
+        if self.backend == "aqua":
+            self.assertTrue(LENDER.eval("ctx.reclaim(aqua.ALL, timeout=20).complete"))
+
+        cons, alloc, rtp = self._l3_consumer(storage_dir)
+        anchor = self._anchor(cons, alloc, rtp, seq[:2 * ps])
+        self._prefetch_under(cons, anchor, seq[2 * ps:], "tail")
+        m = match_prefix(cons, seq)
+        self.assertEqual(m.device_prefix_len, 2 * ps)
+        self.assertEqual(m.host_hit_length, 2 * ps, "the prefetched tail is host-resident")
+        self._load_back_node(cons, m.last_host_node)
+        got_k, got_v = self._snapshot_full_kv(
+            alloc, cons.path_device_indices(match_prefix(cons, seq).last_device_node))
+        self.assertTrue(torch.equal(got_k, want_k))
+        self.assertTrue(torch.equal(got_v, want_v))
+        cons.sanity_check()
+        if self.backend == "aqua":
+            r = self._storage(cons).report()
+            self.assertEqual(r["peer_bytes"], 0, r)
+            self.assertGreater(r["dram_bytes"], 0, r)
+
+        other, oalloc, ortp = self._l3_consumer(storage_dir)
+        head = self._make_seq(5001, 2)
+        anchor = self._anchor(other, oalloc, ortp, head)
+        self._prefetch_under(other, anchor, seq[2 * ps:], "foreign")
+        m = match_prefix(other, head + seq[2 * ps:])
+        self.assertEqual((m.device_prefix_len, m.host_hit_length), (2 * ps, 0))
+        other.sanity_check()
+
     def test_a_sibling_publishing_the_head_trims_the_staged_prefetch(self) -> None:
         """The kit's check: a staged prefetch whose first page a sibling request published
         meanwhile loads only the rest, and both parts are the right KV."""
