@@ -124,7 +124,7 @@ class AquaL2Adapter(L2AdapterInterface):
         self.stats = AquaL2Stats()
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[Any, _Page] = collections.OrderedDict()
-        self._locks: collections.Counter[Any] = collections.Counter()
+        self._locks: dict[Any, int] = {}  #: key -> lookups that locked it, not yet unlocked
         self._free: list[int] = []
         self._slot_bytes = config.slot_bytes
         self._n_slots = 0
@@ -218,11 +218,13 @@ class AquaL2Adapter(L2AdapterInterface):
     def submit_unlock(self, keys: list) -> None:
         # At once: an unlock has no task and is never retried, and it only counts down.
         with self._lock:
+            locks = self._locks
             for k in keys:
-                if self._locks[k] > 1:
-                    self._locks[k] -= 1
+                n = locks.get(k, 0)
+                if n > 1:
+                    locks[k] = n - 1
                 else:
-                    self._locks.pop(k, None)
+                    locks.pop(k, None)
 
     def submit_load_task(self, keys: list, objects: list) -> L2TaskId:
         if len(keys) != len(objects):
@@ -287,7 +289,8 @@ class AquaL2Adapter(L2AdapterInterface):
             poll_due = self._poll_aqua()
 
     def _engine(self, fn: Any, *args: Any) -> None:
-        """Call LMCache's accounting, timed apart from the adapter's own code."""
+        """Call LMCache's code (its accounting, its event notifiers, which wake its
+        controllers), timed apart from the adapter's own code."""
         t0 = time.perf_counter_ns()
         fn(*args)
         self.stats.engine_ns += time.perf_counter_ns() - t0
@@ -318,21 +321,20 @@ class AquaL2Adapter(L2AdapterInterface):
         stored, sizes, rows, evicted, evicted_sizes = [], [], [], [], []
         total = 0
         with self._lock:
+            if not self._slot_bytes and objects:
+                self._carve(min(max(objects[0].get_size(), 1), self._tensor_bytes))
             index, free, locks = self._index, self._free, self._locks
+            base, slot_bytes = self.dptr, self._slot_bytes
             for k, obj in zip(keys, objects):
                 ident = _identity(obj)
                 nbytes = ident[0]
-                if not self._slot_bytes:
-                    self._carve(min(max(nbytes, 1), self._tensor_bytes))
-                    free = self._free
                 if k in index:  # the same key names the same bytes: nothing to write
                     index.move_to_end(k)
                     continue
-                if nbytes > self._slot_bytes:
+                if nbytes > slot_bytes:
                     self.stats.store_refused += 1
                     logger.warning("aqua.lmcache: an object of %d bytes is larger than a slot "
-                                   "(%d bytes, 'slot_bytes'); not stored", nbytes,
-                                   self._slot_bytes)
+                                   "(%d bytes, 'slot_bytes'); not stored", nbytes, slot_bytes)
                     continue
                 if not free:
                     victim = next((v for v in index if not locks.get(v)), None)
@@ -345,7 +347,7 @@ class AquaL2Adapter(L2AdapterInterface):
                     evicted_sizes.append(p.ident[0])
                 slot = free.pop()
                 index[k] = _Page(slot, ident)
-                rows.append((self.dptr + slot * self._slot_bytes, obj.data_ptr, nbytes))
+                rows.append((base + slot * slot_bytes, obj.data_ptr, nbytes))
                 stored.append(k)
                 sizes.append(nbytes)
                 total += nbytes
@@ -367,7 +369,7 @@ class AquaL2Adapter(L2AdapterInterface):
             self._engine(self._notify_keys_stored, stored, sizes)
         with self._lock:
             self._stores[tid] = L2StoreResult(True, total)
-        self._store_efd.notify()
+        self._engine(self._store_efd.notify)
 
     def _matches(self, p: _Page, layouts: dict, key: Any) -> bool:
         d = layouts.get(getattr(key, "object_group_id", 0)) if layouts else None
@@ -377,40 +379,48 @@ class AquaL2Adapter(L2AdapterInterface):
 
     def _do_lookup(self, tid: L2TaskId, keys: list, layouts: dict) -> None:
         bm = Bitmap(len(keys))
+        hits = 0
         with self._lock:
+            index, locks = self._index, self._locks
             for i, k in enumerate(keys):
-                p = self._index.get(k)
-                if p is not None and self._matches(p, layouts, k):
-                    bm.set(i)
-                    self._locks[k] += 1
-                    self.stats.hits += 1
+                p = index.get(k)
+                if p is None or (layouts and not self._matches(p, layouts, k)):
+                    continue
+                bm.set(i)
+                locks[k] = locks.get(k, 0) + 1
+                hits += 1
+            self.stats.hits += hits
             self.stats.lookups += len(keys)
             self._lookups[tid] = bm
-        self._lookup_efd.notify()
+        self._engine(self._lookup_efd.notify)
 
     def _do_load(self, tid: L2TaskId, keys: list, objects: list) -> None:
         bm = Bitmap(len(keys))
         rows, hit, hit_keys = [], [], []
+        total = 0
         with self._lock:
+            index, base, slot_bytes = self._index, self.dptr, self._slot_bytes
             for i, (k, obj) in enumerate(zip(keys, objects)):
-                p = self._index.get(k)
+                p = index.get(k)
                 if p is None or p.ident != _identity(obj):
-                    self.stats.load_misses += 1
                     continue
-                self._index.move_to_end(k)
-                rows.append((obj.data_ptr, self.dptr + p.slot * self._slot_bytes, p.ident[0]))
+                index.move_to_end(k)
+                nbytes = p.ident[0]
+                rows.append((obj.data_ptr, base + p.slot * slot_bytes, nbytes))
                 hit.append(i)
                 hit_keys.append(k)
+                total += nbytes
         self._copy(rows, to_tensor=False)
         for i in hit:
             bm.set(i)
+        self.stats.load_misses += len(keys) - len(hit)
         self.stats.loads += len(hit)
-        self.stats.loaded_bytes += sum(r[2] for r in rows)
+        self.stats.loaded_bytes += total
         if hit_keys:
             self._engine(self._notify_keys_accessed, hit_keys)
         with self._lock:
             self._loads[tid] = bm
-        self._load_efd.notify()
+        self._engine(self._load_efd.notify)
 
     # ----------------------------------------------------------------------- lifetime
 
