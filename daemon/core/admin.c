@@ -7,7 +7,7 @@
 #define E(name) BROKER_E_##name
 
 int broker_admin_reclaim(struct broker *broker, const char *gpu, uint64_t bytes,
-                         struct broker_reclaim *ret, char *err)
+                         struct broker_reclaim *ret, char err[BROKER_ERR_MAX])
 {
         struct gpu *g = NULL;
         int r;
@@ -22,7 +22,7 @@ int broker_admin_reclaim(struct broker *broker, const char *gpu, uint64_t bytes,
 }
 
 int broker_admin_drain(struct broker *broker, const char *gpu, struct broker_reclaim *ret,
-                       char *err)
+                       char err[BROKER_ERR_MAX])
 {
         struct gpu *g = NULL;
         int r;
@@ -33,7 +33,7 @@ int broker_admin_drain(struct broker *broker, const char *gpu, struct broker_rec
         return broker_drain(broker, g, ret, err);
 }
 
-int broker_admin_undrain(struct broker *broker, const char *gpu, char *err)
+int broker_admin_undrain(struct broker *broker, const char *gpu, char err[BROKER_ERR_MAX])
 {
         struct gpu *g = NULL;
         int r;
@@ -45,7 +45,7 @@ int broker_admin_undrain(struct broker *broker, const char *gpu, char *err)
 }
 
 int broker_admin_release(struct broker *broker, const char *gpu, bool force,
-                         size_t *ret_quarantined, char *err)
+                         size_t *ret_quarantined, char err[BROKER_ERR_MAX])
 {
         struct gpu *g = NULL;
         int r;

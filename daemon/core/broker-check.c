@@ -8,7 +8,7 @@
 #include "broker-private.h"
 #include "broker.h"
 
-int broker_check(struct broker *broker, char *err)
+int broker_check(struct broker *broker, char err[BROKER_ERR_MAX])
 {
         uint64_t pool_bytes = 0, lent = 0, dram = 0;
         size_t n_chunks = 0, n_leases = 0;

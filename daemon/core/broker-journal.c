@@ -185,13 +185,13 @@ static int apply_chunk(struct broker *broker, const Aquaj__JChunk *j)
         c->dirty_for = 0;
         c->scrubbing = false;
         c->state = !l ? CHUNK_FREE : j->reclaiming ? CHUNK_RECLAIMING : CHUNK_LEASED;
-        c->deadline_ms = l ? j->deadline_ms : 0;
+        c->deadline_wall_ms = l ? j->deadline_ms : 0;
         c->deadline_ns = 0;
         /* Reclaiming with no deadline yet: its notice was never delivered. */
-        c->deadline_pending = c->state == CHUNK_RECLAIMING && !c->orphan && !c->deadline_ms;
-        if (c->deadline_ms) {
+        c->deadline_pending = c->state == CHUNK_RECLAIMING && !c->orphan && !c->deadline_wall_ms;
+        if (c->deadline_wall_ms) {
                 /* Deadlines survive a restart as wall-clock times. */
-                uint64_t left = c->deadline_ms > now_ms ? c->deadline_ms - now_ms : 0;
+                uint64_t left = c->deadline_wall_ms > now_ms ? c->deadline_wall_ms - now_ms : 0;
                 c->deadline_ns = now_mono_ns() + left * NSEC_PER_MSEC;
         }
         if (l)

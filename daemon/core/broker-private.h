@@ -55,7 +55,7 @@ struct gpu {
                         * the producer's client and is journaled */
         bool drain_refusal_logged; /* an offer refused by this drain was logged */
         bool restored;   /* known from the journal, its client has not re-registered yet */
-        bool held_alive; /* restored past the reconcile window: its process may still map */
+        bool silent;     /* restored past the reconcile window: its process may still map */
         bool fabric;     /* its client passes fabric handles in messages, not descriptors */
         /* Detached (a remote client unheard): it must register again by then; 0: a restart's. */
         uint64_t detached_until_ns;
@@ -81,7 +81,7 @@ struct chunk {
         uint64_t dirty_for;    /* serial of the consumer registration that last mapped it */
         uint64_t deadline_ns;  /* reclaiming: monotonic; 0: no deadline (or not started) */
         bool deadline_pending; /* reclaiming: its deadline starts when the notice is delivered */
-        uint64_t deadline_ms;  /* the same as wall clock, for the journal */
+        uint64_t deadline_wall_ms; /* the same in wall-clock ms, for the journal */
         uint64_t reclaim_start_ns; /* reclaiming: when the consumer was told (monotonic) */
         /* An operator ended its lease while the consumer's process still ran: granted to nobody,
          * scrubbed by nobody, handed back to nobody until that process is gone. */

@@ -27,7 +27,7 @@ static void *tree_find(void *const *root, uint64_t id)
         return n ? *n : NULL;
 }
 
-int broker_fail(char *err, int code, const char *fmt, ...)
+int broker_fail(char err[BROKER_ERR_MAX], int code, const char *fmt, ...)
 {
         va_list ap;
 
@@ -144,7 +144,7 @@ bool gpu_is(const struct gpu *g, const char *key)
 }
 
 int broker_lookup_gpu(struct broker *broker, const char *key, const char *what, struct gpu **ret,
-                      char *err)
+                      char err[BROKER_ERR_MAX])
 {
         struct gpu *found = NULL;
         char names[160] = "";
@@ -376,7 +376,7 @@ static void chunk_unlink_lease(struct broker *broker, struct chunk *c)
         broker->lent_bytes -= c->size;
         c->lease = NULL;
         c->deadline_ns = 0;
-        c->deadline_ms = 0;
+        c->deadline_wall_ms = 0;
         c->deadline_pending = false;
         lease_update_state(l);
 }

@@ -54,16 +54,18 @@ struct gpu *broker_find_gpu(struct broker *broker, const char *uuid_or_ordinal);
 /* The one GPU key names (uuid, device uuid, ordinal or HOST:ORDINAL) for an operator's request
  * what: BROKER_E_UNKNOWN_GPU for none, BROKER_E_INVALID listing the candidates for several. */
 int broker_lookup_gpu(struct broker *broker, const char *key, const char *what, struct gpu **ret,
-                      char *err);
+                      char err[BROKER_ERR_MAX]);
 struct chunk *broker_find_chunk(struct broker *broker, uint64_t id);
 struct lease *broker_find_lease(struct broker *broker, uint64_t id);
 
 /* snprintf into a BROKER_ERR_MAX buffer and return code: here a positive enum broker_error; the
- * transport uses it for its own (wire) codes too. */
-int broker_fail(char *err, int code, const char *fmt, ...) _printf_(3, 4);
+ * transport uses it for its own (wire) codes too. Every `err` of the core is declared
+ * char err[BROKER_ERR_MAX], so that gcc refuses a smaller array (-Wstringop-overflow under
+ * -Werror); NULL: the caller wants no text. */
+int broker_fail(char err[BROKER_ERR_MAX], int code, const char *fmt, ...) _printf_(3, 4);
 
 /* broker-check.c: whether the books add up; 0, or 1 with the first inconsistency named in err. */
-int broker_check(struct broker *broker, char *err);
+int broker_check(struct broker *broker, char err[BROKER_ERR_MAX]);
 
 const char *chunk_state_to_string(enum chunk_state s);
 const char *gpu_role_to_string(enum gpu_role r);
@@ -137,7 +139,7 @@ struct broker_welcome {
  * map its memory; a newcomer never inherits what another held.
  */
 int broker_register(struct broker *broker, const struct broker_hello *h, struct client *owner,
-                    struct broker_welcome *ret, char *err);
+                    struct broker_welcome *ret, char err[BROKER_ERR_MAX]);
 /* The GPU's client is gone (side channel EOF, or the reconcile window closed without it). */
 void broker_gpu_gone(struct broker *broker, struct gpu *g);
 /*
@@ -155,7 +157,7 @@ void broker_gpu_detach(struct broker *broker, struct gpu *g);
  * be gone on the operator's word. ret_quarantined (may be NULL) gets how many chunks were.
  */
 int broker_release(struct broker *broker, struct gpu *g, bool force, size_t *ret_quarantined,
-                   char *err);
+                   char err[BROKER_ERR_MAX]);
 /* Who holds g's custody, for messages: "NAME (uid U, pid P)" or "NAME (key K)". */
 const char *gpu_holder(const struct gpu *g, char *buf, size_t size);
 /*
@@ -170,8 +172,9 @@ const char *gpu_tenant(const struct gpu *g, char *buf, size_t size);
 /* Recompute pairs after registrations, departures, or operator changes; queues PairChanged. */
 int broker_recompute_pairs(struct broker *broker);
 /* Operator pairing: pin producer <-> consumer (either given as uuid or ordinal), or unpin one. */
-int broker_pin(struct broker *broker, const char *producer, const char *consumer, char *err);
-int broker_unpin(struct broker *broker, const char *gpu, char *err);
+int broker_pin(struct broker *broker, const char *producer, const char *consumer,
+               char err[BROKER_ERR_MAX]);
+int broker_unpin(struct broker *broker, const char *gpu, char err[BROKER_ERR_MAX]);
 
 /* ------------------------------------------------------ lease.c: the lease state machine */
 
@@ -181,7 +184,7 @@ int broker_unpin(struct broker *broker, const char *gpu, char *err);
  */
 int broker_offer(struct broker *broker, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
-                 uint64_t *ret_ids, char *err);
+                 uint64_t *ret_ids, char err[BROKER_ERR_MAX]);
 
 struct broker_grant {
         struct lease *lease; /* NULL when only DRAM was granted */
@@ -191,7 +194,7 @@ struct broker_grant {
 
 /* Consumer: borrow chunks of the paired producer, DRAM making up the rest when allowed. */
 int broker_borrow(struct broker *broker, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
-                  bool allow_dram, struct broker_grant *ret, char *err);
+                  bool allow_dram, struct broker_grant *ret, char err[BROKER_ERR_MAX]);
 /* Take a grant back that could not be delivered (its fds could not be sent, or not journaled). */
 void broker_undo_grant(struct broker *broker, struct gpu *consumer, const struct broker_grant *g);
 /* Take back an offer whose record could not be journaled: its chunks leave the pool. */
@@ -203,11 +206,11 @@ void broker_undo_offer(struct broker *broker, const uint64_t *ids, size_t n);
  * a positive error code (ids not in the lease are skipped).
  */
 int broker_return_unusable(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
-                           const uint64_t *chunk_ids, size_t n, char *err);
+                           const uint64_t *chunk_ids, size_t n, char err[BROKER_ERR_MAX]);
 /* Consumer: give chunks back (n == 0: the whole lease) and/or DRAM budget. */
 int broker_return(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
-                  char *err);
+                  char err[BROKER_ERR_MAX]);
 
 struct broker_reclaim {
         uint64_t *free_ids; /* dropped from the pool now */
@@ -224,12 +227,13 @@ void broker_reclaim_clear(struct broker_reclaim *r);
  * max_grant_chunks chunks in each list, so the reply fits the peer's limits: ask again for more.
  */
 int broker_reclaim(struct broker *broker, struct gpu *producer, uint64_t bytes, bool all,
-                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err);
+                   bool leased_only, const char *reason, struct broker_reclaim *ret,
+                   char err[BROKER_ERR_MAX]);
 
 /* Operator drain: no new offers or grants from producer; everything goes back to it. */
 int broker_drain(struct broker *broker, struct gpu *producer, struct broker_reclaim *ret,
-                 char *err);
-int broker_undrain(struct broker *broker, struct gpu *producer, char *err);
+                 char err[BROKER_ERR_MAX]);
+int broker_undrain(struct broker *broker, struct gpu *producer, char err[BROKER_ERR_MAX]);
 
 /* ------------------------------------------------- admin.c: operators' requests (aquactl) */
 
@@ -237,13 +241,13 @@ int broker_undrain(struct broker *broker, struct gpu *producer, char *err);
  * drain take a producer (BROKER_E_WRONG_ROLE otherwise); reclaim with bytes == 0 takes all its
  * leased memory back, leaving free chunks in the pool. */
 int broker_admin_reclaim(struct broker *broker, const char *gpu, uint64_t bytes,
-                         struct broker_reclaim *ret, char *err);
+                         struct broker_reclaim *ret, char err[BROKER_ERR_MAX]);
 int broker_admin_drain(struct broker *broker, const char *gpu, struct broker_reclaim *ret,
-                       char *err);
+                       char err[BROKER_ERR_MAX]);
 /* End a drain: the GPU may offer again. BROKER_E_INVALID when it is not draining. */
-int broker_admin_undrain(struct broker *broker, const char *gpu, char *err);
+int broker_admin_undrain(struct broker *broker, const char *gpu, char err[BROKER_ERR_MAX]);
 int broker_admin_release(struct broker *broker, const char *gpu, bool force,
-                         size_t *ret_quarantined, char *err);
+                         size_t *ret_quarantined, char err[BROKER_ERR_MAX]);
 
 /* ------------------------------------------------------------ scrub.c: scrubbing chunks */
 
@@ -253,7 +257,8 @@ int broker_admin_release(struct broker *broker, const char *gpu, bool force,
  * scrub count; ret_done gets how many did.
  */
 int broker_scrub_done(struct broker *broker, struct gpu *producer, const uint64_t *ids, size_t n,
-                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err);
+                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done,
+                      char err[BROKER_ERR_MAX]);
 
 /* A ReclaimNotice for these chunks of lease_id reached its consumer: their deadline starts. */
 void broker_reclaim_delivered(struct broker *broker, uint64_t lease_id, const uint64_t *ids,

@@ -58,7 +58,7 @@ static void producer_gone(struct broker *broker, struct gpu *g)
                 chunk_drop_handle(c);
                 /* Deadlines of an earlier reclaim no longer matter: nobody waits for it. */
                 c->state = CHUNK_LEASED;
-                c->deadline_ns = c->deadline_ms = 0;
+                c->deadline_ns = c->deadline_wall_ms = 0;
                 c->deadline_pending = false;
         }
         list_for_each(pos, tmp, &broker->leases)
@@ -88,7 +88,7 @@ void broker_gpu_gone(struct broker *broker, struct gpu *g)
         g->owner = NULL;
         g->serial = 0;
         g->restored = false;
-        g->held_alive = false;
+        g->silent = false;
         g->pid = 0;
         if (g->process.pid || g->custody.held) {
                 g->process = (struct proc_id){0};
@@ -112,7 +112,7 @@ void broker_gpu_detach(struct broker *broker, struct gpu *g)
         g->restored = true;
         /* Nobody can tell whether its process runs: the rule for pid 0 after a restart. */
         g->process = (struct proc_id){0};
-        g->held_alive = !list_empty(&g->leases);
+        g->silent = !list_empty(&g->leases);
         events_add(&broker->events, "client", "%s (%s) cannot be heard: what it holds is kept",
                    g->uuid, g->client_name ? g->client_name : "?");
         /* Its own reconcile window, as a restart gives every client. */
@@ -123,7 +123,7 @@ void broker_gpu_detach(struct broker *broker, struct gpu *g)
 }
 
 int broker_release(struct broker *broker, struct gpu *g, bool force, size_t *ret_quarantined,
-                   char *err)
+                   char err[BROKER_ERR_MAX])
 {
         size_t leases = list_length(&g->leases), quarantined = 0;
         enum proc_liveness live;
@@ -205,8 +205,8 @@ static bool holder_may_map(struct broker *broker, struct gpu *g)
                                       : proc_liveness(&g->process);
         if (l == PROC_GONE)
                 return false;
-        if (!g->held_alive) {
-                g->held_alive = true;
+        if (!g->silent) {
+                g->silent = true;
                 log_warning("Consumer %s did not re-register after the restart, but its process "
                             "%s: its %zu leases stay reserved until it does or is gone",
                             g->uuid, l == PROC_ALIVE ? "still runs" : "cannot be proven gone",
@@ -279,7 +279,7 @@ void broker_tick(struct broker *broker, uint64_t now_ns)
                                 continue;
                         log_notice("GPU %s did not re-register after the restart%s; releasing "
                                    "what it held",
-                                   g->uuid, g->held_alive ? " and its process is gone" : "");
+                                   g->uuid, g->silent ? " and its process is gone" : "");
                         broker->stats.leases_lost +=
                             g->role == GPU_ROLE_CONSUMER ? list_length(&g->leases) : 0;
                         broker_gpu_gone(broker, g);

@@ -64,7 +64,7 @@ Aquaj__JChunk *jchunk_new(const struct chunk *c)
         j->reclaiming = c->state == CHUNK_RECLAIMING;
         j->orphan = c->orphan;
         j->dirty = c->dirty;
-        j->deadline_ms = c->deadline_ms;
+        j->deadline_ms = c->deadline_wall_ms;
         j->quarantined = c->quarantined;
         j->quarantine_back = c->quarantine_back;
         if (c->quarantined) {

@@ -23,7 +23,7 @@ static const char *fmt_size(char *buf, uint64_t bytes)
 
 int broker_offer(struct broker *broker, struct gpu *producer, const uint64_t *sizes,
                  const uint64_t *client_refs, int *fds, const uint8_t *fabrics, size_t n,
-                 uint64_t *ret_ids, char *err)
+                 uint64_t *ret_ids, char err[BROKER_ERR_MAX])
 {
         size_t made = 0;
 
@@ -92,7 +92,7 @@ oom:
 }
 
 int broker_borrow(struct broker *broker, struct gpu *consumer, uint64_t bytes, uint64_t min_bytes,
-                  bool allow_dram, struct broker_grant *ret, char *err)
+                  bool allow_dram, struct broker_grant *ret, char err[BROKER_ERR_MAX])
 {
         struct gpu *producer = consumer->paired;
         struct list_node *pos, *tmp;
@@ -266,8 +266,8 @@ static void returned_by(struct broker *broker, struct gpu *consumer, struct chun
 }
 
 /* The lease lease_id of consumer, or a positive error code (what names it in err). */
-static int consumer_lease(struct broker *broker, struct gpu *consumer, uint64_t lease_id, char *err,
-                          struct lease **ret)
+static int consumer_lease(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
+                          char err[BROKER_ERR_MAX], struct lease **ret)
 {
         struct lease *l = broker_find_lease(broker, lease_id);
 
@@ -280,7 +280,7 @@ static int consumer_lease(struct broker *broker, struct gpu *consumer, uint64_t 
 }
 
 int broker_return_unusable(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
-                           const uint64_t *chunk_ids, size_t n, char *err)
+                           const uint64_t *chunk_ids, size_t n, char err[BROKER_ERR_MAX])
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
@@ -317,7 +317,7 @@ int broker_return_unusable(struct broker *broker, struct gpu *consumer, uint64_t
 
 int broker_return(struct broker *broker, struct gpu *consumer, uint64_t lease_id,
                   const uint64_t *chunk_ids, size_t n, uint64_t dram_bytes, uint32_t *ret_returned,
-                  char *err)
+                  char err[BROKER_ERR_MAX])
 {
         struct reclaimed back = {0};
         struct lease *l = NULL;
@@ -445,7 +445,7 @@ int reclaim_lease(struct broker *broker, struct lease *l, uint64_t want, uint64_
                 c->reclaim_start_ns = now_mono_ns();
                 /* The deadline runs from the notice's delivery (broker_reclaim_delivered). */
                 c->deadline_ns = 0;
-                c->deadline_ms = 0;
+                c->deadline_wall_ms = 0;
                 c->deadline_pending = deadline_ns != 0;
                 *got += c->size;
                 journal_chunk(broker, c);
@@ -463,7 +463,8 @@ int reclaim_lease(struct broker *broker, struct lease *l, uint64_t want, uint64_
 }
 
 int broker_reclaim(struct broker *broker, struct gpu *producer, uint64_t bytes, bool all,
-                   bool leased_only, const char *reason, struct broker_reclaim *ret, char *err)
+                   bool leased_only, const char *reason, struct broker_reclaim *ret,
+                   char err[BROKER_ERR_MAX])
 {
         _cleanup_(broker_reclaim_clear) struct broker_reclaim res = {0};
         struct list_node *pos, *tmp;
@@ -520,7 +521,8 @@ int broker_reclaim(struct broker *broker, struct gpu *producer, uint64_t bytes, 
         return 0;
 }
 
-int broker_drain(struct broker *broker, struct gpu *producer, struct broker_reclaim *ret, char *err)
+int broker_drain(struct broker *broker, struct gpu *producer, struct broker_reclaim *ret,
+                 char err[BROKER_ERR_MAX])
 {
         int r;
 
@@ -544,7 +546,7 @@ int broker_drain(struct broker *broker, struct gpu *producer, struct broker_recl
         return 0;
 }
 
-int broker_undrain(struct broker *broker, struct gpu *producer, char *err)
+int broker_undrain(struct broker *broker, struct gpu *producer, char err[BROKER_ERR_MAX])
 {
         if (!producer->draining)
                 return broker_fail(err, E(INVALID), "undrain: GPU %s is not draining",
@@ -575,7 +577,7 @@ void broker_reclaim_delivered(struct broker *broker, uint64_t lease_id, const ui
                         continue;
                 c->deadline_pending = false;
                 c->deadline_ns = now + deadline_ms * NSEC_PER_MSEC;
-                c->deadline_ms = wall + deadline_ms;
+                c->deadline_wall_ms = wall + deadline_ms;
                 journal_chunk(broker, c);
                 broker_note_deadline(broker, c->deadline_ns);
         }

@@ -335,7 +335,8 @@ int broker_recompute_pairs(struct broker *broker)
         return 0;
 }
 
-int broker_pin(struct broker *broker, const char *producer, const char *consumer, char *err)
+int broker_pin(struct broker *broker, const char *producer, const char *consumer,
+               char err[BROKER_ERR_MAX])
 {
         struct gpu *a = NULL, *b = NULL;
         int r;
@@ -356,7 +357,7 @@ int broker_pin(struct broker *broker, const char *producer, const char *consumer
         return broker_recompute_pairs(broker);
 }
 
-int broker_unpin(struct broker *broker, const char *gpu, char *err)
+int broker_unpin(struct broker *broker, const char *gpu, char err[BROKER_ERR_MAX])
 {
         struct gpu *g = NULL;
         int r;

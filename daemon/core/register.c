@@ -282,7 +282,7 @@ enum admission {
  * scrubbed before anyone gets it), never while the holder may still map its memory.
  */
 static int admit(struct broker *broker, const struct gpu *g, const struct broker_hello *h,
-                 enum admission *ret, char *err)
+                 enum admission *ret, char err[BROKER_ERR_MAX])
 {
         char who[192];
 
@@ -328,7 +328,7 @@ static const char *identity_text(const struct broker_identity *w, char *buf, siz
 }
 
 int broker_register(struct broker *broker, const struct broker_hello *h, struct client *owner,
-                    struct broker_welcome *ret, char *err)
+                    struct broker_welcome *ret, char err[BROKER_ERR_MAX])
 {
         struct broker_welcome w = {0};
         struct gpu *g = NULL;
@@ -420,7 +420,7 @@ int broker_register(struct broker *broker, const struct broker_hello *h, struct 
         g->fabric = h->fabric;
         g->owner = owner;
         g->serial = ++broker->next_serial;
-        g->held_alive = false;
+        g->silent = false;
         g->detached_until_ns = 0;
         /* Journaled: after a restart, whose process may still map what this GPU holds, and who
          * may register it again. A holder presenting a secret of an older kind gets a new one. */

@@ -67,7 +67,8 @@ void scrub_check(struct broker *broker, struct gpu *producer)
 }
 
 int broker_scrub_done(struct broker *broker, struct gpu *producer, const uint64_t *ids, size_t n,
-                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done, char *err)
+                      const uint64_t *failed, size_t n_failed, uint32_t *ret_done,
+                      char err[BROKER_ERR_MAX])
 {
         _cleanup_free_ uint64_t *back = calloc(n_failed + 1, sizeof(uint64_t));
         uint32_t done = 0;

@@ -135,7 +135,7 @@ Test(register, a_restart_releases_what_a_client_that_never_returns_held_once_it_
         broker_tick(broker, now_mono_ns() + 10 * NSEC_PER_SEC);
         /* Silent, and nobody can say its process is gone: it may still map the lease. */
         cr_assert_eq(broker->n_leases, 1);
-        cr_assert(broker_find_gpu(broker, "GPU-C")->held_alive);
+        cr_assert(broker_find_gpu(broker, "GPU-C")->silent);
         holder_liveness = PROC_GONE;
         broker_tick(broker, now_mono_ns() + 20 * NSEC_PER_SEC);
         /* The consumer never came back and its process is gone: its lease is gone. */

@@ -96,7 +96,7 @@ void broker_totals(const struct broker *broker, struct broker_totals *ret)
                         ret->gpus_by_role[g->role]++;
                 ret->pairs += g->paired && g->role == GPU_ROLE_PRODUCER;
                 ret->pins = broker->n_pins;
-                ret->gpus_silent += g->held_alive;
+                ret->gpus_silent += g->silent;
                 for (const struct list_node *k = g->chunks.next; k != &g->chunks; k = k->next) {
                         const struct chunk *c = list_entry(k, struct chunk, producer_node);
 
@@ -141,12 +141,12 @@ size_t broker_view_gpus(const struct broker *broker, struct broker_gpu_view *out
                     .dram_bytes = g->dram_bytes,
                     .barred = g->barred,
                     .draining = g->draining,
-                    .silent = g->held_alive,
+                    .silent = g->silent,
                     .reported = g->reported,
                     .reclaim_returned_chunks = g->reclaim_returned_chunks,
                     .reclaim_returned_bytes = g->reclaim_returned_bytes,
-                    .held = g->custody.held && (g->custody.who.remote ||
-                                                g->custody.who.uid != CUSTODY_UID_UNKNOWN),
+                    .held = g->custody.held &&
+                            (g->custody.who.remote || g->custody.who.uid != CUSTODY_UID_UNKNOWN),
                     .remote = g->custody.who.remote,
                     .lends_to_all = g->custody.who.lends_to_all,
                     .uid = g->custody.who.uid,
