@@ -196,8 +196,8 @@ static void mark_pending(aqua_ctx *ctx, const uint64_t *ids, size_t n, uint64_t 
         }
 }
 
-static int reclaim_send(aqua_ctx *ctx, uint64_t bytes, Aqua__Envelope *env,
-                        Aqua__ReclaimRequest *req)
+/* Fill env with a ReclaimRequest for bytes (AQUA_ALL: everything offered). */
+static void reclaim_envelope(uint64_t bytes, Aqua__Envelope *env, Aqua__ReclaimRequest *req)
 {
         aqua__reclaim_request__init(req);
         req->all = bytes == AQUA_ALL;
@@ -205,7 +205,6 @@ static int reclaim_send(aqua_ctx *ctx, uint64_t bytes, Aqua__Envelope *env,
         aqua__envelope__init(env);
         env->body_case = AQUA__ENVELOPE__BODY_RECLAIM_REQUEST;
         env->reclaim_request = req;
-        return 0;
 }
 
 /*
@@ -265,7 +264,7 @@ static int reclaim_request(aqua_ctx *ctx, uint64_t bytes, uint64_t token)
         struct ctx_pending p;
         int r;
 
-        reclaim_send(ctx, bytes, &env, &req);
+        reclaim_envelope(bytes, &env, &req);
         env.request_id = transport_next_id(ctx->t);
         r = ctx_add_pending(ctx, env.request_id, PENDING_RECLAIM, token);
         if (r < 0)

@@ -379,13 +379,14 @@ int ctx_ensure_connected(aqua_ctx *ctx, uint64_t deadline_ns)
         }
 }
 
-int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply)
+/* One request and its reply; *ret_stranger: aquad answered that it does not know this
+ * connection (and did nothing with the request), the session is lost. */
+static int call_once(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, bool *ret_stranger,
+                     Aqua__Envelope **ret_reply)
 {
         Aqua__Envelope *reply = NULL;
-        bool again = true;
         int r;
 
-retry:
         r = ctx_ensure_connected(ctx, deadline_ns);
         if (r < 0)
                 return r;
@@ -396,27 +397,34 @@ retry:
         }
         if (r < 0)
                 return r;
-        if (reply->body_case == AQUA__ENVELOPE__BODY_ERROR) {
-                alog_debug("aquad answered %s with error %d: %s", wire_body_name(req),
-                           reply->error->code, reply->error->message ? reply->error->message : "");
-                /* aquad did nothing with a request from a connection it does not know (over
-                 * tcp ZeroMQ reconnected after a cut link; over ipc aquad restarted): register
-                 * again, with what this context holds, and ask once more. */
-                if (reply->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED) {
-                        aqua__envelope__free_unpacked(reply, NULL);
-                        session_lost(ctx, "aquad no longer knows this connection");
-                        if (!again)
-                                return -ENOTCONN;
-                        again = false;
-                        req->request_id = 0;
-                        goto retry;
-                }
-                r = error_from_code(reply->error->code);
-                aqua__envelope__free_unpacked(reply, NULL);
-                return r == 0 ? -EPROTO : r;
+        if (reply->body_case != AQUA__ENVELOPE__BODY_ERROR) {
+                *ret_reply = reply;
+                return 0;
         }
-        *ret_reply = reply;
-        return 0;
+        alog_debug("aquad answered %s with error %d: %s", wire_body_name(req), reply->error->code,
+                   reply->error->message ? reply->error->message : "");
+        r = error_from_code(reply->error->code);
+        if (reply->error->code == AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED) {
+                session_lost(ctx, "aquad no longer knows this connection");
+                *ret_stranger = true;
+        }
+        aqua__envelope__free_unpacked(reply, NULL);
+        return r == 0 ? -EPROTO : r;
+}
+
+int ctx_call(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, Aqua__Envelope **ret_reply)
+{
+        /* A connection aquad does not know (over tcp ZeroMQ reconnected after a cut link; over
+         * ipc aquad restarted): register again, with what this context holds, and ask once
+         * more. */
+        for (int attempt = 0;; attempt++) {
+                bool stranger = false;
+                int r = call_once(ctx, req, deadline_ns, &stranger, ret_reply);
+
+                if (!stranger || attempt > 0)
+                        return r;
+                req->request_id = 0;
+        }
 }
 
 /* ---------------------------------------------------------------- dispatch */
