@@ -358,34 +358,73 @@ static void handle_scrub_done(struct server *s, struct client *c, const Aqua__En
         reply_ack(s, c, e->request_id);
 }
 
-/* Which role a request needs; ROLE_UNSPECIFIED: any registered GPU client. */
-static bool role_allows(const struct client *c, Aqua__Envelope__BodyCase body, const char **need)
+static void handle_keepalive(struct server *s, struct client *c, const Aqua__Envelope *e)
 {
-        Aqua__Role want;
+        /* Its arrival is all it says (last_seen_ns, set for every request of a remote client). */
+}
 
-        switch (body) {
-        case AQUA__ENVELOPE__BODY_OFFER:
-        case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
-        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
-                want = AQUA__ROLE__ROLE_PRODUCER;
-                break;
-        case AQUA__ENVELOPE__BODY_BORROW:
-        case AQUA__ENVELOPE__BODY_RETURN:
-                want = AQUA__ROLE__ROLE_CONSUMER;
-                break;
-        case AQUA__ENVELOPE__BODY_LOAD:
+/* How a request may share a turn with the custody changes of the requests before it (turn.c). */
+enum turn_rule {
+        TURN_BARRIER, /* it may touch them: the turn's changes are committed and sent first */
+        TURN_JOINS,   /* it cannot touch them */
+        TURN_RETURN,  /* a return: a barrier only for a lease granted in this very turn */
+};
+
+/* Every request a client sends, by its body: what it needs of the client and who runs it. */
+static const struct request {
+        /* Runs it, reading e; or taking e (the envelope is then the handler's to free). */
+        void (*read)(struct server *s, struct client *c, const Aqua__Envelope *e);
+        void (*take)(struct server *s, struct client *c, Aqua__Envelope *e);
+        Aqua__Role role; /* the role it needs; ROLE_UNSPECIFIED: none */
+        bool gpu;        /* a GPU client of either role (not an operator) */
+        enum turn_rule turn;
+} requests[] = {
+#define BODY(name) [AQUA__ENVELOPE__BODY_##name]
+#define ROLE(name) AQUA__ROLE__ROLE_##name
+    BODY(OFFER) = {.take = handle_offer, .role = ROLE(PRODUCER), .turn = TURN_JOINS},
+    BODY(RECLAIM_REQUEST) = {.read = handle_reclaim, .role = ROLE(PRODUCER)},
+    BODY(SCRUB_DONE) = {.read = handle_scrub_done, .role = ROLE(PRODUCER)},
+    BODY(BORROW) = {.read = handle_borrow, .role = ROLE(CONSUMER), .turn = TURN_JOINS},
+    BODY(RETURN) = {.read = handle_return, .role = ROLE(CONSUMER), .turn = TURN_RETURN},
+    BODY(LOAD) = {.read = handle_load, .gpu = true, .turn = TURN_JOINS},
+    BODY(KEEPALIVE) = {.read = handle_keepalive, .turn = TURN_JOINS},
+    BODY(GOODBYE) = {.read = hello_goodbye},
+    BODY(ADMIN_QUERY) = {.read = admin_handle},
+    BODY(ADMIN_RECLAIM) = {.read = admin_handle},
+    BODY(ADMIN_DRAIN) = {.read = admin_handle},
+    BODY(ADMIN_PAIR) = {.read = admin_handle},
+    BODY(ADMIN_UNPAIR) = {.read = admin_handle},
+    BODY(ADMIN_RELEASE) = {.read = admin_handle},
+    BODY(ADMIN_RELOAD) = {.read = admin_handle},
+    BODY(ADMIN_UNDRAIN) = {.read = admin_handle},
+    /* Before a registration: hello.c runs them, from the message's origin. */
+    BODY(HELLO_HELD) = {.turn = TURN_JOINS},
+#undef ROLE
+#undef BODY
+};
+
+static const struct request *request_of(Aqua__Envelope__BodyCase body)
+{
+        return (size_t)body < ARRAY_SIZE(requests) ? &requests[body] : NULL;
+}
+
+/* Whether c may send r; if not, *need names what it needed. */
+static bool request_allowed(const struct client *c, const struct request *r, const char **need)
+{
+        if (r->gpu) {
                 *need = "a GPU client";
                 return c->gpu != NULL;
-        default:
-                return true;
         }
-        *need = translate_role_name(want);
-        return client_role(c) == want;
+        if (r->role == AQUA__ROLE__ROLE_UNSPECIFIED)
+                return true;
+        *need = translate_role_name(r->role);
+        return client_role(c) == r->role;
 }
 
 void dispatch_envelope(struct server *s, const struct origin *o, const void *data, size_t size)
 {
         Aqua__Envelope *e = NULL;
+        const struct request *req;
         struct client *c;
         const char *need = NULL;
         char err[512];
@@ -402,23 +441,11 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
         }
         /* What an error reply answers, for the log. */
         s->request = wire_body_name(e);
-        /* Only what cannot touch them may join a turn that holds custody changes (turn.c):
-         * more of them, and the return of a lease granted before this turn. */
-        switch (e->body_case) {
-        case AQUA__ENVELOPE__BODY_OFFER:
-        case AQUA__ENVELOPE__BODY_BORROW:
-        case AQUA__ENVELOPE__BODY_LOAD:
-        case AQUA__ENVELOPE__BODY_KEEPALIVE:
-        case AQUA__ENVELOPE__BODY_HELLO_HELD:
-                break;
-        case AQUA__ENVELOPE__BODY_RETURN:
-                if (server_turn_granted(s, e->return_->lease_id))
-                        server_turn_barrier(s);
-                break;
-        default:
+        req = request_of(e->body_case);
+        /* Only what cannot touch them may join a turn that holds custody changes. */
+        if (!req || req->turn == TURN_BARRIER ||
+            (req->turn == TURN_RETURN && server_turn_granted(s, e->return_->lease_id)))
                 server_turn_barrier(s);
-                break;
-        }
         if (e->body_case == AQUA__ENVELOPE__BODY_HELLO) {
                 hello_handle(s, o, e);
                 s->request = NULL;
@@ -446,52 +473,21 @@ void dispatch_envelope(struct server *s, const struct origin *o, const void *dat
                 c->last_seen_ns = now_mono_ns();
         if (!throttle_take(s, c, e->request_id))
                 goto done;
-        if (!role_allows(c, e->body_case, &need)) {
+        if (!req || (!req->read && !req->take)) {
+                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID),
+                                   "%s is not a request a client sends", wire_body_name(e));
+                goto done;
+        }
+        if (!request_allowed(c, req, &need)) {
                 server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(WRONG_ROLE),
                                    "%s: needs a %s, this client registered as %s",
                                    wire_body_name(e), need, translate_role_name(client_role(c)));
                 goto done;
         }
-        switch (e->body_case) {
-        case AQUA__ENVELOPE__BODY_OFFER:
-                handle_offer(s, c, TAKE_PTR(e));
-                break;
-        case AQUA__ENVELOPE__BODY_BORROW:
-                handle_borrow(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_RETURN:
-                handle_return(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_RECLAIM_REQUEST:
-                handle_reclaim(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_LOAD:
-                handle_load(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_SCRUB_DONE:
-                handle_scrub_done(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_KEEPALIVE:
-                /* Its arrival is all it says (last_seen_ns, above). */
-                break;
-        case AQUA__ENVELOPE__BODY_GOODBYE:
-                hello_goodbye(s, c, e);
-                break;
-        case AQUA__ENVELOPE__BODY_ADMIN_QUERY:
-        case AQUA__ENVELOPE__BODY_ADMIN_RECLAIM:
-        case AQUA__ENVELOPE__BODY_ADMIN_DRAIN:
-        case AQUA__ENVELOPE__BODY_ADMIN_PAIR:
-        case AQUA__ENVELOPE__BODY_ADMIN_UNPAIR:
-        case AQUA__ENVELOPE__BODY_ADMIN_RELEASE:
-        case AQUA__ENVELOPE__BODY_ADMIN_RELOAD:
-        case AQUA__ENVELOPE__BODY_ADMIN_UNDRAIN:
-                admin_handle(s, c, e);
-                break;
-        default:
-                server_queue_error(s, o->rid, o->rlen, e->request_id, ECODE(INVALID),
-                                   "%s is not a request a client sends", wire_body_name(e));
-                break;
-        }
+        if (req->take)
+                req->take(s, c, TAKE_PTR(e));
+        else
+                req->read(s, c, e);
 done:
         s->request = NULL;
         if (e)
