@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "broker-private.h"
-#include "broker.h"
 #include "log.h"
 #include "time-util.h"
 
