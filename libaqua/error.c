@@ -6,15 +6,15 @@
 
 #include "alog.h"
 
-static aqua_log_fn log_fn;
-static void *log_userdata;
-static enum aqua_log_level log_max = AQUA_LOG_WARNING;
+static aqua_log_fn alog_fn;
+static void *alog_userdata;
+static enum aqua_log_level alog_max = AQUA_LOG_WARNING;
 
 _public_ void aqua_set_log(aqua_log_fn fn, void *userdata, enum aqua_log_level max_level)
 {
-        log_fn = fn;
-        log_userdata = userdata;
-        log_max = max_level;
+        alog_fn = fn;
+        alog_userdata = userdata;
+        alog_max = max_level;
 }
 
 void alog_internal(enum aqua_log_level level, const char *fmt, ...)
@@ -22,12 +22,12 @@ void alog_internal(enum aqua_log_level level, const char *fmt, ...)
         char buf[512];
         va_list ap;
 
-        if (!log_fn || level > log_max)
+        if (!alog_fn || level > alog_max)
                 return;
         va_start(ap, fmt);
         vsnprintf(buf, sizeof(buf), fmt, ap);
         va_end(ap);
-        log_fn(level, buf, log_userdata);
+        alog_fn(level, buf, alog_userdata);
 }
 
 _public_ const char *aqua_version(void)
