@@ -30,21 +30,18 @@ from ._values import (
     Event,
     Info,
     LeaseInfo,
-    LeaseLost,
-    Migrated,
     PairChanged,
     Reclaimed,
-    ReclaimFailed,
     ReclaimResult,
     Reconnected,
     Role,
     TensorInfo,
-    TensorMigrated,
     TensorRange,
     Tier,
     UnknownEvent,
 )
-from .context import Consumer, Context, Grant, Layers, Lease, Producer, Ticket
+from .context import (Consumer, Context, Grant, Layers, Lease, LeaseLost, Migrated, Producer,
+                      ReclaimFailed, TensorMigrated, Ticket)
 from .errors import (
     AquaError,
     BarredError,

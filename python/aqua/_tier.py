@@ -16,10 +16,9 @@ import numpy as np
 from . import kvcopy
 from ._ffi import CopyPiece
 from ._args import SizeError, parse_size
-from .context import Consumer, Grant
+from .context import Consumer, Grant, LeaseLost, ReclaimFailed, TensorMigrated
 from .errors import AquaError, NoMemoryError, NotConnectedError
-from ._values import (Disconnected, Event, LeaseLost, Reconnected, ReclaimFailed,
-                      TensorMigrated)
+from ._values import Disconnected, Event, Reconnected
 
 
 def config_size(name: str, key: str, value: Any) -> int:

@@ -1,14 +1,11 @@
-"""The plain values the API returns: roles, tiers, information records and events."""
+"""The plain values the API returns: roles, tiers, information records and events (those that
+carry a lease or a tensor are context.py's). Imports nothing of this package."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, NamedTuple, Optional
-
-if TYPE_CHECKING:
-    from .context import Lease
-    from .tensor import Tensor
+from typing import NamedTuple, Optional
 
 #: "Everything", for Producer.reclaim() and friends (aqua.h's AQUA_ALL).
 ALL = (1 << 64) - 1
@@ -131,32 +128,6 @@ class Reclaimed(Event):
 
 
 @dataclass(frozen=True)
-class Migrated(Event):
-    """Consumer: a reclaim moved the chunk at lease offset to DRAM (see Lease.chunks())."""
-
-    lease: "Lease"
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class ReclaimFailed(Event):
-    """Consumer: a reclaim notice could not be honoured; errno says why."""
-
-    lease: "Optional[Lease]"
-    tensor: "Optional[Tensor]"
-    errno: int
-
-
-@dataclass(frozen=True)
-class LeaseLost(Event):
-    """Consumer: the daemon no longer knows this lease (after its restart); its chunks were
-    moved to DRAM like a reclaim. Give it back."""
-
-    lease: "Lease"
-
-
-@dataclass(frozen=True)
 class PairChanged(Event):
     """The daemon paired this GPU with another one, or unpaired it (see Context.info())."""
 
@@ -164,18 +135,6 @@ class PairChanged(Event):
 @dataclass(frozen=True)
 class DaemonStopping(Event):
     """The daemon is shutting down."""
-
-
-@dataclass(frozen=True)
-class TensorMigrated(Event):
-    """Consumer: chunks of a tensor changed tier outside a call on it (a reclaim). host is
-    None when the device address still holds the run, else the host address of its first byte."""
-
-    tensor: "Tensor"
-    offset: int
-    nbytes: int
-    tier: Tier
-    host: Optional[int]
 
 
 @dataclass(frozen=True)

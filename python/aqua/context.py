@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from . import _args, _ffi, errors, log
 from ._handles import EventLike, StreamLike, event_handle, stream_handle
@@ -24,21 +24,56 @@ from ._values import (
     Event,
     Info,
     LeaseInfo,
-    LeaseLost,
-    Migrated,
     PairChanged,
     Reclaimed,
-    ReclaimFailed,
     ReclaimResult,
     Reconnected,
     Role,
-    TensorMigrated,
     Tier,
     UnknownEvent,
 )
+from .tensor import Tensor
 
-if TYPE_CHECKING:
-    from .tensor import Tensor
+# ------------------------------------------------------------- the events that carry objects
+
+
+@dataclass(frozen=True)
+class Migrated(Event):
+    """Consumer: a reclaim moved the chunk at lease offset to DRAM (see Lease.chunks())."""
+
+    lease: "Lease"
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ReclaimFailed(Event):
+    """Consumer: a reclaim notice could not be honoured; errno says why."""
+
+    lease: "Optional[Lease]"
+    tensor: "Optional[Tensor]"
+    errno: int
+
+
+@dataclass(frozen=True)
+class LeaseLost(Event):
+    """Consumer: the daemon no longer knows this lease (after its restart); its chunks were
+    moved to DRAM like a reclaim. Give it back."""
+
+    lease: "Lease"
+
+
+@dataclass(frozen=True)
+class TensorMigrated(Event):
+    """Consumer: chunks of a tensor changed tier outside a call on it (a reclaim). host is
+    None when the device address still holds the run, else the host address of its first byte."""
+
+    tensor: "Tensor"
+    offset: int
+    nbytes: int
+    tier: Tier
+    host: Optional[int]
+
 
 _T = TypeVar("_T")
 _POLL_BATCH = 64
@@ -440,7 +475,6 @@ class Consumer(Context):
         of tensor pool leases, then local memory if allow_local, then DRAM within the granted
         budget). reclaim_local: a reclaim moves chunks to free local memory first.
         """
-        from .tensor import Tensor
 
         opts = _ffi.TensorOptions(
             size=ctypes.sizeof(_ffi.TensorOptions), chunk_bytes=_u64(chunk_bytes, "chunk_bytes"),

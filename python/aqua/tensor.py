@@ -6,13 +6,29 @@ from __future__ import annotations
 import ctypes
 import errno
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Any, Optional, Protocol, Union
 
 from . import _args, _ffi, errors
 from ._values import ALL, Tier, TensorInfo, TensorRange
 
-if TYPE_CHECKING:
-    from .context import Consumer
+
+class _Owner(Protocol):
+    """What a Tensor uses of the Consumer that made it (context.Consumer), named here so that
+    this module imports nothing of the context's: the context imports this one."""
+
+    _lock: Any
+    _lib: Any
+    _tensors: dict[int, Tensor]
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _handle(self) -> int: ...
+
+    def _check(self, name: str, *args: object) -> None: ...
+
+    def copy(self, pieces: Any) -> Any: ...
+
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -26,7 +42,7 @@ class Tensor:
     TensorMigrated). Free it with free() or a with block; the context's close() frees it too.
     """
 
-    def __init__(self, ctx: Consumer, h: int) -> None:
+    def __init__(self, ctx: _Owner, h: int) -> None:
         self.context = ctx
         self._h: Optional[int] = h
         i = self.info()
