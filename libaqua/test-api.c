@@ -125,6 +125,19 @@ static void send_env(Aqua__Envelope *e, uint64_t request_id)
         fake_send(&fk, e);
 }
 
+/* Answer request_id with an Error of code and message. */
+static void send_error(Aqua__ErrorCode code, const char *message, uint64_t request_id)
+{
+        Aqua__Envelope e = AQUA__ENVELOPE__INIT;
+        Aqua__Error err = AQUA__ERROR__INIT;
+
+        err.code = code;
+        err.message = (char *)message;
+        e.body_case = AQUA__ENVELOPE__BODY_ERROR;
+        e.error = &err;
+        send_env(&e, request_id);
+}
+
 /* ---------------------------------------------------------------- opening */
 
 Test(api, names_outcomes_and_errors)
@@ -531,8 +544,7 @@ Test(api, maps_a_grant_and_moves_a_reclaimed_chunk_to_host_memory_in_poll)
 
 static void *serve_refusal(void *arg)
 {
-        Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
-        Aqua__Error err = AQUA__ERROR__INIT;
+        Aqua__Envelope *e = fake_recv(&fk);
         Aqua__SideFrame f = AQUA__SIDE_FRAME__INIT;
         int fd = memfd_create("stale", MFD_CLOEXEC);
 
@@ -541,11 +553,8 @@ static void *serve_refusal(void *arg)
         f.lease_id = 9;
         cr_assert_eq(side_send(fk.side_fd, &f, &fd, 1), 0);
         close(fd);
-        err.code = AQUA__ERROR_CODE__ERROR_CODE_NO_MEMORY;
-        err.message = "borrow: nothing to lend";
-        reply.body_case = AQUA__ENVELOPE__BODY_ERROR;
-        reply.error = &err;
-        send_env(&reply, e->request_id);
+        send_error(AQUA__ERROR_CODE__ERROR_CODE_NO_MEMORY, "borrow: nothing to lend",
+                   e->request_id);
         aqua__envelope__free_unpacked(e, NULL);
         return arg;
 }
@@ -861,7 +870,6 @@ Test(api, asks_again_when_a_reclaim_reply_is_cut_short)
 static void *serve_reclaim_to_a_restarted_daemon(void *arg)
 {
         Aqua__Envelope *e = fake_recv(&fk), reply = AQUA__ENVELOPE__INIT;
-        Aqua__Error err = AQUA__ERROR__INIT;
         Aqua__ReclaimReply rr = AQUA__RECLAIM_REPLY__INIT;
         static uint64_t now_ids[] = {11, 12};
         Aqua__SideFrame *f;
@@ -869,11 +877,8 @@ static void *serve_reclaim_to_a_restarted_daemon(void *arg)
         size_t n = 0;
 
         cr_assert_eq(e->body_case, AQUA__ENVELOPE__BODY_RECLAIM_REQUEST);
-        err.code = AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED;
-        err.message = "reclaim_request before a successful Hello";
-        reply.body_case = AQUA__ENVELOPE__BODY_ERROR;
-        reply.error = &err;
-        send_env(&reply, e->request_id);
+        send_error(AQUA__ERROR_CODE__ERROR_CODE_NOT_REGISTERED,
+                   "reclaim_request before a successful Hello", e->request_id);
         aqua__envelope__free_unpacked(e, NULL);
 
         fake_accept(&fk, false);
@@ -894,7 +899,6 @@ static void *serve_reclaim_to_a_restarted_daemon(void *arg)
         cr_assert_eq(e->reclaim_request->bytes, 2 * CHUNK);
         rr.n_chunk_ids = 2;
         rr.chunk_ids = now_ids;
-        reply = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
         reply.body_case = AQUA__ENVELOPE__BODY_RECLAIM_REPLY;
         reply.reclaim_reply = &rr;
         send_env(&reply, e->request_id);
