@@ -32,6 +32,7 @@ struct transport {
         int epoll_fd;
         int timer_fd;
         char *endpoint;
+        bool several; /* endpoint is a list: ZMQ_IMMEDIATE */
         char *side_path;
         uint64_t last_id;
         /* Until a receive has seen EAGAIN after the last send or receive, ZeroMQ may hold
@@ -155,8 +156,23 @@ int transport_new(const char *endpoint, const char *side_path, const struct tran
                     zmq_getsockopt(t->monitor, ZMQ_FD, &t->monitor_fd, &fd_len) < 0)
                         return -errno;
         }
-        if (zmq_connect(t->dealer, endpoint) < 0 ||
-            zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0)
+        /* Several endpoints (a domain's aquad instances, "tcp://a:7100,tcp://b:7100"): only the
+         * leader listens, and a message goes only to a connection that is up, so to it. */
+        t->several = strchr(endpoint, ',') != NULL;
+        if (t->several) {
+                int immediate = 1;
+                _cleanup_free_ char *list = strdup(endpoint);
+                char *save = NULL;
+
+                if (!list)
+                        return -ENOMEM;
+                zmq_setsockopt(t->dealer, ZMQ_IMMEDIATE, &immediate, sizeof(immediate));
+                for (char *e = strtok_r(list, ",", &save); e; e = strtok_r(NULL, ",", &save))
+                        if (zmq_connect(t->dealer, e) < 0)
+                                return -errno;
+        } else if (zmq_connect(t->dealer, endpoint) < 0)
+                return -errno;
+        if (zmq_getsockopt(t->dealer, ZMQ_FD, &t->zmq_fd, &fd_len) < 0)
                 return -errno;
         t->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
         t->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -538,6 +554,17 @@ int transport_call(struct transport *t, Aqua__Envelope *req, uint64_t deadline_n
         if (req->request_id == 0)
                 req->request_id = transport_next_id(t);
         r = transport_send(t, req);
+        /* Several endpoints and none connected yet (a leader being elected): wait for one. */
+        while (r == -EAGAIN && t->several && now_mono_ns() < deadline_ns) {
+                zmq_pollitem_t item = {.socket = t->dealer, .events = ZMQ_POLLOUT};
+                uint64_t left_ms = (deadline_ns - now_mono_ns()) / NSEC_PER_MSEC;
+
+                if (zmq_poll(&item, 1, (long)MIN(left_ms + 1, 50)) < 0 && errno != EINTR)
+                        return -errno;
+                r = transport_send(t, req);
+        }
+        if (r == -EAGAIN && t->several)
+                r = -ETIMEDOUT;
         if (r < 0)
                 return r;
         for (;;) {
