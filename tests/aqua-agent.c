@@ -20,8 +20,10 @@
  *   info                             -> ok connected=0|1 offered=B borrowed=B dram=B paired=UUID
  *   free DEVICE                      -> ok FREE_BYTES          (cuMemGetInfo)
  *   close                            -> ok
+ *   quit                             -> ok, then exits (closing first)
  *
  * A failed open answers "err CODE TEXT; LOG" with libaqua's last error message.
+ * $AQUA_AGENT_TIMEOUT_MS: the context's timeout (aqua_options.timeout_ms), libaqua's default else.
  */
 #include <errno.h>
 #include <poll.h>
@@ -290,6 +292,8 @@ static void dispatch(char *line)
                 device = atoi(b);
                 o.chunk_bytes = strtoull(c, NULL, 0);
                 o.client_name = a;
+                if (getenv("AQUA_AGENT_TIMEOUT_MS"))
+                        o.timeout_ms = atoi(getenv("AQUA_AGENT_TIMEOUT_MS"));
                 last_error[0] = '\0';
                 r = aqua_open(device, role, &o, &ctx);
                 r < 0 ? reply("err %d %s; %s", r, aqua_strerror(r), last_error) : reply("ok");
@@ -383,10 +387,14 @@ static void dispatch(char *line)
                 if (r == 0)
                         r = cu_ok(cu->cuMemGetInfo(&free_b, &total));
                 r < 0 ? fail(r) : reply("ok %zu", free_b);
-        } else if (strcmp(cmd, "close") == 0) {
+        } else if (strcmp(cmd, "close") == 0 || strcmp(cmd, "quit") == 0) {
                 ctx = aqua_close(ctx);
                 n_leases = n_tensors = 0;
                 reply("ok");
+                /* quit: whoever else holds our stdin open (a process the test started later
+                 * inherited it) does not keep us waiting for its end. */
+                if (strcmp(cmd, "quit") == 0)
+                        exit(0);
         } else
                 reply("err %d unknown command", -EINVAL);
 }
