@@ -229,6 +229,12 @@ static int format_status(FILE *out, const Aqua__AdminReply *data, const Aqua__Ad
                 format_size(b, sizeof(b), s->dram_budget));
         fprintf(out, "%-17s%" PRIu64 "\n", "deadline misses", s->deadline_misses);
         fprintf(out, "%-17s%" PRIu64 "\n", "leases lost", s->leases_lost);
+        if (s->domain && s->domain[0]) {
+                fprintf(out, "%-17s%s, led by %s (term %" PRIu64 ")\n", "domain", s->domain,
+                        s->domain_leader, s->domain_term);
+                fprintf(out, "%-17s%s; %" PRIu64 " commits, %.2f ms each on average\n", "etcd",
+                        s->etcd, s->etcd_commits, s->etcd_commit_mean_ms);
+        }
         if (s->degraded && s->degraded[0])
                 fprintf(out, "DEGRADED: %s\n", s->degraded);
 

@@ -81,7 +81,10 @@ int broker_commit(struct broker *broker)
         r = journal_append(broker->journal, &rec);
         if (r < 0) {
                 broker->stats.journal_errors++;
-                if (!broker->journal_error)
+                if (r == -ESTALE)
+                        log_error("The journal refused the commit: this aquad no longer leads "
+                                  "its domain (its election key or lease changed in etcd)");
+                else if (!broker->journal_error)
                         log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
                                            "grants until it can be written");
                 broker->journal_error = r;

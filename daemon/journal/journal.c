@@ -3,6 +3,7 @@
  * is appended, compacted and replayed, and how a torn tail is told from damage before it.
  */
 #include "journal.h"
+#include "journal-etcd.h"
 
 #include <fcntl.h>
 #include <libgen.h>
@@ -31,6 +32,7 @@ struct journal {
         int fd;
         uint64_t size;
         uint64_t base; /* size right after the last compaction (or open) */
+        struct etcd_journal *etcd; /* a domain's: records in etcd, no file */
 };
 
 static uint32_t crc32c(const void *data, size_t len)
@@ -163,6 +165,19 @@ static int frame(const Aquaj__JournalRecord *record, uint8_t **ret, size_t *ret_
         put_u32(buf + 4, crc32c(buf + HEADER_LEN, len));
         *ret = buf;
         *ret_len = HEADER_LEN + len;
+        return 0;
+}
+
+/* A record as etcd keeps it: no frame, etcd checks what it stores. */
+static int pack(const Aquaj__JournalRecord *record, uint8_t **ret, size_t *ret_len)
+{
+        size_t len = aquaj__journal_record__get_packed_size(record);
+
+        *ret = malloc(len ? len : 1);
+        if (!*ret)
+                return -ENOMEM;
+        aquaj__journal_record__pack(record, *ret);
+        *ret_len = len;
         return 0;
 }
 
@@ -375,10 +390,35 @@ int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct 
         return journal_open_repair(path, NULL, fn, userdata, ret, ret_stats);
 }
 
+int journal_open_etcd(struct etcd *e, const char *prefix, const struct journal_fence *fence,
+                      journal_replay_fn fn, void *userdata, struct journal **ret,
+                      struct journal_replay_stats *ret_stats)
+{
+        struct journal_replay_stats stats = {0};
+        struct journal *j;
+        int r;
+
+        j = calloc(1, sizeof(*j));
+        if (!j)
+                return -ENOMEM;
+        j->fd = j->dfd = -1;
+        r = etcd_journal_open(e, prefix, fence, fn, userdata, &j->etcd, &stats);
+        if (ret_stats)
+                *ret_stats = stats;
+        if (r < 0) {
+                free(j);
+                return r;
+        }
+        j->size = j->base = stats.bytes;
+        *ret = j;
+        return 0;
+}
+
 struct journal *journal_free(struct journal *j)
 {
         if (!j)
                 return NULL;
+        etcd_journal_free(j->etcd);
         safe_close(j->fd);
         safe_close(j->dfd);
         free(j->path);
@@ -393,6 +433,14 @@ int journal_append(struct journal *j, const Aquaj__JournalRecord *record)
         size_t len;
         int r;
 
+        if (j->etcd) {
+                r = pack(record, &buf, &len);
+                if (r >= 0)
+                        r = etcd_journal_append(j->etcd, buf, len);
+                if (r >= 0)
+                        j->size += len;
+                return r;
+        }
         r = frame(record, &buf, &len);
         if (r < 0)
                 return r;
@@ -422,6 +470,14 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
         size_t len;
         int r;
 
+        if (j->etcd) {
+                r = pack(snapshot, &buf, &len);
+                if (r >= 0)
+                        r = etcd_journal_compact(j->etcd, buf, len);
+                if (r >= 0)
+                        j->size = j->base = len;
+                return r;
+        }
         r = frame(snapshot, &buf, &len);
         if (r < 0)
                 return r;

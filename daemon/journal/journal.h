@@ -46,10 +46,29 @@ int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct 
 int journal_open_repair(const char *path, const char *copy_path, journal_replay_fn fn,
                         void *userdata, struct journal **ret,
                         struct journal_replay_stats *ret_stats);
+
+/* What makes a domain's journal writable only by its leader: the election key, the create
+ * revision and the lease it was won with. unfenced: write without the condition (tests only). */
+struct journal_fence {
+        const char *key;
+        int64_t revision, lease;
+        bool unfenced;
+};
+
+struct etcd;
+/*
+ * Open a domain's journal, kept in etcd under prefix (daemon/journal/journal-etcd.c), and replay
+ * it through fn. Every append and compaction is then a transaction that holds only while fence
+ * does, else refused with -ESTALE: a leader that lost its election writes nothing. A record that
+ * does not decode: -EUCLEAN, ret_stats->bad_offset its position (1 is the first).
+ */
+int journal_open_etcd(struct etcd *e, const char *prefix, const struct journal_fence *fence,
+                      journal_replay_fn fn, void *userdata, struct journal **ret,
+                      struct journal_replay_stats *ret_stats);
 struct journal *journal_free(struct journal *j);
 DEFINE_TRIVIAL_CLEANUP_FUNC(struct journal *, journal_free);
 
-/* Append one record and fsync it. */
+/* Append one record and fsync it (in etcd: commit it). */
 int journal_append(struct journal *j, const Aquaj__JournalRecord *record);
 
 /*

@@ -87,6 +87,23 @@ static const struct conf_field remote_fields[] = {
 };
 static const struct conf_schema remote_schema = {"remote", remote_fields};
 
+static const struct conf_field domain_fields[] = {
+    CONF_FIELD_STRING(struct config_domain, name, "name", 0),
+    CONF_FIELD_LIST(struct config_domain, etcd, n_etcd, "etcd", &conf_elem_string, 16, 0),
+    CONF_FIELD_DURATION(struct config_domain, lease_ttl_ns, "lease-ttl", SEC, 600 * SEC, 0),
+    CONF_FIELD_DURATION(struct config_domain, etcd_timeout_ns, "etcd-timeout", SEC / 100, 60 * SEC,
+                        0),
+    CONF_FIELD_STRING(struct config_domain, advertise, "advertise", 0),
+    CONF_FIELD_STRING(struct config_domain, etcd_ca_file, "etcd-ca-file", 0),
+    CONF_FIELD_STRING(struct config_domain, etcd_cert_file, "etcd-cert-file", 0),
+    CONF_FIELD_STRING(struct config_domain, etcd_key_file, "etcd-key-file", 0),
+    CONF_FIELD_STRING(struct config_domain, etcd_user, "etcd-user", 0),
+    CONF_FIELD_STRING(struct config_domain, etcd_password_file, "etcd-password-file", 0),
+    CONF_FIELD_END,
+};
+
+static const struct conf_schema domain_schema = {"domain", domain_fields};
+
 static const struct conf_field config_fields[] = {
     CONF_FIELD_STRING(struct config, endpoint, "endpoint", 0),
     CONF_FIELD_BOOL(struct config, plain_tcp, "plain-tcp", 0),
@@ -116,6 +133,7 @@ static const struct conf_field config_fields[] = {
     CONF_FIELD_STRING(struct config, plan, "plan", 0),
     CONF_FIELD_STRING(struct config, topology, "topology", 0),
     CONF_FIELD_STRING(struct config, journal, "journal", 0),
+    CONF_FIELD_STRUCT(struct config, domain, "domain", &domain_schema, 0),
     CONF_FIELD_SIZE(struct config, journal_compact_bytes, "journal-compact-size", 4096,
                     INT64_C(1) << 40, 0),
     CONF_FIELD_STRING(struct config, metrics, "metrics", 0),
@@ -146,6 +164,9 @@ struct config *config_free(struct config *c)
                 access_free(&c->tenants[i].members);
         topology_free(&c->links);
         explicit_bzero(c->remote.secret_key, sizeof(c->remote.secret_key));
+        if (c->domain.etcd_password)
+                explicit_bzero(c->domain.etcd_password, strlen(c->domain.etcd_password));
+        free(c->domain.etcd_password);
         conf_free(&config_schema, c);
         free(c);
         return NULL;
@@ -181,6 +202,7 @@ static int defaults(struct config *c)
                     .heartbeat_timeout_ns = 5 * SEC,
                     .grace_ns = 30 * SEC,
                 },
+            .domain = {.lease_ttl_ns = 5 * SEC, .etcd_timeout_ns = SEC},
             .journal_compact_bytes = 4u << 20,
             .log_level = LOG_LEVEL_INFO,
         };
@@ -404,6 +426,65 @@ static int check_remote(struct config *c, const char *name, char **ret_error)
         return 0;
 }
 
+static int check_domain(struct config *c, const char *name, char **ret_error)
+{
+        struct config_domain *d = &c->domain;
+
+        if (d->n_etcd == 0) {
+                if (d->name || d->advertise)
+                        return invalid(ret_error, name,
+                                       "domain: no etcd (domain.etcd: [http://HOST:2379, ...])");
+                return 0;
+        }
+        if (!d->name || !d->name[0] || strchr(d->name, '/'))
+                return invalid(ret_error, name,
+                               "domain.name: required, without '/': the domain's keys in etcd "
+                               "are under /aqua/NAME/");
+        for (size_t i = 0; i < d->n_etcd; i++)
+                if (strncmp(d->etcd[i], "http://", 7) != 0 &&
+                    strncmp(d->etcd[i], "https://", 8) != 0)
+                        return invalid(ret_error, name,
+                                       "domain.etcd[%zu]: \"%s\" is not http:// or https://", i,
+                                       d->etcd[i]);
+        if (!c->remote.endpoint)
+                return invalid(ret_error, name,
+                               "domain: needs remote.endpoint: the clients of a domain reach "
+                               "whichever aquad leads over tcp");
+        if (d->lease_ttl_ns % SEC)
+                return invalid(ret_error, name,
+                               "domain.lease-ttl: etcd's leases are whole seconds");
+        if (d->etcd_timeout_ns * 2 > d->lease_ttl_ns)
+                return invalid(ret_error, name,
+                               "domain.etcd-timeout: more than half domain.lease-ttl: a leader "
+                               "could lose its lease waiting for one call");
+        if (!!d->etcd_cert_file != !!d->etcd_key_file)
+                return invalid(ret_error, name,
+                               "domain: etcd-cert-file and etcd-key-file go together");
+        if (!!d->etcd_user != !!d->etcd_password_file)
+                return invalid(ret_error, name,
+                               "domain: etcd-user and etcd-password-file go together");
+        if (d->etcd_password_file) {
+                _cleanup_free_ char *path = config_relative(name, d->etcd_password_file);
+                FILE *f;
+                size_t size = 0;
+                ssize_t n;
+
+                if (!path)
+                        return -ENOMEM;
+                f = fopen(path, "re");
+                if (!f)
+                        return invalid(ret_error, name, "domain.etcd-password-file: %s: %s", path,
+                                       strerror(errno));
+                n = getline(&d->etcd_password, &size, f);
+                fclose(f);
+                if (n <= 0)
+                        return invalid(ret_error, name, "domain.etcd-password-file: %s is empty",
+                                       path);
+                d->etcd_password[strcspn(d->etcd_password, "\n")] = 0;
+        }
+        return 0;
+}
+
 /* A tenant's name: short, and without ':', so that it never reads as a default ("user:1000"). */
 static bool tenant_name_valid(const char *n)
 {
@@ -495,6 +576,8 @@ static int check(struct config *c, const char *name, char **ret_error)
                                "keys, or set plain-tcp: true to accept it",
                                c->endpoint);
         r = check_remote(c, name, ret_error);
+        if (r >= 0)
+                r = check_domain(c, name, ret_error);
         if (r < 0)
                 return r;
         if (!c->side_socket || c->side_socket[0] != '/' ||

@@ -101,6 +101,20 @@ struct config_remote {
         char public_key[41], secret_key[41]; /* read from key_file by config_load() */
 };
 
+/* A domain with failover (daemon/README.md, "A domain on etcd"); n_etcd 0: a single aquad with
+ * its journal file. */
+struct config_domain {
+        char *name;
+        char **etcd; /* etcd's client URLs */
+        size_t n_etcd;
+        uint64_t lease_ttl_ns;    /* of the leader's etcd lease; a whole number of seconds */
+        uint64_t etcd_timeout_ns; /* of one etcd call */
+        char *advertise;          /* what the leader key says: default remote.endpoint */
+        char *etcd_ca_file, *etcd_cert_file, *etcd_key_file;
+        char *etcd_user, *etcd_password_file;
+        char *etcd_password; /* read from etcd_password_file by config_load() */
+};
+
 struct config {
         char *endpoint;
         bool plain_tcp; /* endpoint may be tcp:// without CURVE: unauthenticated, unencrypted */
@@ -129,6 +143,7 @@ struct config {
         char *topology;        /* aqua-profile probe's file: link bandwidths for auto pairing */
         struct topology links; /* loaded from `topology`; empty without it */
         char *journal;
+        struct config_domain domain;
         uint64_t journal_compact_bytes; /* rewrite the journal as a snapshot past this size */
         char *metrics;                  /* reserved: address of the metrics endpoint */
         int log_level;                  /* enum log_level */

@@ -62,6 +62,24 @@ static void render_clients(struct prom_text *t, const struct metrics_view *v)
                  "role", roles, v->clients_by_role, ARRAY_SIZE(roles));
 }
 
+/* A domain's leader: its term and what its etcd commits cost (only the leader serves these). */
+static void render_domain(struct prom_text *t, const struct domain_view *d)
+{
+        struct prom_label name = {"domain", d->name};
+
+        prom_family(t, "aqua_domain_leader", "gauge", "1 while this aquad leads its domain.");
+        prom_sample_u64(t, "aqua_domain_leader", &name, 1, d->leader);
+        prom_family(t, "aqua_domain_term", "gauge",
+                    "The term this aquad leads in: the etcd revision that created the election "
+                    "key; a new value is a new leader.");
+        prom_sample_u64(t, "aqua_domain_term", &name, 1, (uint64_t)d->term);
+        prom_family(t, "aqua_etcd_commit_seconds", "summary",
+                    "Journal commits through etcd (one fenced transaction per turn) and their "
+                    "time.");
+        prom_sample_double(t, "aqua_etcd_commit_seconds_sum", &name, 1, d->commit_seconds);
+        prom_sample_u64(t, "aqua_etcd_commit_seconds_count", &name, 1, d->commits);
+}
+
 static void render_pool(struct prom_text *t, const struct broker_totals *p)
 {
         static const char *const roles[] = {"producer", "consumer", "neutral"};
@@ -372,6 +390,8 @@ static int render(struct prom_text *t, void *userdata)
         m->view(m->view_userdata, &v);
         render_server(t, &v);
         render_clients(t, &v);
+        if (v.in_domain)
+                render_domain(t, &v.domain);
         render_pool(t, &totals);
         render_gpus(t, gpus, n);
         prom_histogram_write(t, "aqua_reclaim_seconds",

@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "domain.h"
 #include "util.h"
 
 struct broker;
@@ -46,6 +47,8 @@ struct metrics_view {
         uint64_t start_ns; /* when aquad started (monotonic) */
         const struct server_stats *stats;
         uint64_t clients_by_role[5]; /* unregistered, producer, consumer, neutral, admin */
+        bool in_domain;              /* domain: set, else a single aquad */
+        struct domain_view domain;
 };
 typedef void (*metrics_view_fn)(void *userdata, struct metrics_view *view);
 

@@ -400,6 +400,62 @@ Test(config, names_the_remote_key_that_is_wrong)
         remote_teardown(&f);
 }
 
+/* A domain: its keys, their defaults, and each mistake named. */
+Test(config, reads_a_domain_and_names_what_is_wrong_with_one)
+{
+        struct remote_fixture f = {0};
+        _cleanup_(config_freep) struct config *c = NULL;
+        _cleanup_free_ char *error = NULL, *pw = NULL;
+        const char *remote = "remote:\n  endpoint: tcp://10.9.0.1:7100\n  key-file: server.key\n";
+        char text[1024];
+        FILE *file;
+
+        remote_setup(&f);
+        cr_assert_geq(asprintf(&pw, "%s/etcd-password", f.dir), 0);
+        file = fopen(pw, "we");
+        cr_assert_not_null(file);
+        fputs("s3cret\n", file);
+        fclose(file);
+        snprintf(text, sizeof(text),
+                 "%sdomain:\n  name: rack1\n  etcd: [http://10.0.0.1:2379, https://10.0.0.2:2379]\n"
+                 "  etcd-user: aquad\n  etcd-password-file: etcd-password\n",
+                 remote);
+        cr_assert_eq(remote_load(&f, text, &c, &error), 0, "%s", error);
+        cr_assert_str_eq(c->domain.name, "rack1");
+        cr_assert_eq(c->domain.n_etcd, 2);
+        cr_assert_str_eq(c->domain.etcd[1], "https://10.0.0.2:2379");
+        cr_assert_eq(c->domain.lease_ttl_ns, 5000 * 1000000ull);
+        cr_assert_eq(c->domain.etcd_timeout_ns, 1000 * 1000000ull);
+        cr_assert_str_eq(c->domain.etcd_password, "s3cret");
+
+        snprintf(text, sizeof(text), "%sdomain:\n  etcd: [http://10.0.0.1:2379]\n", remote);
+        remote_expect(&f, text,
+                      "domain.name: required, without '/': the domain's keys in etcd are under "
+                      "/aqua/NAME/");
+        snprintf(text, sizeof(text), "%sdomain:\n  name: r\n  etcd: [10.0.0.1:2379]\n", remote);
+        remote_expect(&f, text, "domain.etcd[0]: \"10.0.0.1:2379\" is not http:// or https://");
+        remote_expect(&f, "domain:\n  name: r\n  etcd: [http://10.0.0.1:2379]\n",
+                      "domain: needs remote.endpoint: the clients of a domain reach whichever "
+                      "aquad leads over tcp");
+        remote_expect(&f, "domain:\n  name: r\n",
+                      "domain: no etcd (domain.etcd: [http://HOST:2379, ...])");
+        snprintf(text, sizeof(text),
+                 "%sdomain:\n  name: r\n  etcd: [http://a:2379]\n  lease-ttl: 1500ms\n", remote);
+        remote_expect(&f, text, "domain.lease-ttl: etcd's leases are whole seconds");
+        snprintf(text, sizeof(text),
+                 "%sdomain:\n  name: r\n  etcd: [http://a:2379]\n  lease-ttl: 2s\n"
+                 "  etcd-timeout: 1500ms\n",
+                 remote);
+        remote_expect(&f, text,
+                      "domain.etcd-timeout: more than half domain.lease-ttl: a leader could lose "
+                      "its lease waiting for one call");
+        snprintf(text, sizeof(text),
+                 "%sdomain:\n  name: r\n  etcd: [http://a:2379]\n  etcd-user: aquad\n", remote);
+        remote_expect(&f, text, "domain: etcd-user and etcd-password-file go together");
+        unlink(pw);
+        remote_teardown(&f);
+}
+
 /* Tenants: who each peer is, first tenant that names it; the default is none (its own). */
 Test(config, finds_a_peers_tenant_by_cgroup_key_user_or_group)
 {

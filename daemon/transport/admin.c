@@ -6,6 +6,7 @@
 
 #include "admin.h"
 #include "clients.h"
+#include "domain.h"
 #include "log.h"
 #include "reload.h"
 #include "state.h"
@@ -79,6 +80,18 @@ static void fill_status(struct server *s, const struct broker_totals *t, Aqua__S
         st->leases_lost = t->stats.leases_lost;
         st->compaction_failures = t->stats.compaction_failures;
         st->degraded = (char *)(broker_degraded(s->broker, degraded, sizeof(degraded)) ?: "");
+        if (s->domain) {
+                struct domain_view d;
+
+                domain_view(s->domain, &d);
+                st->domain = (char *)d.name;
+                st->domain_leader = (char *)d.advertise;
+                st->domain_term = (uint64_t)d.term;
+                st->etcd = (char *)(d.etcd_error[0] ? d.etcd_error : "healthy");
+                st->etcd_commits = d.commits;
+                st->etcd_commit_mean_ms =
+                    d.commits ? d.commit_seconds * 1e3 / (double)d.commits : 0;
+        }
 }
 
 /* The pool's GPUs as views (m->view): how many. */

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "domain.h"
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
@@ -106,6 +107,9 @@ static void show_metrics(void *userdata, struct metrics_view *v)
 
         v->start_ns = s->start_ns;
         v->stats = &s->stats;
+        v->in_domain = s->domain != NULL;
+        if (s->domain)
+                domain_view(s->domain, &v->domain);
         for (const struct list_node *x = s->clients.next; x != &s->clients; x = x->next) {
                 const struct client *c = list_entry(x, struct client, node);
                 size_t i = (size_t)client_role(c);
@@ -141,6 +145,14 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         server_apply_settings(s);
         /* The sockets' locks first: an aquad that may not serve them touches nothing. */
         r = flags & SERVER_UNBOUND ? 0 : server_lock_sockets(s);
+        /* In a domain, lead first: one that waits has bound nothing and read nothing. */
+        if (r >= 0 && config->domain.n_etcd) {
+                r = domain_new(&config->domain, config->remote.endpoint, &s->domain);
+                if (r < 0)
+                        log_error_errno(r, "Failed to set up the domain's etcd client: %m");
+                else
+                        r = domain_campaign(s->domain, NULL);
+        }
         if (r >= 0)
                 r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
         /* After the journal, whose operator pins win over the config's on the same GPUs. */
@@ -211,6 +223,7 @@ struct server *server_free(struct server *s)
         safe_close(s->signal_fd);
         metrics_free(s->metrics);
         broker_free(s->broker);
+        domain_free(s->domain);
         config_free(s->config);
         free(s->ipc_path);
         free(s->config_path);
@@ -245,15 +258,29 @@ static void stop(struct server *s, const char *why)
                         server_queue(s, c, &e);
         }
         server_end_turn(s);
-        /* Leave a compact journal for the next start. */
-        if (broker_journal(s->broker) && broker_snapshot(s->broker, &snap) >= 0) {
+        /* Leave a compact journal for the next start (a deposed leader writes nothing). */
+        if (s->exit_status != -ESTALE && broker_journal(s->broker) &&
+            broker_snapshot(s->broker, &snap) >= 0) {
                 int r = journal_compact(broker_journal(s->broker), snap);
                 if (r < 0)
                         log_warning_errno(r, "Failed to compact the journal at stop: %m");
                 aquaj__journal_record__free_unpacked(snap, NULL);
         }
+        if (s->domain && s->exit_status != -ESTALE)
+                domain_resign(s->domain);
         /* Give the stopping notices time to leave. */
         zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof(linger));
+}
+
+static void step_down(struct server *s)
+{
+        if (s->stopping)
+                return;
+        log_error("Lost the lead of domain %s: %s; stopping without writing or answering "
+                  "anything more (another aquad leads; this one campaigns again when restarted)",
+                  s->config->domain.name, domain_lost(s->domain));
+        s->exit_status = -ESTALE;
+        stop(s, "lost the lead of the domain");
 }
 
 static void handle_signals(struct server *s)
@@ -301,6 +328,9 @@ static uint64_t next_deadline(struct server *s)
 
         if (turn && (!next || turn < next))
                 next = turn;
+        uint64_t lead = s->domain ? domain_deadline(s->domain) : 0;
+        if (lead && (!next || lead < next))
+                next = lead;
 
         for (struct list_node *n = s->clients.next; n != &s->clients; n = n->next) {
                 struct client *c = list_entry(n, struct client, node);
@@ -381,8 +411,13 @@ int server_run(struct server *s)
         _cleanup_free_ struct client **owners = NULL;
         size_t alloc = 0;
 
-        log_info("Serving %s (side channel %s), journal %s", s->config->endpoint,
-                 s->config->side_socket, s->config->journal);
+        if (s->domain)
+                log_info("Serving %s (side channel %s), journal in etcd under %s",
+                         s->config->endpoint, s->config->side_socket,
+                         domain_journal_prefix(s->domain));
+        else
+                log_info("Serving %s (side channel %s), journal %s", s->config->endpoint,
+                         s->config->side_socket, s->config->journal);
         if (s->on_ready)
                 s->on_ready(s, s->ready_userdata);
 
@@ -460,6 +495,11 @@ int server_run(struct server *s)
                         handle_signals(s);
                 if (s->stopping)
                         break;
+                /* A leader that may have lost its lease reads nothing more. */
+                if (s->domain && domain_tick(s->domain, now_mono_ns()) < 0) {
+                        step_down(s);
+                        break;
+                }
                 /* Side channels first: a client's death (EOF) or its fds come before its
                  * requests that may depend on them. */
                 for (size_t i = 3; i < k; i++)
@@ -477,6 +517,11 @@ int server_run(struct server *s)
                 expire(s, now_mono_ns());
                 /* One commit for all of it, then what it says leaves. */
                 server_end_turn(s);
+                /* The commit's fence held no more: another leads. */
+                if (s->deposed) {
+                        step_down(s);
+                        break;
+                }
                 /* Scrapes are served between requests, from the state they left. */
                 if (s->metrics && ((metrics_item && items[metrics_item].revents) ||
                                    metrics_timeout_ms(s->metrics) == 0))

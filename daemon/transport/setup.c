@@ -22,9 +22,11 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "domain.h"
+#include "etcd.h"
 #include "log.h"
-#include "trust.h"
 #include "time-util.h"
+#include "trust.h"
 
 /* Every chunk in the pool is a descriptor the daemon holds: as many as it may. Returns the
  * limit it runs with (0: none it can tell). */
@@ -246,6 +248,30 @@ int server_open_journal(struct server *s, bool repair)
         struct journal *j = NULL;
         int r;
 
+        if (s->domain) {
+                struct journal_fence fence = domain_fence(s->domain);
+
+                r = journal_open_etcd(domain_etcd(s->domain), domain_journal_prefix(s->domain),
+                                      &fence, broker_apply, s->broker, &j, &st);
+                if (r == -EUCLEAN)
+                        return log_error_errno(r,
+                                               "The domain's journal in etcd (%s) has a record "
+                                               "that does not decode, the %" PRIu64 "th (%" PRIu64
+                                               " after it): not leading with a part of it",
+                                               domain_journal_prefix(s->domain), st.bad_offset,
+                                               st.records_after);
+                if (r < 0)
+                        return log_error_errno(r,
+                                               "Failed to read the domain's journal from etcd "
+                                               "(%s): %s",
+                                               domain_journal_prefix(s->domain),
+                                               etcd_error(domain_etcd(s->domain)));
+                broker_attach_journal(s->broker, j, s->config->journal_compact_bytes);
+                log_info("Replayed the domain's journal from etcd: %" PRIu64 " records, %" PRIu64
+                         " bytes",
+                         st.records, st.bytes);
+                return 0;
+        }
         if (repair) {
                 r = repair_copy_path(path, &copy);
                 if (r < 0)

@@ -149,6 +149,8 @@ struct server {
         void *ready_userdata;
         struct server_stats stats;
         struct metrics *metrics;       /* NULL unless the config names a metrics address */
+        struct domain *domain;         /* NULL unless the config names a domain (etcd) */
+        bool deposed;                  /* a commit's fence failed: this aquad leads no more */
         uint64_t journal_probe_ns;     /* degraded: when to try the journal again */
         struct list_node turn_out;     /* this turn's messages (turn.c), oldest first */
         server_sink_fn sink;           /* NULL: the ROUTER */

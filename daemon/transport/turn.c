@@ -20,6 +20,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "domain.h"
 #include "log.h"
 #include "outbox.h"
 #include "state.h"
@@ -360,6 +361,10 @@ void server_end_turn(struct server *s)
         broker_counts(s->broker, &n);
         if (!n.journal_error || now >= s->journal_probe_ns) {
                 r = broker_commit(s->broker);
+                if (s->domain && (n.uncommitted || n.journal_error))
+                        domain_count_commit(s->domain, now_mono_ns() - now);
+                if (r == -ESTALE)
+                        s->deposed = true;
                 if (r < 0)
                         s->journal_probe_ns = now + JOURNAL_PROBE_NS;
         } else
