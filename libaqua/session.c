@@ -201,7 +201,7 @@ int session_connect(aqua_ctx *ctx, uint64_t deadline_ns)
                 goto fail;
         ctx->state = SESSION_AWAIT_WELCOME;
         r = transport_call(ctx->t, &env, deadline_ns, &reply);
-        if (r == TRANSPORT_E_CLOSED) {
+        if (r == TRANSPORT_E_CLOSED || r == TRANSPORT_E_RECONNECTED) {
                 r = -ECONNRESET;
                 goto fail;
         }
@@ -393,6 +393,12 @@ static int call_once(aqua_ctx *ctx, Aqua__Envelope *req, uint64_t deadline_ns, b
         r = transport_call(ctx->t, req, deadline_ns, &reply);
         if (r == TRANSPORT_E_CLOSED) {
                 session_lost(ctx, "side channel closed");
+                return -ENOTCONN;
+        }
+        if (r == TRANSPORT_E_RECONNECTED) {
+                /* Another aquad of the domain leads: it never saw the request. */
+                session_lost(ctx, "another aquad of the domain answers now");
+                *ret_stranger = true;
                 return -ENOTCONN;
         }
         if (r < 0)

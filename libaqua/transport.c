@@ -590,6 +590,10 @@ int transport_call(struct transport *t, Aqua__Envelope *req, uint64_t deadline_n
                 r = t->side_path ? transport_side_pump(t) : 0;
                 if (r == TRANSPORT_E_CLOSED || r == TRANSPORT_E_REJECTED || r < 0)
                         return r == TRANSPORT_E_REJECTED ? TRANSPORT_E_CLOSED : r;
+                /* With several endpoints, a connection made anew means a new leader, which
+                 * never saw the request. */
+                if (t->several && transport_reconnected(t))
+                        return TRANSPORT_E_RECONNECTED;
                 r = transport_wait(t, deadline_ns);
                 if (r < 0)
                         return r;
@@ -647,12 +651,15 @@ int transport_wait(struct transport *t, uint64_t deadline_ns)
                               {.fd = t->side_fd, .events = POLLIN}};
         int ms;
 
+        /* Several endpoints: the monitor's events too (a new leader reached). */
+        if (t->several)
+                p[1].fd = t->monitor_fd;
         if (t->zmq_maybe_pending)
                 return 0;
         ms = deadline_ns == UINT64_MAX ? -1 : ms_until(deadline_ns);
         if (ms == 0)
                 return -ETIMEDOUT;
-        if (poll(p, t->side_fd >= 0 ? 2 : 1, ms) < 0 && errno != EINTR)
+        if (poll(p, p[1].fd >= 0 ? 2 : 1, ms) < 0 && errno != EINTR)
                 return -errno;
         return 0;
 }

@@ -19,6 +19,9 @@
 enum {
         TRANSPORT_E_REJECTED = 1, /* the daemon refused our credentials on the side channel */
         TRANSPORT_E_CLOSED,       /* the side channel reached EOF: the daemon is gone */
+        /* Several endpoints: a call saw a new connection made (another aquad leads now), so
+         * the one its request went to is gone and no reply will come. */
+        TRANSPORT_E_RECONNECTED,
 };
 
 struct transport;
