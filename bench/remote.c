@@ -7,6 +7,9 @@
  * returned after each round trip outside the timing.
  *
  *   bench-remote --endpoint tcp://... --server-key FILE.pub --key-file FILE [--rounds 4000]
+ *                [--cycle] [--borrow-only]
+ *
+ * --cycle times a borrow and its return together; --borrow-only measures the borrow alone.
  *
  * Prints "name value" lines (remote_aquad_us, remote_echo_us, remote_ratio and p99s for the
  * status query; remote_borrow_us, remote_borrow_echo_us, remote_borrow_ratio and p99s).
@@ -32,6 +35,10 @@ static char server[CURVE_KEY_TEXT + 1], pub[CURVE_KEY_TEXT + 1], sec[CURVE_KEY_T
 #define CHUNK (UINT64_C(2) << 20)
 
 static int rounds = 4000;
+/* --cycle: a borrow's round trip and its return's, timed together (the echo answers twice). */
+static bool cycle;
+/* --borrow-only: skip the status query's measure. */
+static bool borrow_only;
 static void *zctx;
 
 static _Noreturn void die(const char *what)
@@ -202,18 +209,19 @@ static uint64_t status_rtt(void *d, bool aquad)
         return call(d, &e, aquad ? AQUA__ENVELOPE__BODY_ADMIN_REPLY : 0, NULL);
 }
 
-/* A borrow's round trip; aquad's grant (one chunk, its fabric handle) is returned after it. */
+/* A borrow's round trip; aquad's grant (one chunk, its fabric handle) is returned after it,
+ * timed with it under --cycle. */
 static uint64_t borrow_rtt(void *d, bool aquad)
 {
         Aqua__Envelope e, *g = NULL, *done;
         Aqua__Borrow b;
         Aqua__Return rt = AQUA__RETURN__INIT;
-        uint64_t t;
+        uint64_t t, tr;
 
         borrow_request(&e, &b);
         t = call(d, &e, aquad ? AQUA__ENVELOPE__BODY_GRANT : 0, aquad ? &g : NULL);
         if (!aquad)
-                return t;
+                return cycle ? t + call(d, &e, 0, NULL) : t;
         if (g->grant->n_chunks != 1 || g->grant->chunks[0]->fabric_handle.len != 64) {
                 fprintf(stderr, "bench-remote: the grant has no chunk with its fabric handle\n");
                 exit(1);
@@ -222,7 +230,9 @@ static uint64_t borrow_rtt(void *d, bool aquad)
         e = (Aqua__Envelope)AQUA__ENVELOPE__INIT;
         e.body_case = AQUA__ENVELOPE__BODY_RETURN;
         e.return_ = &rt;
-        call(d, &e, AQUA__ENVELOPE__BODY_RETURN_REPLY, &done);
+        tr = call(d, &e, AQUA__ENVELOPE__BODY_RETURN_REPLY, &done);
+        if (cycle)
+                t += tr;
         aqua__envelope__free_unpacked(done, NULL);
         aqua__envelope__free_unpacked(g, NULL);
         return t;
@@ -271,6 +281,8 @@ int main(int argc, char **argv)
             {"server-key", required_argument, NULL, 's'},
             {"key-file", required_argument, NULL, 'k'},
             {"rounds", required_argument, NULL, 'r'},
+            {"cycle", no_argument, NULL, 'c'},
+            {"borrow-only", no_argument, NULL, 'b'},
             {},
         };
         const char *ep = NULL, *server_file = NULL, *key_file = NULL;
@@ -293,6 +305,12 @@ int main(int argc, char **argv)
                         break;
                 case 'r':
                         rounds = atoi(optarg);
+                        break;
+                case 'c':
+                        cycle = true;
+                        break;
+                case 'b':
+                        borrow_only = true;
                         break;
                 default:
                         return 2;
@@ -332,7 +350,8 @@ int main(int argc, char **argv)
         hello(producer, AQUA__ROLE__ROLE_PRODUCER, "GPU-BENCH-P", NULL);
         hello(consumer, AQUA__ROLE__ROLE_CONSUMER, "GPU-BENCH-C", "GPU-BENCH-P");
         offer(producer);
-        measure("remote", admin, ec, status_rtt);
+        if (!borrow_only)
+                measure("remote", admin, ec, status_rtt);
         measure("remote_borrow", consumer, ec, borrow_rtt);
         zmq_close(admin);
         zmq_close(producer);

@@ -128,6 +128,8 @@ static long post_to(struct etcd *e, const char *url, const char *path, const cha
         if (asprintf(&full, "%s%s", url, path) < 0)
                 return -ENOMEM;
         headers = curl_slist_append(headers, "Content-Type: application/json");
+        /* No "Expect: 100-continue" round trip before a larger body. */
+        headers = curl_slist_append(headers, "Expect:");
         if (e->token && asprintf(&auth, "Authorization: %s", e->token) >= 0)
                 headers = curl_slist_append(headers, auth);
         free(e->body);
