@@ -190,8 +190,15 @@ static int post(struct etcd *e, const char *path, json_object *req, json_object 
                 size_t i = (e->current + k) % e->n_urls;
                 long status;
 
-                if (e->user && !e->token && authenticate(e, e->urls[i]) < 0)
-                        continue;
+                if (e->user && !e->token) {
+                        int a = authenticate(e, e->urls[i]);
+
+                        /* Refused: the cluster said no, with the reason in e->error. */
+                        if (a == -EACCES || a == -ENOMEM)
+                                return a;
+                        if (a < 0)
+                                continue;
+                }
                 status = post_to(e, e->urls[i], path, json, per ? per : 1, &code);
                 if (status == -ENOMEM)
                         return fail(e, -ENOMEM, "out of memory");
