@@ -48,14 +48,17 @@ build-demo: $(BUILD)/build.ninja
 	meson setup --reconfigure $(BUILD) >/dev/null
 	ninja -C $(BUILD) $(DEMO_TARGETS)
 
+# The normal and ASan builds carry aquad's test switches (-Dtest_hooks); the release build,
+# what installs, does not.
 $(BUILD)/build.ninja:
-	meson setup $(BUILD) $(CUDA_INCLUDE)
+	meson setup $(BUILD) -Dtest_hooks=true $(CUDA_INCLUDE)
 
 $(RELEASE_BUILD)/build.ninja:
 	meson setup $(RELEASE_BUILD) --buildtype=release $(CUDA_INCLUDE)
 
 $(ASAN_BUILD)/build.ninja:
-	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false $(CUDA_INCLUDE)
+	meson setup $(ASAN_BUILD) -Db_sanitize=address,undefined -Db_lundef=false -Dtest_hooks=true \
+	  $(CUDA_INCLUDE)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang meson setup $(FUZZ_BUILD) -Dfuzzing=true -Db_sanitize=address,undefined \

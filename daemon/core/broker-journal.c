@@ -81,12 +81,17 @@ int broker_commit(struct broker *broker)
         r = journal_append(broker->journal, &rec);
         if (r < 0) {
                 broker->stats.journal_errors++;
+                const char *why = journal_error(broker->journal);
                 if (r == -ESTALE)
                         log_error("The journal refused the commit: this aquad no longer leads "
-                                  "its domain (its election key or lease changed in etcd)");
+                                  "its domain (%s)",
+                                  why[0] ? why : "its election key or lease changed in etcd");
+                else if (r == -E2BIG)
+                        log_error("Refusing a turn's requests: %s", why);
                 else if (!broker->journal_error)
-                        log_error_errno(r, "Failed to write the journal: %m; refusing offers and "
-                                           "grants until it can be written");
+                        log_error_errno(r, "Failed to write the journal: %m%s%s; refusing offers "
+                                           "and grants until it can be written",
+                                        why[0] ? ": " : "", why);
                 broker->journal_error = r;
                 fold_queued_ops(broker);
                 return r;

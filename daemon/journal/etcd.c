@@ -18,9 +18,12 @@ struct etcd {
         char *token; /* etcd's auth token, once authenticated */
         uint64_t timeout_ms;
         char error[256];
+        struct etcd_stats stats;
         /* the answer being read */
         char *body;
         size_t body_len;
+        /* etcd_watch(): the stream is read until an event comes */
+        bool watching, watch_hit;
 };
 
 static size_t on_data(char *data, size_t size, size_t n, void *userdata)
@@ -38,6 +41,12 @@ static size_t on_data(char *data, size_t size, size_t n, void *userdata)
         e->body = b;
         e->body_len += len;
         b[e->body_len] = 0;
+        /* A watch's stream: an event, or etcd cancelling the watch (its revision compacted
+         * away), ends it; both mean "look again". */
+        if (e->watching && (strstr(e->body, "\"events\"") || strstr(e->body, "\"canceled\""))) {
+                e->watch_hit = true;
+                return 0;
+        }
         return len;
 }
 
@@ -103,6 +112,11 @@ struct etcd *etcd_free(struct etcd *e)
 const char *etcd_error(const struct etcd *e)
 {
         return e->error;
+}
+
+void etcd_stats(const struct etcd *e, struct etcd_stats *ret)
+{
+        *ret = e->stats;
 }
 
 static int fail(struct etcd *e, int r, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -186,6 +200,8 @@ static int post(struct etcd *e, const char *path, json_object *req, json_object 
 
         if (!json)
                 return -ENOMEM;
+        e->stats.requests++;
+        e->stats.largest_request = MAX(e->stats.largest_request, (uint64_t)strlen(json));
         for (size_t k = 0; k < e->n_urls; k++) {
                 size_t i = (e->current + k) % e->n_urls;
                 long status;
@@ -424,6 +440,7 @@ static int read_kvs(json_object *o, struct etcd_kv **ret, size_t *ret_n)
                 }
                 kvs[i].create_revision = get_i64(kv, "create_revision");
                 kvs[i].mod_revision = get_i64(kv, "mod_revision");
+                kvs[i].version = get_i64(kv, "version");
                 kvs[i].lease = get_i64(kv, "lease");
         }
         *ret = kvs;
@@ -455,6 +472,72 @@ int etcd_range(struct etcd *e, const char *key, bool prefix, struct etcd_kv **re
         return r < 0 ? fail(e, r, "etcd's answer to a range has a bad key or value") : 0;
 }
 
+int etcd_range_page(struct etcd *e, const char *prefix, const char *from, int64_t revision,
+                    size_t limit, struct etcd_kv **ret, size_t *ret_n, int64_t *ret_revision,
+                    bool *ret_more)
+{
+        json_object *req = json_object_new_object(), *o = NULL, *more;
+        const char *start = from ? from : prefix;
+        int r;
+
+        if (!req)
+                return -ENOMEM;
+        json_object_object_add(req, "key", b64(start, strlen(start)));
+        json_object_object_add(req, "range_end", prefix_end(prefix));
+        json_object_object_add(req, "limit", i64((int64_t)limit));
+        if (revision)
+                json_object_object_add(req, "revision", i64(revision));
+        json_object_object_add(req, "sort_order", json_object_new_string("ASCEND"));
+        json_object_object_add(req, "sort_target", json_object_new_string("KEY"));
+        r = post(e, "/v3/kv/range", req, &o);
+        json_object_put(req);
+        if (r < 0)
+                return r;
+        r = read_kvs(o, ret, ret_n);
+        *ret_revision = header_revision(o);
+        *ret_more = json_object_object_get_ex(o, "more", &more) && json_object_get_boolean(more);
+        json_object_put(o);
+        return r < 0 ? fail(e, r, "etcd's answer to a range has a bad key or value") : 0;
+}
+
+int etcd_watch(struct etcd *e, const char *key, int64_t revision, uint64_t timeout_ms)
+{
+        json_object *req = json_object_new_object(), *create = json_object_new_object();
+        const char *json;
+        CURLcode code = CURLE_OK;
+        long status;
+
+        if (!req || !create) {
+                json_object_put(req);
+                json_object_put(create);
+                return -ENOMEM;
+        }
+        json_object_object_add(create, "key", b64(key, strlen(key)));
+        json_object_object_add(create, "start_revision", i64(revision + 1));
+        json_object_object_add(req, "create_request", create);
+        json = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+        e->stats.requests++;
+        e->watching = true;
+        e->watch_hit = false;
+        status = json ? post_to(e, e->urls[e->current], "/v3/watch", json, timeout_ms, &code)
+                      : -ENOMEM;
+        e->watching = false;
+        json_object_put(req);
+        if (e->watch_hit)
+                return 1;
+        if (code == CURLE_OPERATION_TIMEDOUT)
+                return 0;
+        if (status < 0) {
+                fail(e, (int)status, "etcd at %s: watching %s: %s", e->urls[e->current], key,
+                     curl_easy_strerror(code));
+                /* This endpoint is gone: the next call starts from another. */
+                e->current = (e->current + 1) % e->n_urls;
+                return (int)status;
+        }
+        return fail(e, -EPROTO, "etcd at %s ended the watch of %s (HTTP %ld)",
+                    e->urls[e->current], key, status);
+}
+
 int etcd_txn(struct etcd *e, const struct etcd_cmp *cmp, size_t n_cmp, const struct etcd_op *ops,
              size_t n_ops, int64_t *ret_revision)
 {
@@ -476,6 +559,9 @@ int etcd_txn(struct etcd *e, const struct etcd_cmp *cmp, size_t n_cmp, const str
                 if (cmp[i].target == ETCD_CMP_CREATE) {
                         json_object_object_add(c, "target", json_object_new_string("CREATE"));
                         json_object_object_add(c, "create_revision", i64(cmp[i].value));
+                } else if (cmp[i].target == ETCD_CMP_VERSION) {
+                        json_object_object_add(c, "target", json_object_new_string("VERSION"));
+                        json_object_object_add(c, "version", i64(cmp[i].value));
                 } else {
                         json_object_object_add(c, "target", json_object_new_string("LEASE"));
                         json_object_object_add(c, "lease", i64(cmp[i].value));
@@ -491,6 +577,8 @@ int etcd_txn(struct etcd *e, const struct etcd_cmp *cmp, size_t n_cmp, const str
                         if (ops[i].lease)
                                 json_object_object_add(body, "lease", i64(ops[i].lease));
                         json_object_object_add(op, "request_put", body);
+                } else if (ops[i].kind == ETCD_OP_DELETE) {
+                        json_object_object_add(op, "request_delete_range", body);
                 } else {
                         json_object_object_add(body, "range_end",
                                                ops[i].end ? b64(ops[i].end, strlen(ops[i].end))

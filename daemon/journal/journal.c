@@ -168,19 +168,6 @@ static int frame(const Aquaj__JournalRecord *record, uint8_t **ret, size_t *ret_
         return 0;
 }
 
-/* A record as etcd keeps it: no frame, etcd checks what it stores. */
-static int pack(const Aquaj__JournalRecord *record, uint8_t **ret, size_t *ret_len)
-{
-        size_t len = aquaj__journal_record__get_packed_size(record);
-
-        *ret = malloc(len ? len : 1);
-        if (!*ret)
-                return -ENOMEM;
-        aquaj__journal_record__pack(record, *ret);
-        *ret_len = len;
-        return 0;
-}
-
 /* The journal file mapped for replay; nothing is mapped for a file of only its magic. */
 struct mapping {
         const uint8_t *data;
@@ -390,7 +377,7 @@ int journal_open(const char *path, journal_replay_fn fn, void *userdata, struct 
         return journal_open_repair(path, NULL, fn, userdata, ret, ret_stats);
 }
 
-int journal_open_etcd(struct etcd *e, const char *prefix, const struct journal_fence *fence,
+int journal_open_etcd(struct etcd *e, const char *root, const struct journal_fence *fence,
                       journal_replay_fn fn, void *userdata, struct journal **ret,
                       struct journal_replay_stats *ret_stats)
 {
@@ -402,7 +389,7 @@ int journal_open_etcd(struct etcd *e, const char *prefix, const struct journal_f
         if (!j)
                 return -ENOMEM;
         j->fd = j->dfd = -1;
-        r = etcd_journal_open(e, prefix, fence, fn, userdata, &j->etcd, &stats);
+        r = etcd_journal_open(e, root, fence, fn, userdata, &j->etcd, &stats);
         if (ret_stats)
                 *ret_stats = stats;
         if (r < 0) {
@@ -433,14 +420,8 @@ int journal_append(struct journal *j, const Aquaj__JournalRecord *record)
         size_t len;
         int r;
 
-        if (j->etcd) {
-                r = pack(record, &buf, &len);
-                if (r >= 0)
-                        r = etcd_journal_append(j->etcd, buf, len);
-                if (r >= 0)
-                        j->size += len;
-                return r;
-        }
+        if (j->etcd)
+                return etcd_journal_append(j->etcd, record);
         r = frame(record, &buf, &len);
         if (r < 0)
                 return r;
@@ -470,14 +451,9 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
         size_t len;
         int r;
 
-        if (j->etcd) {
-                r = pack(snapshot, &buf, &len);
-                if (r >= 0)
-                        r = etcd_journal_compact(j->etcd, buf, len);
-                if (r >= 0)
-                        j->size = j->base = len;
-                return r;
-        }
+        /* A domain's state in etcd is objects already; etcd compacts its own history. */
+        if (j->etcd)
+                return 0;
         r = frame(snapshot, &buf, &len);
         if (r < 0)
                 return r;
@@ -513,10 +489,15 @@ int journal_compact(struct journal *j, const Aquaj__JournalRecord *snapshot)
 
 uint64_t journal_size(const struct journal *j)
 {
-        return j->size;
+        return j->etcd ? etcd_journal_size(j->etcd) : j->size;
 }
 
 bool journal_wants_compaction(const struct journal *j, uint64_t threshold)
 {
-        return j->size > threshold && j->size > 2 * j->base;
+        return !j->etcd && j->size > threshold && j->size > 2 * j->base;
+}
+
+const char *journal_error(const struct journal *j)
+{
+        return j->etcd ? etcd_journal_error(j->etcd) : "";
 }

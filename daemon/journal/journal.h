@@ -57,12 +57,14 @@ struct journal_fence {
 
 struct etcd;
 /*
- * Open a domain's journal, kept in etcd under prefix (daemon/journal/journal-etcd.c), and replay
- * it through fn. Every append and compaction is then a transaction that holds only while fence
- * does, else refused with -ESTALE: a leader that lost its election writes nothing. A record that
- * does not decode: -EUCLEAN, ret_stats->bad_offset its position (1 is the first).
+ * Open a domain's journal, kept in etcd under root as objects (daemon/journal/journal-etcd.c),
+ * and replay it through fn. Every append is then a transaction over the keys it changes that
+ * holds only while fence does, else refused with -ESTALE: a leader that lost its election writes
+ * nothing. An append too large for one transaction is refused with -E2BIG, on its own. A key
+ * that does not decode: -EUCLEAN, ret_stats->bad_offset its position (1 is the first).
+ * Compaction is etcd's own: journal_compact() does nothing there.
  */
-int journal_open_etcd(struct etcd *e, const char *prefix, const struct journal_fence *fence,
+int journal_open_etcd(struct etcd *e, const char *root, const struct journal_fence *fence,
                       journal_replay_fn fn, void *userdata, struct journal **ret,
                       struct journal_replay_stats *ret_stats);
 struct journal *journal_free(struct journal *j);
@@ -83,3 +85,6 @@ uint64_t journal_size(const struct journal *j);
 
 /* Whether the log has grown enough past its last snapshot to be worth compacting. */
 bool journal_wants_compaction(const struct journal *j, uint64_t threshold);
+
+/* What etcd said of the last append or open that failed ("" if nothing, or a file). */
+const char *journal_error(const struct journal *j);

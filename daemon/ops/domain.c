@@ -20,8 +20,9 @@ struct domain {
         bool leader;
         uint64_t renew_due_ns;   /* next renewal */
         uint64_t lease_until_ns; /* the lease holds at least until then, as this host counts */
-        /* Tests only (AQUA_DOMAIN_TEST): "trust-fence": never step down of itself, so that only
-         * the journal's fence stops a deposed leader; "no-fence": neither. */
+        /* Tests only (AQUA_DOMAIN_TEST, in a build with -Dtest_hooks=true): "trust-fence":
+         * never step down of itself, so that only the journal's fence stops a deposed leader;
+         * "no-fence": neither. */
         bool never_step_down, unfenced;
         char lost[256];
         uint64_t commits;
@@ -48,13 +49,14 @@ int domain_new(const struct config_domain *c, const char *endpoint, struct domai
                 return -ENOMEM;
         d->ttl_s = (int64_t)(c->lease_ttl_ns / NSEC_PER_SEC);
         if (asprintf(&d->leader_key, "/aqua/%s/leader", c->name) < 0 ||
-            asprintf(&d->journal_prefix, "/aqua/%s/journal/", c->name) < 0 ||
+            asprintf(&d->journal_prefix, "/aqua/%s/", c->name) < 0 ||
             !(d->name = strdup(c->name)) ||
             !(d->advertise = strdup(c->advertise ? c->advertise : endpoint)))
                 return -ENOMEM;
         r = etcd_new(&o, &d->etcd);
         if (r < 0)
                 return r;
+#ifdef AQUA_TEST_HOOKS
         if (test && strcmp(test, "trust-fence") == 0)
                 d->never_step_down = true;
         if (test && strcmp(test, "no-fence") == 0)
@@ -63,6 +65,12 @@ int domain_new(const struct config_domain *c, const char *endpoint, struct domai
                 log_warning("AQUA_DOMAIN_TEST=%s: this aquad %s (for tests only)", test,
                             d->unfenced ? "neither steps down nor fences its commits"
                                         : "does not step down of itself");
+#else
+        if (test && test[0])
+                log_warning("AQUA_DOMAIN_TEST=%s is ignored: this aquad was built without test "
+                            "switches (meson -Dtest_hooks)",
+                            test);
+#endif
         *ret = TAKE_PTR(d);
         return 0;
 }
@@ -88,58 +96,104 @@ static void sleep_ms(uint64_t ms)
         nanosleep(&ts, NULL);
 }
 
-/* Who leads now, for the log: the leader key's value and term, or why it cannot be read. */
-static void describe_leader(struct domain *d, char *buf, size_t size)
+/* How long a waiting instance watches the election key before it looks again of itself. */
+#define WATCH_MS 30000
+
+/*
+ * Who leads: 1 and a line for the log when someone does, with the revision to watch from; 0
+ * when nobody does; or a negative errno. A leader key with this instance's own address and
+ * another lease is its predecessor's, which died before it could give up the lead: revoked, so
+ * that a restart need not wait for its TTL, and 0.
+ */
+static int who_leads(struct domain *d, char *buf, size_t size, int64_t *ret_revision)
 {
         struct etcd_kv *kv = NULL;
         size_t n = 0;
+        int r;
 
-        if (etcd_range(d->etcd, d->leader_key, false, &kv, &n, NULL) < 0)
+        r = etcd_range(d->etcd, d->leader_key, false, &kv, &n, ret_revision);
+        if (r < 0) {
                 snprintf(buf, size, "etcd cannot say who leads: %s", etcd_error(d->etcd));
-        else if (n == 0)
+                return r;
+        }
+        if (n == 0) {
                 snprintf(buf, size, "nobody leads");
-        else
-                snprintf(buf, size, "%.*s leads (term %" PRId64 ")", (int)MIN(kv[0].len, 200),
-                         (const char *)kv[0].value, kv[0].create_revision);
+                etcd_kvs_free(kv, n);
+                return 0;
+        }
+        if (kv[0].len == strlen(d->advertise) &&
+            memcmp(kv[0].value, d->advertise, kv[0].len) == 0 && kv[0].lease != d->lease) {
+                log_notice("Domain %s: the leader's key names this instance (%s) with lease %" PRIx64
+                           ", not its own: its predecessor's, given up now",
+                           d->name, d->advertise, (uint64_t)kv[0].lease);
+                r = etcd_lease_revoke(d->etcd, kv[0].lease);
+                etcd_kvs_free(kv, n);
+                if (r < 0 && r != -ENOENT) {
+                        snprintf(buf, size, "cannot give up its predecessor's lead: %s",
+                                 etcd_error(d->etcd));
+                        return r;
+                }
+                return 0;
+        }
+        snprintf(buf, size, "%.*s leads (term %" PRId64 ")", (int)MIN(kv[0].len, 200),
+                 (const char *)kv[0].value, kv[0].create_revision);
         etcd_kvs_free(kv, n);
+        return 1;
+}
+
+/* Try to create the leader key with a lease of ours: 1 won, 0 another has it, or an error. */
+static int try_lead(struct domain *d, uint64_t started)
+{
+        int r;
+
+        if (d->lease) {
+                r = etcd_lease_keepalive(d->etcd, d->lease);
+                if (r == -ENOENT)
+                        d->lease = 0;
+                else if (r < 0)
+                        return r;
+        }
+        if (!d->lease) {
+                r = etcd_lease_grant(d->etcd, d->ttl_s, &d->lease);
+                if (r < 0)
+                        return r;
+        }
+        d->lease_until_ns = started + (uint64_t)d->ttl_s * NSEC_PER_SEC;
+        const struct etcd_cmp absent = {.key = d->leader_key, .target = ETCD_CMP_CREATE};
+        const struct etcd_op put = {.kind = ETCD_OP_PUT,
+                                    .key = d->leader_key,
+                                    .value = d->advertise,
+                                    .len = strlen(d->advertise),
+                                    .lease = d->lease};
+        return etcd_txn(d->etcd, &absent, 1, &put, 1, NULL);
 }
 
 int domain_campaign(struct domain *d, volatile const bool *stop)
 {
-        /* Try again after a quarter of the TTL, at most every 250 ms: a failover takes at most
-         * the TTL (the old lease expiring) and this. */
-        uint64_t poll_ms = MIN((uint64_t)d->ttl_s * 1000 / 4, 250);
+        /* After an error, try again after a quarter of the TTL, at most 250 ms. */
+        uint64_t retry_ms = MIN((uint64_t)d->ttl_s * 1000 / 4, 250);
         char said[300] = "", now[300];
 
         while (!stop || !*stop) {
                 uint64_t started = now_mono_ns();
                 struct etcd_kv *kv = NULL;
+                int64_t revision = 0;
                 size_t n = 0;
                 int r;
 
-                if (!d->lease) {
-                        r = etcd_lease_grant(d->etcd, d->ttl_s, &d->lease);
+                bool won = false;
+
+                r = who_leads(d, now, sizeof(now), &revision);
+                if (r == 0) {
+                        r = try_lead(d, started);
+                        if (r == 0)
+                                continue; /* another won the race */
                         if (r < 0)
-                                goto wait;
-                        d->lease_until_ns = started + (uint64_t)d->ttl_s * NSEC_PER_SEC;
-                } else {
-                        r = etcd_lease_keepalive(d->etcd, d->lease);
-                        if (r == -ENOENT) {
-                                d->lease = 0;
-                                continue;
-                        }
-                        if (r < 0)
-                                goto wait;
-                        d->lease_until_ns = started + (uint64_t)d->ttl_s * NSEC_PER_SEC;
+                                snprintf(now, sizeof(now), "etcd: %s", etcd_error(d->etcd));
+                        won = r == 1;
                 }
-                const struct etcd_cmp absent = {.key = d->leader_key, .target = ETCD_CMP_CREATE};
-                const struct etcd_op put = {.kind = ETCD_OP_PUT,
-                                            .key = d->leader_key,
-                                            .value = d->advertise,
-                                            .len = strlen(d->advertise),
-                                            .lease = d->lease};
-                r = etcd_txn(d->etcd, &absent, 1, &put, 1, NULL);
-                if (r == 1) {
+                if (won) {
+                        /* Won: read back, for the term. */
                         r = etcd_range(d->etcd, d->leader_key, false, &kv, &n, NULL);
                         if (r >= 0 && n == 1 && kv[0].lease == d->lease) {
                                 d->term = kv[0].create_revision;
@@ -153,20 +207,21 @@ int domain_campaign(struct domain *d, volatile const bool *stop)
                                 return 0;
                         }
                         etcd_kvs_free(kv, n);
-                        /* Won and lost again at once (the lease expired meanwhile): campaign
-                         * afresh. */
+                        /* Won and lost again at once (the lease expired meanwhile). */
                         continue;
                 }
-        wait:
-                if (r < 0)
-                        snprintf(now, sizeof(now), "etcd: %s", etcd_error(d->etcd));
-                else
-                        describe_leader(d, now, sizeof(now));
                 if (strcmp(now, said) != 0) {
                         log_notice("Waiting to lead domain %s: %s", d->name, now);
                         snprintf(said, sizeof(said), "%s", now);
                 }
-                sleep_ms(poll_ms);
+                if (r < 0) {
+                        sleep_ms(retry_ms);
+                        continue;
+                }
+                /* Someone leads: wait for its key to change (etcd's Watch), not polling. */
+                r = etcd_watch(d->etcd, d->leader_key, revision, WATCH_MS);
+                if (r < 0)
+                        sleep_ms(retry_ms);
         }
         return -ECANCELED;
 }

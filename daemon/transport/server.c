@@ -155,6 +155,9 @@ int server_new(struct config *config, const char *config_path, unsigned flags, s
         }
         if (r >= 0)
                 r = server_open_journal(s, flags & SERVER_REPAIR_JOURNAL);
+        /* A leader that cannot start gives up the lead at once, not after its TTL. */
+        if (r < 0 && s->domain)
+                domain_resign(s->domain);
         /* After the journal, whose operator pins win over the config's on the same GPUs. */
         if (r >= 0)
                 r = server_apply_pins(s);
@@ -274,11 +277,16 @@ static void stop(struct server *s, const char *why)
 
 static void step_down(struct server *s)
 {
+        const char *why = domain_lost(s->domain);
+
         if (s->stopping)
                 return;
+        /* The fence refused a commit before the lease said anything: etcd's answer is why. */
+        if (!why[0] && broker_journal(s->broker))
+                why = journal_error(broker_journal(s->broker));
         log_error("Lost the lead of domain %s: %s; stopping without writing or answering "
                   "anything more (another aquad leads; this one campaigns again when restarted)",
-                  s->config->domain.name, domain_lost(s->domain));
+                  s->config->domain.name, why[0] ? why : "etcd refused a commit");
         s->exit_status = -ESTALE;
         stop(s, "lost the lead of the domain");
 }

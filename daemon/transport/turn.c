@@ -365,12 +365,16 @@ void server_end_turn(struct server *s)
                         domain_count_commit(s->domain, now_mono_ns() - now);
                 if (r == -ESTALE)
                         s->deposed = true;
-                if (r < 0)
+                /* A turn too large for one commit is refused on its own: the next commit, its
+                 * undo, need not wait, nor the turns after it. */
+                if (r < 0 && r != -E2BIG)
                         s->journal_probe_ns = now + JOURNAL_PROBE_NS;
         } else
                 r = n.journal_error;
         if (r < 0)
                 refuse_turn(s);
+        if (r == -E2BIG && broker_commit(s->broker) < 0)
+                s->journal_probe_ns = now + JOURNAL_PROBE_NS;
         while (!list_empty(&s->turn_out)) {
                 struct queued *q = list_entry(s->turn_out.next, struct queued, node);
                 send_queued(s, q);
