@@ -96,8 +96,10 @@ static void sleep_ms(uint64_t ms)
         nanosleep(&ts, NULL);
 }
 
-/* How long a waiting instance watches the election key before it looks again of itself. */
-#define WATCH_MS 30000
+/* How long a waiting instance watches the election key before it looks again of itself (half
+ * the TTL, at least a second): long enough to cost etcd under one request a second at the default
+ * TTL, short enough that a waiter names etcd's trouble (lost quorum) within a TTL. */
+#define WATCH_MIN_MS 1000
 
 /*
  * Who leads: 1 and a line for the log when someone does, with the revision to watch from; 0
@@ -219,7 +221,8 @@ int domain_campaign(struct domain *d, volatile const bool *stop)
                         continue;
                 }
                 /* Someone leads: wait for its key to change (etcd's Watch), not polling. */
-                r = etcd_watch(d->etcd, d->leader_key, revision, WATCH_MS);
+                r = etcd_watch(d->etcd, d->leader_key, revision,
+                               MAX((uint64_t)d->ttl_s * 1000 / 2, WATCH_MIN_MS));
                 if (r < 0)
                         sleep_ms(retry_ms);
         }
