@@ -448,43 +448,23 @@ static int read_kvs(json_object *o, struct etcd_kv **ret, size_t *ret_n)
         return 0;
 }
 
-int etcd_range(struct etcd *e, const char *key, bool prefix, struct etcd_kv **ret, size_t *ret_n,
-               int64_t *ret_revision)
-{
-        json_object *req = json_object_new_object(), *o = NULL;
-        int r;
-
-        if (!req)
-                return -ENOMEM;
-        json_object_object_add(req, "key", b64(key, strlen(key)));
-        if (prefix)
-                json_object_object_add(req, "range_end", prefix_end(key));
-        json_object_object_add(req, "sort_order", json_object_new_string("ASCEND"));
-        json_object_object_add(req, "sort_target", json_object_new_string("KEY"));
-        r = post(e, "/v3/kv/range", req, &o);
-        json_object_put(req);
-        if (r < 0)
-                return r;
-        r = read_kvs(o, ret, ret_n);
-        if (ret_revision)
-                *ret_revision = header_revision(o);
-        json_object_put(o);
-        return r < 0 ? fail(e, r, "etcd's answer to a range has a bad key or value") : 0;
-}
-
-int etcd_range_page(struct etcd *e, const char *prefix, const char *from, int64_t revision,
-                    size_t limit, struct etcd_kv **ret, size_t *ret_n, int64_t *ret_revision,
-                    bool *ret_more)
+/* A range from key to end (NULL: key alone), at most limit keys (0: all) as of revision (0: now). */
+static int range(struct etcd *e, const char *key, json_object *end, size_t limit,
+                 int64_t revision, struct etcd_kv **ret, size_t *ret_n, int64_t *ret_revision,
+                 bool *ret_more)
 {
         json_object *req = json_object_new_object(), *o = NULL, *more;
-        const char *start = from ? from : prefix;
         int r;
 
-        if (!req)
+        if (!req) {
+                json_object_put(end);
                 return -ENOMEM;
-        json_object_object_add(req, "key", b64(start, strlen(start)));
-        json_object_object_add(req, "range_end", prefix_end(prefix));
-        json_object_object_add(req, "limit", i64((int64_t)limit));
+        }
+        json_object_object_add(req, "key", b64(key, strlen(key)));
+        if (end)
+                json_object_object_add(req, "range_end", end);
+        if (limit)
+                json_object_object_add(req, "limit", i64((int64_t)limit));
         if (revision)
                 json_object_object_add(req, "revision", i64(revision));
         json_object_object_add(req, "sort_order", json_object_new_string("ASCEND"));
@@ -494,10 +474,27 @@ int etcd_range_page(struct etcd *e, const char *prefix, const char *from, int64_
         if (r < 0)
                 return r;
         r = read_kvs(o, ret, ret_n);
-        *ret_revision = header_revision(o);
-        *ret_more = json_object_object_get_ex(o, "more", &more) && json_object_get_boolean(more);
+        if (ret_revision)
+                *ret_revision = header_revision(o);
+        if (ret_more)
+                *ret_more = json_object_object_get_ex(o, "more", &more) &&
+                            json_object_get_boolean(more);
         json_object_put(o);
         return r < 0 ? fail(e, r, "etcd's answer to a range has a bad key or value") : 0;
+}
+
+int etcd_range(struct etcd *e, const char *key, bool prefix, struct etcd_kv **ret, size_t *ret_n,
+               int64_t *ret_revision)
+{
+        return range(e, key, prefix ? prefix_end(key) : NULL, 0, 0, ret, ret_n, ret_revision, NULL);
+}
+
+int etcd_range_page(struct etcd *e, const char *prefix, const char *from, int64_t revision,
+                    size_t limit, struct etcd_kv **ret, size_t *ret_n, int64_t *ret_revision,
+                    bool *ret_more)
+{
+        return range(e, from ? from : prefix, prefix_end(prefix), limit, revision, ret, ret_n,
+                     ret_revision, ret_more);
 }
 
 int etcd_watch(struct etcd *e, const char *key, int64_t revision, uint64_t timeout_ms)

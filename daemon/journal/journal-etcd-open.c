@@ -15,6 +15,9 @@ struct reader {
         journal_replay_fn fn;
         void *userdata;
         struct journal_replay_stats *stats;
+        /* the kind of object being read: its message, its operation */
+        const ProtobufCMessageDescriptor *d;
+        Aquaj__JOp__OpCase kind;
 };
 
 /* Every key starting with prefix, by pages, each through fn. */
@@ -88,64 +91,39 @@ static int bad(struct reader *rd, const char *key)
         return fail(rd->j, -EUCLEAN, "the key %s does not decode", key);
 }
 
-static int read_meta(struct reader *rd, const struct etcd_kv *kv)
+/* One object of a kind (its message's descriptor) replayed as a record of one operation. */
+static int read_object(struct reader *rd, const struct etcd_kv *kv,
+                       const ProtobufCMessageDescriptor *d, Aquaj__JOp__OpCase kind)
 {
-        Aquaj__JSnapshot *s = aquaj__jsnapshot__unpack(NULL, kv->len, kv->value);
+        ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, kv->len, kv->value);
         Aquaj__JOp op = AQUAJ__JOP__INIT;
         int r;
 
-        if (!s)
+        if (!m)
                 return bad(rd, kv->key);
-        op.op_case = AQUAJ__JOP__OP_SNAPSHOT;
-        op.snapshot = s;
+        op.op_case = kind;
+        switch (kind) {
+        case AQUAJ__JOP__OP_SNAPSHOT:
+                op.snapshot = (Aquaj__JSnapshot *)m;
+                break;
+        case AQUAJ__JOP__OP_LEASE_SET:
+                op.lease_set = (Aquaj__JLease *)m;
+                break;
+        case AQUAJ__JOP__OP_GPU_SET:
+                op.gpu_set = (Aquaj__JGpu *)m;
+                break;
+        default:
+                op.pair_set = (Aquaj__JPair *)m;
+                break;
+        }
         r = replay_one(rd, &op);
-        aquaj__jsnapshot__free_unpacked(s, NULL);
+        protobuf_c_message_free_unpacked(m, NULL);
         return r < 0 ? r : mirror_kv(rd, kv);
 }
 
-static int read_lease(struct reader *rd, const struct etcd_kv *kv)
+static int read_kind(struct reader *rd, const struct etcd_kv *kv)
 {
-        Aquaj__JLease *l = aquaj__jlease__unpack(NULL, kv->len, kv->value);
-        Aquaj__JOp op = AQUAJ__JOP__INIT;
-        int r;
-
-        if (!l)
-                return bad(rd, kv->key);
-        op.op_case = AQUAJ__JOP__OP_LEASE_SET;
-        op.lease_set = l;
-        r = replay_one(rd, &op);
-        aquaj__jlease__free_unpacked(l, NULL);
-        return r < 0 ? r : mirror_kv(rd, kv);
-}
-
-static int read_gpu(struct reader *rd, const struct etcd_kv *kv)
-{
-        Aquaj__JGpu *g = aquaj__jgpu__unpack(NULL, kv->len, kv->value);
-        Aquaj__JOp op = AQUAJ__JOP__INIT;
-        int r;
-
-        if (!g)
-                return bad(rd, kv->key);
-        op.op_case = AQUAJ__JOP__OP_GPU_SET;
-        op.gpu_set = g;
-        r = replay_one(rd, &op);
-        aquaj__jgpu__free_unpacked(g, NULL);
-        return r < 0 ? r : mirror_kv(rd, kv);
-}
-
-static int read_pin(struct reader *rd, const struct etcd_kv *kv)
-{
-        Aquaj__JPair *p = aquaj__jpair__unpack(NULL, kv->len, kv->value);
-        Aquaj__JOp op = AQUAJ__JOP__INIT;
-        int r;
-
-        if (!p)
-                return bad(rd, kv->key);
-        op.op_case = AQUAJ__JOP__OP_PAIR_SET;
-        op.pair_set = p;
-        r = replay_one(rd, &op);
-        aquaj__jpair__free_unpacked(p, NULL);
-        return r < 0 ? r : mirror_kv(rd, kv);
+        return read_object(rd, kv, rd->d, rd->kind);
 }
 
 /* A page of chunks replayed as one record of its chunks. */
@@ -188,15 +166,16 @@ static int read_state(struct reader *rd)
         static const struct {
                 const char *tail;
                 size_t limit;
-                int (*fn)(struct reader *rd, const struct etcd_kv *kv);
+                const ProtobufCMessageDescriptor *d; /* NULL: chunk pages */
+                Aquaj__JOp__OpCase kind;
         } kinds[] = {
             /* meta first (a snapshot of just the ids, on an empty core); leases before the
              * chunks that name them */
-            {"meta", 1, read_meta},
-            {"lease/", READ_PAGE_KEYS, read_lease},
-            {"chunk/", READ_PAGE_CHUNK_KEYS, read_page},
-            {"gpu/", READ_PAGE_KEYS, read_gpu},
-            {"pin/", READ_PAGE_KEYS, read_pin},
+            {"meta", 1, &aquaj__jsnapshot__descriptor, AQUAJ__JOP__OP_SNAPSHOT},
+            {"lease/", READ_PAGE_KEYS, &aquaj__jlease__descriptor, AQUAJ__JOP__OP_LEASE_SET},
+            {"chunk/", READ_PAGE_CHUNK_KEYS, NULL, AQUAJ__JOP__OP_CHUNK_SET},
+            {"gpu/", READ_PAGE_KEYS, &aquaj__jgpu__descriptor, AQUAJ__JOP__OP_GPU_SET},
+            {"pin/", READ_PAGE_KEYS, &aquaj__jpair__descriptor, AQUAJ__JOP__OP_PAIR_SET},
         };
         int r = 0;
 
@@ -204,7 +183,9 @@ static int read_state(struct reader *rd)
                 _cleanup_free_ char *prefix = key_of(rd->j, "%s", kinds[i].tail);
                 if (!prefix)
                         return -ENOMEM;
-                r = read_all(rd, prefix, kinds[i].limit, kinds[i].fn);
+                rd->d = kinds[i].d;
+                rd->kind = kinds[i].kind;
+                r = read_all(rd, prefix, kinds[i].limit, kinds[i].d ? read_kind : read_page);
         }
         return r;
 }
